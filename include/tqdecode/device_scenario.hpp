@@ -1,0 +1,37 @@
+// A Scenario copied to GPU memory (CUDA builds only): the demo, the GPU
+// tests and the benchmarks decode from it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tqdecode/scenario.hpp"
+
+namespace tqdecode {
+
+class DeviceScenario {
+ public:
+  /// Uploads cache, block table, seq_lens, query, constants and sinks, and
+  /// allocates an output [B, Hq, D] in the query dtype.
+  explicit DeviceScenario(const Scenario& scenario);
+  ~DeviceScenario();
+  DeviceScenario(const DeviceScenario&) = delete;
+  DeviceScenario& operator=(const DeviceScenario&) = delete;
+
+  /// Decode arguments over device memory, writing the device output.
+  DecodeArgs args() const;
+  /// Fills the output with NaN so a test sees any element not written.
+  void poison_output();
+  /// The output as fp32 [B, Hq, D] (synchronises).
+  std::vector<float> output() const;
+  /// Replaces seq_lens and the block table (same shapes) on the device.
+  void upload_lengths(const std::vector<std::int32_t>& seq_lens, const std::vector<std::int32_t>& block_table);
+
+ private:
+  struct Buffers;
+  const Scenario& scenario_;
+  std::unique_ptr<Buffers> buffers_;
+};
+
+}  // namespace tqdecode

@@ -1,0 +1,122 @@
+// The TurboQuant paged KV-cache format (FORMAT.md sections 1 and 4): presets
+// and the byte layout of one cache block. Usable from host and device code.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "tqdecode/common.hpp"
+#include "tqdecode/packing.hpp"
+
+namespace tqdecode {
+
+enum class Preset : std::uint8_t {
+  turboquant_4bit_nc,  ///< 4-bit MSE keys, 4-bit values, norm correction (headline profile)
+  turboquant_k3v4_nc,  ///< 3-bit MSE keys, 4-bit values, norm correction
+  turboquant_3bit_nc,  ///< 3-bit MSE keys, 3-bit values, norm correction
+  turboquant_k8v4,     ///< fp8 e4m3 keys (not rotated), 4-bit values
+};
+
+inline constexpr std::array<Preset, 4> kAllPresets = {
+    Preset::turboquant_4bit_nc, Preset::turboquant_k3v4_nc, Preset::turboquant_3bit_nc,
+    Preset::turboquant_k8v4};
+
+struct PresetInfo {
+  const char* name;
+  int key_bits;          ///< bits per key element: MSE codebook bits, or 8 for fp8
+  int value_bits;        ///< bits per value code
+  bool key_fp8;          ///< keys stored as fp8 e4m3, unrotated
+  bool norm_correction;  ///< stored key norm divided by the norm of its centroid vector
+};
+
+TQ_HOST_DEVICE constexpr PresetInfo preset_info(Preset preset) {
+  switch (preset) {
+    case Preset::turboquant_4bit_nc: return {"turboquant_4bit_nc", 4, 4, false, true};
+    case Preset::turboquant_k3v4_nc: return {"turboquant_k3v4_nc", 3, 4, false, true};
+    case Preset::turboquant_3bit_nc: return {"turboquant_3bit_nc", 3, 3, false, true};
+    default: return {"turboquant_k8v4", 8, 4, true, false};
+  }
+}
+
+/// Parses a preset name; throws Error naming `argument` with the accepted names.
+Preset parse_preset(std::string_view name, std::string_view argument = "preset");
+
+/// Finds the preset with these engine-side parameters (the launcher's
+/// mse_bits / value_quant_bits / key_fp8 / norm_correction arguments).
+Preset preset_from_parameters(int mse_bits, int value_bits, bool key_fp8, bool norm_correction);
+
+/// Supported geometry values (validated by make_layout).
+inline constexpr std::array<int, 3> kHeadDims = {64, 128, 256};
+inline constexpr std::array<int, 4> kBlockSizes = {16, 32, 64, 128};
+inline constexpr int kMaxGroupSize = 16;
+inline constexpr int kMaxKvHeads = 1024;
+
+/// Byte layout of one cache block: [data region][metadata region] (FORMAT.md
+/// section 4). Offsets are 64-bit; a cache may exceed 4 GiB.
+struct CacheLayout {
+  Preset preset;
+  int head_dim;
+  int block_size;
+  int num_kv_heads;
+  std::int64_t block_stride;  ///< bytes between consecutive blocks (>= natural_block_bytes())
+
+  TQ_HOST_DEVICE constexpr PresetInfo info() const { return preset_info(preset); }
+  TQ_HOST_DEVICE constexpr bool key_fp8() const { return info().key_fp8; }
+  /// KD: key data bytes per record.
+  TQ_HOST_DEVICE constexpr int key_bytes() const { return packed_bytes(head_dim, info().key_bits); }
+  /// VD: value data bytes per record.
+  TQ_HOST_DEVICE constexpr int value_bytes() const { return packed_bytes(head_dim, info().value_bits); }
+  /// F: fp16 metadata fields per (slot, head).
+  TQ_HOST_DEVICE constexpr int fields() const { return key_fp8() ? 2 : 3; }
+  TQ_HOST_DEVICE constexpr int record_bytes() const { return key_bytes() + value_bytes(); }
+  /// Field index of the key norm (MSE presets only).
+  TQ_HOST_DEVICE constexpr int key_norm_field() const { return 0; }
+  TQ_HOST_DEVICE constexpr int value_scale_field() const { return key_fp8() ? 0 : 1; }
+  TQ_HOST_DEVICE constexpr int value_zero_field() const { return key_fp8() ? 1 : 2; }
+
+  /// Offset, from the block start, of the record (key data then value data) of (slot, head).
+  TQ_HOST_DEVICE constexpr std::int64_t record_offset(int slot, int head) const {
+    return (static_cast<std::int64_t>(slot) * num_kv_heads + head) * record_bytes();
+  }
+  TQ_HOST_DEVICE constexpr std::int64_t metadata_region_offset() const {
+    return static_cast<std::int64_t>(block_size) * num_kv_heads * record_bytes();
+  }
+  /// Offset, from the block start, of fp16 metadata `field` of (slot, head).
+  TQ_HOST_DEVICE constexpr std::int64_t field_offset(int slot, int head, int field) const {
+    return metadata_region_offset() +
+           2 * ((static_cast<std::int64_t>(head) * fields() + field) * block_size + slot);
+  }
+  TQ_HOST_DEVICE constexpr std::int64_t natural_block_bytes() const {
+    return static_cast<std::int64_t>(block_size) * num_kv_heads * (record_bytes() + 2 * fields());
+  }
+  /// Bytes of cache read per (token, kv head).
+  TQ_HOST_DEVICE constexpr int bytes_per_token_head() const { return record_bytes() + 2 * fields(); }
+  TQ_HOST_DEVICE constexpr std::int64_t block_offset(std::int64_t block) const { return block * block_stride; }
+};
+
+/// Builds and validates a layout. `block_stride` 0 means the natural size.
+/// Throws Error naming the argument (preset, head_dim, block_size,
+/// num_kv_heads, block_stride) when a value is not supported.
+CacheLayout make_layout(Preset preset, int head_dim, int block_size, int num_kv_heads,
+                        std::int64_t block_stride = 0);
+
+/// Re-validates a layout built by hand (same checks as make_layout).
+void validate_layout(const CacheLayout& layout);
+
+/// Validates a query-heads-per-kv-head group size (1 to kMaxGroupSize).
+void validate_group_size(int num_q_heads, int num_kv_heads);
+
+/// "16, 32, 64, 128"-style list of accepted values, for error messages.
+template <std::size_t N>
+std::string accepted_list(const std::array<int, N>& values) {
+  std::string text;
+  for (std::size_t i = 0; i < N; ++i) {
+    if (i) text += ", ";
+    text += std::to_string(values[i]);
+  }
+  return text;
+}
+
+}  // namespace tqdecode

@@ -1,0 +1,108 @@
+// A whole decode problem in host memory: synthetic K/V for a batch of
+// sequences, stored with store_cpu into a junk-filled paged cache behind a
+// shuffled block table, queries, sinks, and the unquantized K/V for exact
+// attention; plus the error metrics the demo, the tests and the benchmarks
+// report. The one scenario builder of the project: the CLI, the CPU and GPU
+// tests and the benchmarks all use it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "tqdecode/constants.hpp"
+#include "tqdecode/decode_args.hpp"
+#include "tqdecode/format.hpp"
+
+namespace tqdecode {
+
+struct ScenarioConfig {
+  Preset preset = Preset::turboquant_4bit_nc;
+  int num_q_heads = 32;
+  int num_kv_heads = 8;
+  int head_dim = 128;
+  int block_size = 16;
+  std::vector<int> seq_lens;              ///< one per sequence; B = seq_lens.size()
+  int spare_blocks = 3;                   ///< physical blocks no sequence uses (left junk)
+  int spare_table_columns = 2;            ///< block-table columns past the longest sequence
+  std::int64_t block_stride_padding = 0;  ///< bytes added to the natural block size
+  bool sinks = false;                     ///< one sink per query head, near that head's top scores
+  DType query_dtype = DType::bf16;
+  DType kv_dtype = DType::bf16;           ///< dtype of the K/V handed to the store
+  std::uint64_t seed = 1;
+  RotationKind rotation = RotationKind::hadamard;
+  bool identity_rotation = false;  ///< Pi = PiT = I (MSE presets): the rotated query is the query itself
+  bool keep_unquantized = true;    ///< keep K/V for exact attention (memory heavy for long contexts)
+};
+
+struct Scenario {
+  ScenarioConfig config;
+  CacheLayout layout;
+  ModelConstants constants;
+  float scale = 0.0f;  ///< 1 / sqrt(D)
+
+  std::vector<std::int32_t> seq_lens;  ///< [B]
+  int max_blocks_per_seq = 0;
+  std::int64_t num_blocks = 0;
+  /// [B, max_blocks_per_seq]; physical blocks in random order. Entries past a
+  /// sequence's last block are -1 or out of range, so a read of one is caught.
+  std::vector<std::int32_t> block_table;
+  std::vector<std::int64_t> slot_mapping;   ///< [total tokens], sequence-major, as handed to the store
+  std::vector<std::int64_t> token_offsets;  ///< [B + 1]: sequence i is rows [offsets[i], offsets[i+1]) of keys/values
+  std::vector<float> keys;    ///< [total tokens, Hk, D] as stored (rounded to kv_dtype); empty unless kept
+  std::vector<float> values;  ///< same
+  std::vector<std::uint8_t> cache;        ///< num_blocks * block_stride bytes; junk where nothing was stored
+  std::vector<float> query;               ///< [B, Hq, D] fp32 values, representable in query_dtype
+  std::vector<std::uint16_t> query_bits;  ///< the same as raw query_dtype elements
+  std::vector<float> sinks;               ///< [Hq] or empty
+
+  int batch() const { return static_cast<int>(seq_lens.size()); }
+  std::int64_t total_tokens() const { return token_offsets.empty() ? 0 : token_offsets.back(); }
+
+  /// Decode arguments over this scenario's host memory writing `output`.
+  DecodeArgs host_args(void* output = nullptr) const;
+
+  /// Exact fp32 attention over the unquantized K/V: [B, Hq, D].
+  std::vector<float> exact_output() const;
+};
+
+/// Builds the scenario and writes its cache with store_cpu. Deterministic in config.seed.
+Scenario make_scenario(const ScenarioConfig& config);
+
+/// The K/V a scenario's cache holds, read back through the block table and
+/// the layout, in the original (unrotated) space: keys Pi^T khat, values vhat.
+/// Same shapes and token order as Scenario::keys / values.
+struct DequantizedKv {
+  std::vector<float> keys;
+  std::vector<float> values;
+};
+DequantizedKv dequantize(const Scenario& scenario);
+
+/// fp16 metadata `field` of (slot, head), as bits, from the block starting at `block`.
+std::uint16_t read_field_bits(const std::uint8_t* block, const CacheLayout& layout, int slot, int head, int field);
+
+/// `count` random bytes, deterministic in `seed`.
+std::vector<std::uint8_t> random_bytes(std::size_t count, std::uint64_t seed);
+
+/// Cosine similarity of two vectors (1 when both are all zero).
+double cosine_similarity(const std::vector<float>& a, const std::vector<float>& b);
+
+/// ||actual - expected|| / ||expected|| (0 when both are all zero, infinity
+/// when only `expected` is).
+double relative_l2(const std::vector<float>& actual, const std::vector<float>& expected);
+
+/// max |actual - expected| / max(max |expected|, floor): an element-wise
+/// error relative to the peak, which does not blow up on near-zero elements.
+double peak_relative_error(const std::vector<float>& actual, const std::vector<float>& expected, double floor = 1e-6);
+
+/// Accuracy of `actual` against `expected`.
+struct ErrorStats {
+  double cosine;         ///< cosine_similarity of the flattened tensors
+  double relative_l2;    ///< relative_l2: ||actual - expected|| / ||expected||
+  double max_abs;        ///< largest element difference
+  double peak_relative;  ///< peak_relative_error: max_abs / max |expected|
+};
+/// Throws Error when the sizes differ.
+ErrorStats compare_outputs(const std::vector<float>& actual, const std::vector<float>& expected);
+
+}  // namespace tqdecode

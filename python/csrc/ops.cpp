@@ -1,0 +1,555 @@
+// The PyTorch binding of tqdecode: custom ops in the `tqdecode` namespace,
+// loaded by python/tqdecode/__init__.py (torch.ops.load_library), which also
+// registers their fake implementations for torch.compile.
+//
+// Only torch's C++ op API is used (no pybind11, no Python.h), so the library
+// builds without Python headers and one build serves every Python version of
+// the same torch.
+//
+// Errors: tqdecode::Error (a bad argument) becomes a Python ValueError and
+// tqdecode::CudaError a RuntimeError; both keep the library's message, which
+// names the argument ("tqdecode: block_table: ...").
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "tqdecode/constants.hpp"
+#include "tqdecode/decode.hpp"
+#include "tqdecode/error.hpp"
+#include "tqdecode/format.hpp"
+#include "tqdecode/reference.hpp"
+#include "tqdecode/store.hpp"
+
+#if defined(TQDECODE_WITH_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace tqdecode_torch {
+
+using at::Tensor;
+using OptionalTensor = std::optional<Tensor>;
+using tqdecode::require;
+
+// Runs an op body, turning the library's exceptions into the c10 exceptions
+// that torch maps to Python ValueError / RuntimeError.
+template <class Body>
+auto translating_errors(Body&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const tqdecode::Error& error) {
+    TORCH_CHECK_VALUE(false, error.what());
+  } catch (const tqdecode::CudaError& error) {
+    TORCH_CHECK(false, error.what());
+  }
+}
+
+// ---- argument checks (each names the Python argument) ----------------------
+
+std::string dtype_text(at::ScalarType type) { return "torch." + c10::getDtypeNames(type).first; }
+
+void check_dtype(const Tensor& tensor, const char* argument, at::ScalarType expected) {
+  require(tensor.scalar_type() == expected, argument,
+          "dtype " + dtype_text(tensor.scalar_type()) + " is not supported; accepted: " + dtype_text(expected));
+}
+
+void check_dim(const Tensor& tensor, const char* argument, int64_t dim, const char* shape) {
+  require(tensor.dim() == dim, argument,
+          "has " + std::to_string(tensor.dim()) + " dimensions; expected " + std::to_string(dim) + ": " + shape);
+}
+
+void check_size(const Tensor& tensor, const char* argument, int64_t dim, int64_t expected, const char* what) {
+  require(tensor.size(dim) == expected, argument,
+          "size " + std::to_string(tensor.size(dim)) + " in dimension " + std::to_string(dim) + " does not match " +
+              what + " = " + std::to_string(expected));
+}
+
+void check_device(const Tensor& tensor, const char* argument, const at::Device& device) {
+  require(tensor.device() == device, argument,
+          "is on " + tensor.device().str() + "; every tensor of the call must be on " + device.str());
+}
+
+void check_contiguous(const Tensor& tensor, const char* argument) {
+  require(tensor.is_contiguous(), argument, "must be contiguous");
+}
+
+
+// An fp32 model constant (centroids, Pi, PiT) that MSE presets need.
+const Tensor& required_constant(const OptionalTensor& tensor, const char* argument, const tqdecode::CacheLayout& layout,
+                                const at::Device& device) {
+  require(tensor.has_value(), argument,
+          std::string("is required by preset ") + layout.info().name + " (MSE keys)");
+  check_device(*tensor, argument, device);
+  check_dtype(*tensor, argument, at::kFloat);
+  check_contiguous(*tensor, argument);
+  return *tensor;
+}
+
+void check_square(const Tensor& matrix, const char* argument, int head_dim) {
+  check_dim(matrix, argument, 2, "[head_dim, head_dim]");
+  check_size(matrix, argument, 0, head_dim, "head_dim");
+  check_size(matrix, argument, 1, head_dim, "head_dim");
+}
+
+void check_codebook(const Tensor& centroids, const tqdecode::CacheLayout& layout) {
+  check_dim(centroids, "centroids", 1, "[2^mse_bits]");
+  check_size(centroids, "centroids", 0, int64_t{1} << layout.info().key_bits, "2^mse_bits");
+}
+
+// kv_cache is uint8 [num_blocks, block_size, num_kv_heads, slot_bytes]; only
+// stride(0), the block stride, may be padded: the rest of a block is one byte
+// range, which must hold the natural block of the layout.
+tqdecode::CacheLayout cache_layout_of(const Tensor& kv_cache, tqdecode::Preset preset, int head_dim) {
+  check_dtype(kv_cache, "kv_cache", at::kByte);
+  check_dim(kv_cache, "kv_cache", 4, "[num_blocks, block_size, num_kv_heads, slot_bytes]");
+  require(kv_cache.size(0) >= 1, "kv_cache", "has no blocks");
+  require(kv_cache.stride(3) == 1 && kv_cache.stride(2) == kv_cache.size(3) &&
+              kv_cache.stride(1) == kv_cache.size(2) * kv_cache.size(3),
+          "kv_cache", "a block [block_size, num_kv_heads, slot_bytes] must be contiguous; only stride(0) may be padded");
+  tqdecode::CacheLayout layout = tqdecode::make_layout(preset, head_dim, static_cast<int>(kv_cache.size(1)),
+                                                       static_cast<int>(kv_cache.size(2)));
+  const int64_t block_bytes = kv_cache.size(1) * kv_cache.size(2) * kv_cache.size(3);
+  require(block_bytes >= layout.natural_block_bytes(), "kv_cache",
+          "slot_bytes " + std::to_string(kv_cache.size(3)) + " is smaller than the " +
+              std::to_string(layout.bytes_per_token_head()) + " bytes per (token, kv head) of " + layout.info().name +
+              " with head_dim " + std::to_string(head_dim));
+  require(kv_cache.stride(0) >= block_bytes, "kv_cache",
+          "stride(0) " + std::to_string(kv_cache.stride(0)) + " is smaller than a block of " +
+              std::to_string(block_bytes) + " bytes: blocks would overlap");
+  layout.block_stride = kv_cache.stride(0);
+  return layout;
+}
+
+// ---- decode ------------------------------------------------------------------
+
+// The engine-side arguments of one decode call, as the ops receive them.
+struct DecodeInputs {
+  const Tensor& query;
+  const Tensor& kv_cache;
+  const Tensor& block_table;
+  const Tensor& seq_lens;
+  const OptionalTensor& centroids;
+  const OptionalTensor& PiT;
+  double scale;
+  int64_t mse_bits;
+  int64_t key_packed_size;
+  int64_t value_quant_bits;
+  int64_t value_packed_size;
+  bool key_fp8;
+  bool norm_correction;
+  const OptionalTensor& sinks;
+};
+
+// Checks the tensors and builds the library's arguments; output left unset.
+tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
+  const Tensor& query = in.query;
+  const at::Device device = query.device();
+  require(query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kHalf, "query",
+          "dtype " + dtype_text(query.scalar_type()) + " is not supported; accepted: torch.bfloat16, torch.float16");
+  check_dim(query, "query", 3, "[batch, num_q_heads, head_dim]");
+  require(query.stride(2) == 1, "query", "the head_dim dimension must have stride 1");
+  check_device(in.kv_cache, "kv_cache", device);
+
+  const tqdecode::Preset preset = tqdecode::preset_from_parameters(
+      static_cast<int>(in.mse_bits), static_cast<int>(in.value_quant_bits), in.key_fp8, in.norm_correction);
+  const int head_dim = static_cast<int>(query.size(2));
+  const tqdecode::CacheLayout layout = cache_layout_of(in.kv_cache, preset, head_dim);
+  require(in.key_packed_size == layout.key_bytes(), "key_packed_size",
+          std::to_string(in.key_packed_size) + " does not match " + layout.info().name + " with head_dim " +
+              std::to_string(head_dim) + "; accepted: " + std::to_string(layout.key_bytes()));
+  require(in.value_packed_size == layout.value_bytes(), "value_packed_size",
+          std::to_string(in.value_packed_size) + " does not match " + layout.info().name + " with head_dim " +
+              std::to_string(head_dim) + "; accepted: " + std::to_string(layout.value_bytes()));
+
+  const int64_t batch = query.size(0);
+  check_device(in.block_table, "block_table", device);
+  check_dtype(in.block_table, "block_table", at::kInt);
+  check_dim(in.block_table, "block_table", 2, "[batch, max_blocks_per_seq]");
+  check_size(in.block_table, "block_table", 0, batch, "the batch size query.shape[0]");
+  require(in.block_table.stride(1) == 1, "block_table", "rows must be contiguous (stride(1) == 1)");
+  check_device(in.seq_lens, "seq_lens", device);
+  check_dtype(in.seq_lens, "seq_lens", at::kInt);
+  check_dim(in.seq_lens, "seq_lens", 1, "[batch]");
+  check_size(in.seq_lens, "seq_lens", 0, batch, "the batch size query.shape[0]");
+  check_contiguous(in.seq_lens, "seq_lens");
+
+  tqdecode::DecodeArgs args;
+  args.query = query.data_ptr();
+  args.query_dtype = query.scalar_type() == at::kBFloat16 ? tqdecode::DType::bf16 : tqdecode::DType::f16;
+  args.batch = static_cast<int>(batch);
+  args.num_q_heads = static_cast<int>(query.size(1));
+  args.query_stride_batch = query.stride(0);
+  args.query_stride_head = query.stride(1);
+  args.layout = layout;
+  args.num_blocks = in.kv_cache.size(0);
+  args.cache = in.kv_cache.data_ptr<uint8_t>();
+  args.block_table = in.block_table.data_ptr<int32_t>();
+  args.max_blocks_per_seq = static_cast<int>(in.block_table.size(1));
+  args.block_table_stride = in.block_table.stride(0);
+  args.seq_lens = in.seq_lens.data_ptr<int32_t>();
+  args.scale = static_cast<float>(in.scale);
+  if (!layout.key_fp8()) {  // fp8 keys are neither rotated nor codebook-quantized: both are ignored
+    const Tensor& centroids = required_constant(in.centroids, "centroids", layout, device);
+    check_codebook(centroids, layout);
+    const Tensor& PiT = required_constant(in.PiT, "PiT", layout, device);
+    check_square(PiT, "PiT", head_dim);
+    args.centroids = centroids.data_ptr<float>();
+    args.num_centroids = static_cast<int>(centroids.numel());
+    args.PiT = PiT.data_ptr<float>();
+  }
+  if (in.sinks) {
+    check_device(*in.sinks, "sinks", device);
+    check_dtype(*in.sinks, "sinks", at::kFloat);
+    check_dim(*in.sinks, "sinks", 1, "[num_q_heads]");
+    check_size(*in.sinks, "sinks", 0, args.num_q_heads, "num_q_heads query.shape[1]");
+    check_contiguous(*in.sinks, "sinks");
+    args.sinks = in.sinks->data_ptr<float>();
+  }
+  return args;
+}
+
+void set_output(tqdecode::DecodeArgs& args, const Tensor& out, const Tensor& query) {
+  check_device(out, "out", query.device());
+  check_dtype(out, "out", query.scalar_type());
+  require(out.sizes() == query.sizes(), "out",
+          "shape " + c10::str(out.sizes()) + " does not match the query shape " + c10::str(query.sizes()));
+  require(out.stride(2) == 1, "out", "the head_dim dimension must have stride 1");
+  args.output = out.data_ptr();
+  args.output_stride_batch = out.stride(0);
+  args.output_stride_head = out.stride(1);
+}
+
+// plan_decode reads no tensor memory; a non-null output satisfies its check
+// that an output exists (the same placeholder the launcher uses).
+void* const kPlanningOutput = reinterpret_cast<void*>(std::uintptr_t{1});
+
+#define TQ_DECODE_PARAMS                                                                                          \
+  const Tensor &query, const Tensor &kv_cache, const Tensor &block_table, const Tensor &seq_lens,                 \
+      const OptionalTensor &centroids, const OptionalTensor &PiT, double scale, int64_t mse_bits,                 \
+      int64_t key_packed_size, int64_t value_quant_bits, int64_t value_packed_size, bool key_fp8,                 \
+      bool norm_correction, const OptionalTensor &sinks
+#define TQ_DECODE_INPUTS                                                                                          \
+  DecodeInputs {                                                                                                  \
+    query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, key_packed_size, value_quant_bits,   \
+        value_packed_size, key_fp8, norm_correction, sinks                                                        \
+  }
+
+Tensor decode_cpu(TQ_DECODE_PARAMS) {
+  return translating_errors([&] {
+    tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
+    Tensor out = at::empty(query.sizes(), query.options());
+    set_output(args, out, query);
+    tqdecode::decode_cpu(args);  // validates seq_lens and block_table contents first
+    return out;
+  });
+}
+
+void decode_out_cpu(TQ_DECODE_PARAMS, Tensor& out) {
+  translating_errors([&] {
+    tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
+    set_output(args, out, query);
+    tqdecode::decode_cpu(args);
+  });
+}
+
+std::tuple<std::string, std::string> decode_path_cpu(TQ_DECODE_PARAMS) {
+  return translating_errors([&] {
+    tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
+    args.output = kPlanningOutput;
+    tqdecode::validate_decode_shapes(args);
+    return std::tuple<std::string, std::string>{tqdecode::decode_path_name(tqdecode::DecodePath::cpu_reference),
+                                                "the tensors are in host memory"};
+  });
+}
+
+// ---- store -------------------------------------------------------------------
+
+tqdecode::StoreArgs store_args(const Tensor& key, const Tensor& value, const Tensor& kv_cache,
+                               const Tensor& slot_mapping, const OptionalTensor& Pi, const OptionalTensor& centroids,
+                               std::string_view preset_name) {
+  const at::Device device = key.device();
+  const tqdecode::Preset preset = tqdecode::parse_preset(preset_name, "preset");
+  require(key.scalar_type() == at::kFloat || key.scalar_type() == at::kHalf || key.scalar_type() == at::kBFloat16,
+          "key",
+          "dtype " + dtype_text(key.scalar_type()) +
+              " is not supported; accepted: torch.float32, torch.float16, torch.bfloat16");
+  check_dim(key, "key", 3, "[num_tokens, num_kv_heads, head_dim]");
+  check_contiguous(key, "key");
+  check_device(value, "value", device);
+  check_dtype(value, "value", key.scalar_type());
+  require(value.sizes() == key.sizes(), "value",
+          "shape " + c10::str(value.sizes()) + " does not match the key shape " + c10::str(key.sizes()));
+  check_contiguous(value, "value");
+  check_device(kv_cache, "kv_cache", device);
+  const int head_dim = static_cast<int>(key.size(2));
+  const tqdecode::CacheLayout layout = cache_layout_of(kv_cache, preset, head_dim);
+  check_size(key, "key", 1, layout.num_kv_heads, "num_kv_heads kv_cache.shape[2]");
+  check_device(slot_mapping, "slot_mapping", device);
+  check_dtype(slot_mapping, "slot_mapping", at::kLong);
+  check_dim(slot_mapping, "slot_mapping", 1, "[num_tokens]");
+  check_size(slot_mapping, "slot_mapping", 0, key.size(0), "num_tokens key.shape[0]");
+  check_contiguous(slot_mapping, "slot_mapping");
+
+  tqdecode::StoreArgs args;
+  args.layout = layout;
+  args.num_blocks = kv_cache.size(0);
+  args.cache = kv_cache.data_ptr<uint8_t>();
+  args.key = key.data_ptr();
+  args.value = value.data_ptr();
+  args.kv_dtype = key.scalar_type() == at::kFloat  ? tqdecode::DType::f32
+                  : key.scalar_type() == at::kHalf ? tqdecode::DType::f16
+                                                   : tqdecode::DType::bf16;
+  args.num_tokens = key.size(0);
+  args.slot_mapping = slot_mapping.data_ptr<int64_t>();
+  if (!layout.key_fp8()) {
+    const Tensor& rotation = required_constant(Pi, "Pi", layout, device);
+    check_square(rotation, "Pi", head_dim);
+    const Tensor& codebook = required_constant(centroids, "centroids", layout, device);
+    check_codebook(codebook, layout);
+    args.Pi = rotation.data_ptr<float>();
+    args.centroids = codebook.data_ptr<float>();
+    args.num_centroids = static_cast<int>(codebook.numel());
+  }
+  return args;
+}
+
+void store_cpu(const Tensor& key, const Tensor& value, Tensor& kv_cache, const Tensor& slot_mapping,
+               const OptionalTensor& Pi, const OptionalTensor& centroids, std::string_view preset, bool /*check*/) {
+  // The CPU store always validates every input before writing (it is free there).
+  translating_errors([&] { tqdecode::store_cpu(store_args(key, value, kv_cache, slot_mapping, Pi, centroids, preset)); });
+}
+
+// ---- host-side helpers (no device work; CompositeExplicitAutograd) ---------
+
+std::tuple<Tensor, Tensor, Tensor> make_model_constants(std::string_view preset, int64_t head_dim, int64_t seed,
+                                                        std::string_view rotation) {
+  return translating_errors([&] {
+    require(rotation == "hadamard" || rotation == "dense", "rotation",
+            "'" + std::string(rotation) + "' is not a rotation; accepted: hadamard, dense");
+    const tqdecode::ModelConstants constants = tqdecode::make_model_constants(
+        tqdecode::parse_preset(preset, "preset"), static_cast<int>(head_dim), static_cast<std::uint64_t>(seed),
+        rotation == "hadamard" ? tqdecode::RotationKind::hadamard : tqdecode::RotationKind::dense);
+    // fp8 keys use no constants: empty vectors give [0] and [0, 0] tensors.
+    const int64_t side = constants.Pi.empty() ? 0 : head_dim;
+    auto to_tensor = [](const std::vector<float>& values, at::IntArrayRef shape) {
+      return at::tensor(values, at::kFloat).reshape(shape);
+    };
+    return std::tuple<Tensor, Tensor, Tensor>{to_tensor(constants.centroids, {int64_t(constants.centroids.size())}),
+                                              to_tensor(constants.Pi, {side, side}),
+                                              to_tensor(constants.PiT, {side, side})};
+  });
+}
+
+// [key_bits, value_bits, key_fp8, norm_correction, key_packed_size (KD),
+//  value_packed_size (VD), fields (F), slot_bytes, block_bytes]
+std::vector<int64_t> cache_layout(std::string_view preset, int64_t head_dim, int64_t block_size, int64_t num_kv_heads) {
+  return translating_errors([&] {
+    const tqdecode::CacheLayout layout =
+        tqdecode::make_layout(tqdecode::parse_preset(preset, "preset"), static_cast<int>(head_dim),
+                              static_cast<int>(block_size), static_cast<int>(num_kv_heads));
+    const tqdecode::PresetInfo info = layout.info();
+    return std::vector<int64_t>{info.key_bits,      info.value_bits,         info.key_fp8,
+                                info.norm_correction, layout.key_bytes(),    layout.value_bytes(),
+                                layout.fields(),      layout.bytes_per_token_head(), layout.natural_block_bytes()};
+  });
+}
+
+// One DecodeWorkspace (buffer pool) per CUDA device for the whole process.
+// Decode calls hold a shared_ptr for their duration, so set_max_batch can
+// replace the workspaces while another thread is inside a call. Leaked on
+// purpose: freeing device memory during interpreter exit, after the CUDA
+// runtime may have shut down, would fail.
+class Workspaces {
+ public:
+  std::shared_ptr<tqdecode::DecodeWorkspace> for_device(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::shared_ptr<tqdecode::DecodeWorkspace>& workspace = by_device_[device];
+    if (!workspace) workspace = std::make_shared<tqdecode::DecodeWorkspace>(max_batch_);
+    return workspace;
+  }
+
+  // New pools get `max_batch` rows (0: TQDECODE_MAX_BATCH, else 512). Existing
+  // pools are released (once no call uses them), like a pool growth: pooled
+  // outputs returned earlier and CUDA graphs captured earlier become invalid.
+  void set_max_batch(int64_t max_batch) {
+    require(max_batch >= 0 && max_batch <= (1 << 20), "max_batch",
+            std::to_string(max_batch) + " is out of range; accepted: 0 (TQDECODE_MAX_BATCH, else 512) to 1048576");
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (max_batch == max_batch_) return;
+    max_batch_ = static_cast<int>(max_batch);
+    by_device_.clear();
+  }
+
+  // (bucket rows of new pools, per pool: signature, bucket rows, partition rows, bytes)
+  std::tuple<int64_t, std::vector<std::string>, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>>
+  stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::tuple<int64_t, std::vector<std::string>, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>>
+        result;
+    std::get<0>(result) = tqdecode::DecodeWorkspace(max_batch_).max_batch();  // resolves the environment default
+    for (const auto& [device, workspace] : by_device_) {
+      for (const tqdecode::DecodeWorkspace::Entry& entry : workspace->stats().entries) {
+        std::get<1>(result).push_back(entry.signature);
+        std::get<2>(result).push_back(entry.bucket_batch);
+        std::get<3>(result).push_back(entry.partition_rows);
+        std::get<4>(result).push_back(entry.bytes);
+      }
+    }
+    return result;
+  }
+
+ private:
+  std::mutex mutex_;
+  int max_batch_ = 0;
+  std::map<int, std::shared_ptr<tqdecode::DecodeWorkspace>> by_device_;
+};
+
+Workspaces& workspaces() {
+  static Workspaces* const instance = new Workspaces();
+  return *instance;
+}
+
+void set_max_batch(int64_t max_batch) {
+  translating_errors([&] { workspaces().set_max_batch(max_batch); });
+}
+
+std::tuple<int64_t, std::vector<std::string>, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>>
+pool_stats() {
+  return translating_errors([&] { return workspaces().stats(); });
+}
+
+bool is_available() {
+  return translating_errors([] { return tqdecode::is_available(); });
+}
+
+// ---- CUDA kernels of the ops ---------------------------------------------------
+
+#if defined(TQDECODE_WITH_CUDA)
+
+CUstream_st* current_stream(const at::Device& device) {
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+}
+
+// Returns a view of the pooled output ([B, Hq, D] rows of the workspace of
+// query's device): the same data pointer for every B and across CUDA-graph
+// capture and replay, overwritten by the next decode of the same (device, Hk,
+// Hq, D, dtype) signature.
+Tensor decode_cuda(TQ_DECODE_PARAMS) {
+  return translating_errors([&] {
+    const c10::cuda::CUDAGuard guard(query.device());
+    const tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
+    const auto workspace = workspaces().for_device(query.device().index());
+    void* output = tqdecode::decode(args, *workspace, current_stream(query.device()));
+    if (args.batch == 0) return at::empty(query.sizes(), query.options());  // nothing pooled for no rows
+    return at::from_blob(output, query.sizes(), query.options());
+  });
+}
+
+void decode_out_cuda(TQ_DECODE_PARAMS, Tensor& out) {
+  translating_errors([&] {
+    const c10::cuda::CUDAGuard guard(query.device());
+    tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
+    set_output(args, out, query);
+    const auto workspace = workspaces().for_device(query.device().index());
+    tqdecode::decode(args, *workspace, current_stream(query.device()));
+  });
+}
+
+std::tuple<std::string, std::string> decode_path_cuda(TQ_DECODE_PARAMS) {
+  return translating_errors([&] {
+    const c10::cuda::CUDAGuard guard(query.device());
+    tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
+    args.output = kPlanningOutput;
+    tqdecode::PathChoice choice = tqdecode::choose_decode_path(args);
+    return std::tuple<std::string, std::string>{tqdecode::decode_path_name(choice.path), std::move(choice.reason)};
+  });
+}
+
+// With check=True an eager store validates slots and finiteness on the
+// device and raises ValueError when a check fails, which synchronises the
+// stream. During CUDA-graph capture it cannot synchronise: a failing check
+// then leaves the cache unwritten and is not reported (the same as check=False).
+void store_cuda(const Tensor& key, const Tensor& value, Tensor& kv_cache, const Tensor& slot_mapping,
+                const OptionalTensor& Pi, const OptionalTensor& centroids, std::string_view preset, bool check) {
+  translating_errors([&] {
+    const c10::cuda::CUDAGuard guard(key.device());
+    const tqdecode::StoreArgs args = store_args(key, value, kv_cache, slot_mapping, Pi, centroids, preset);
+    CUstream_st* stream = current_stream(key.device());
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TORCH_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess, "tqdecode: cudaStreamIsCapturing failed");
+    // The status word comes from torch's allocator, which serves graph
+    // capture from the graph's pool (the library's own word would be a
+    // cudaMalloc on first use); the store zeroes it itself.
+    Tensor status = at::empty({1}, key.options().dtype(at::kInt));
+    tqdecode::store_cuda(args, stream, status.data_ptr<int>(), check && capture == cudaStreamCaptureStatusNone);
+  });
+}
+
+#endif  // TQDECODE_WITH_CUDA
+
+}  // namespace tqdecode_torch
+
+// Schemas. Mutated arguments are annotated (a!) so functionalization and
+// torch.compile see the writes. `decode` returns the pooled output on CUDA
+// (see decode_cuda); `decode_out` writes a caller's tensor and is what
+// compiled graphs and output_buf use.
+TORCH_LIBRARY(tqdecode, m) {
+  m.def(
+      "store(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping, Tensor? Pi, Tensor? centroids, "
+      "str preset, bool check=True) -> ()");
+  m.def(
+      "decode(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, Tensor? PiT, "
+      "float scale, int mse_bits, int key_packed_size, int value_quant_bits, int value_packed_size, "
+      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None) -> Tensor");
+  m.def(
+      "decode_out(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, "
+      "Tensor? PiT, float scale, int mse_bits, int key_packed_size, int value_quant_bits, int value_packed_size, "
+      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None, *, Tensor(a!) out) -> ()");
+  m.def(
+      "decode_path(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, "
+      "Tensor? PiT, float scale, int mse_bits, int key_packed_size, int value_quant_bits, int value_packed_size, "
+      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None) -> (str path, str reason)");
+  m.def(
+      "make_model_constants(str preset, int head_dim, int seed=0, str rotation=\"hadamard\") "
+      "-> (Tensor centroids, Tensor Pi, Tensor PiT)");
+  m.def("cache_layout(str preset, int head_dim, int block_size, int num_kv_heads) -> int[]");
+  m.def("is_available() -> bool");
+  m.def("set_max_batch(int max_batch) -> ()");
+  m.def("pool_stats() -> (int max_batch, str[] signatures, int[] bucket_batch, int[] partition_rows, int[] bytes)");
+}
+
+TORCH_LIBRARY_IMPL(tqdecode, CPU, m) {
+  m.impl("store", &tqdecode_torch::store_cpu);
+  m.impl("decode", &tqdecode_torch::decode_cpu);
+  m.impl("decode_out", &tqdecode_torch::decode_out_cpu);
+  m.impl("decode_path", &tqdecode_torch::decode_path_cpu);
+}
+
+#if defined(TQDECODE_WITH_CUDA)
+TORCH_LIBRARY_IMPL(tqdecode, CUDA, m) {
+  m.impl("store", &tqdecode_torch::store_cuda);
+  m.impl("decode", &tqdecode_torch::decode_cuda);
+  m.impl("decode_out", &tqdecode_torch::decode_out_cuda);
+  m.impl("decode_path", &tqdecode_torch::decode_path_cuda);
+}
+#endif
+
+// Ops without tensor inputs dispatch to CompositeExplicitAutograd; being
+// below the Python key, fake-tensor mode sees them (their fakes are in Python).
+TORCH_LIBRARY_IMPL(tqdecode, CompositeExplicitAutograd, m) {
+  m.impl("make_model_constants", &tqdecode_torch::make_model_constants);
+  m.impl("cache_layout", &tqdecode_torch::cache_layout);
+  m.impl("is_available", &tqdecode_torch::is_available);
+  m.impl("set_max_batch", &tqdecode_torch::set_max_batch);
+  m.impl("pool_stats", &tqdecode_torch::pool_stats);
+}

@@ -1,0 +1,554 @@
+"""Tests of the PyTorch binding (python/tqdecode, python/csrc/ops.cpp).
+
+Written with unittest so that pytest and `python3 -m unittest` both run them.
+The whole module is skipped when torch is missing; tests that need a GPU
+skip, each with a message, when CUDA is unavailable (the CPU ops still run:
+they are the C++ reference path). Needs the binding built
+(-DTQDECODE_PYTHON=ON) and `python` on PYTHONPATH; see python/run_tests.sh.
+
+Oracles: the CPU op (the C++ reference decode) and, independently, torch SDPA
+in fp32 over the cache as dequantized by the small Python reader of
+FORMAT.md below.
+"""
+
+import math
+import unittest
+from dataclasses import dataclass
+from typing import Optional
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    raise unittest.SkipTest("torch is not installed: the PyTorch binding tests need it")
+
+import tqdecode  # an ImportError here means the binding is not built: a failure, not a skip
+
+HAS_CUDA = torch.cuda.is_available()
+requires_cuda = unittest.skipUnless(HAS_CUDA, "no CUDA device: GPU test of the PyTorch binding skipped")
+
+# FORMAT.md section 1: key bits, value bits, fp8 keys, norm correction.
+SPEC_PRESETS = {
+    "turboquant_4bit_nc": (4, 4, False, True),
+    "turboquant_k3v4_nc": (3, 4, False, True),
+    "turboquant_3bit_nc": (3, 3, False, True),
+    "turboquant_k8v4": (8, 4, True, False),
+}
+
+
+# ---- a reader of the cache format, written from FORMAT.md alone -------------
+
+def spec_sizes(preset, head_dim):
+    """(KD, VD, F) of FORMAT.md section 4."""
+    key_bits, value_bits, key_fp8, _ = SPEC_PRESETS[preset]
+    key_bytes = head_dim if key_fp8 else math.ceil(head_dim * key_bits / 8)
+    return key_bytes, math.ceil(head_dim * value_bits / 8), 2 if key_fp8 else 3
+
+
+def unpack_codes(packed, bits, count):
+    """Codes of `bits` bits, LSB first within little-endian bytes: [..., bytes] -> [..., count]."""
+    stream = ((packed.long().unsqueeze(-1) >> torch.arange(8)) & 1).flatten(-2)
+    stream = stream[..., : count * bits].unflatten(-1, (count, bits))
+    return (stream << torch.arange(bits)).sum(-1)
+
+
+def dequantize(cache, preset, head_dim, centroids):
+    """(khat, vhat) fp32 [num_blocks, block_size, Hk, D]: keys in the rotated
+    space for MSE presets (FORMAT.md section 5 steps 2 and 4)."""
+    key_bits, value_bits, key_fp8, _ = SPEC_PRESETS[preset]
+    key_bytes, value_bytes, fields = spec_sizes(preset, head_dim)
+    num_blocks, block_size, num_kv_heads, _ = cache.shape
+    blocks = cache.cpu().reshape(num_blocks, -1)  # one row per block; padding past the natural size unused
+    data_end = block_size * num_kv_heads * (key_bytes + value_bytes)
+    records = blocks[:, :data_end].reshape(num_blocks, block_size, num_kv_heads, key_bytes + value_bytes)
+    meta = blocks[:, data_end : data_end + 2 * fields * num_kv_heads * block_size]
+    meta = meta.reshape(num_blocks, num_kv_heads, fields, block_size, 2).contiguous().view(torch.float16)
+    meta = meta.squeeze(-1).float().permute(0, 3, 1, 2)  # [num_blocks, block_size, Hk, F]
+    if key_fp8:
+        khat = records[..., :key_bytes].contiguous().view(torch.float8_e4m3fn).float()
+    else:
+        codes = unpack_codes(records[..., :key_bytes], key_bits, head_dim)
+        khat = meta[..., 0:1] * centroids.cpu().float()[codes]
+    value_codes = unpack_codes(records[..., key_bytes:], value_bits, head_dim).float()
+    vhat = value_codes * meta[..., fields - 2 : fields - 1] + meta[..., fields - 1 : fields]
+    return khat, vhat
+
+
+# ---- test cases ----------------------------------------------------------------
+
+@dataclass
+class Config:
+    preset: str
+    head_dim: int = 128
+    block_size: int = 16
+    dtype: torch.dtype = torch.bfloat16
+    sinks: bool = True
+    slot_padding: int = 0  # extra bytes per (token, head): block stride above the natural size
+    num_q_heads: int = 8
+    num_kv_heads: int = 2
+    seq_lens: tuple = (37, 0, 1, 160, 95)
+
+    @property
+    def name(self):
+        return (f"{self.preset}_d{self.head_dim}_bs{self.block_size}_{str(self.dtype)[6:]}"
+                f"{'_sinks' if self.sinks else ''}{'_padded' if self.slot_padding else ''}")
+
+
+CONFIGS = [Config(preset) for preset in SPEC_PRESETS] + [
+    Config("turboquant_4bit_nc", head_dim=64, block_size=32, dtype=torch.float16, sinks=False, slot_padding=2,
+           num_q_heads=12, num_kv_heads=2),
+    Config("turboquant_k3v4_nc", head_dim=256, block_size=32, dtype=torch.float16, slot_padding=6),
+    Config("turboquant_3bit_nc", head_dim=64, block_size=64, sinks=False, num_q_heads=4, num_kv_heads=4),
+    Config("turboquant_k8v4", head_dim=64, block_size=16, dtype=torch.float16, sinks=False, slot_padding=4,
+           num_q_heads=16, num_kv_heads=1),
+]
+
+
+@dataclass
+class Case:
+    config: Config
+    layout: tqdecode.CacheLayout
+    centroids: Optional[torch.Tensor]
+    Pi: Optional[torch.Tensor]
+    PiT: Optional[torch.Tensor]
+    key: torch.Tensor  # [tokens, Hk, D] fp32, the unquantized keys
+    value: torch.Tensor
+    slot_mapping: torch.Tensor  # int64 [tokens]
+    kv_cache: torch.Tensor
+    query: torch.Tensor  # [B, Hq, D], a strided view (engines pass slices of a qkv tensor)
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    sinks: Optional[torch.Tensor]
+    scale: float
+
+    def decode_args(self):
+        """The positional arguments of turboquant_decode_attention, and its keywords."""
+        args = (self.query, self.kv_cache, self.block_table, self.seq_lens, self.Pi, self.centroids, self.scale)
+        return args, {**self.layout.decode_kwargs(), "sinks": self.sinks}
+
+    def to(self, device):
+        moved = {name: value.to(device) if isinstance(value, torch.Tensor) else value
+                 for name, value in self.__dict__.items()}
+        moved["query"] = strided_copy(self.query.to(device))
+        return Case(**moved)
+
+
+def strided_copy(query):
+    """query as a [B, Hq, D] view with a batch stride larger than Hq * D."""
+    batch, heads, head_dim = query.shape
+    wide = torch.zeros(batch, heads + 3, head_dim, dtype=query.dtype, device=query.device)
+    wide[:, 1 : heads + 1] = query
+    return wide[:, 1 : heads + 1]
+
+
+def make_case(config: Config, seed: int = 0) -> Case:
+    """Random K/V (non-zero means, outlier channels) stored by the CPU op into
+    blocks in shuffled order; block-table entries past a sequence are -1."""
+    generator = torch.Generator().manual_seed(seed)
+    c = config
+    layout = tqdecode.cache_layout(c.preset, c.head_dim, c.block_size, c.num_kv_heads)
+    centroids, Pi, PiT = tqdecode.make_model_constants(c.preset, c.head_dim, seed=seed + 1)
+    blocks_per_seq = [math.ceil(length / c.block_size) for length in c.seq_lens]
+    max_blocks = max(blocks_per_seq) + 1
+    num_blocks = sum(blocks_per_seq) + 3
+    order = torch.randperm(num_blocks, generator=generator).tolist()
+    block_table = torch.full((len(c.seq_lens), max_blocks), -1, dtype=torch.int32)
+    slots = []
+    for i, length in enumerate(c.seq_lens):
+        for j in range(blocks_per_seq[i]):
+            block_table[i, j] = order.pop()
+        slots += [int(block_table[i, t // c.block_size]) * c.block_size + t % c.block_size for t in range(length)]
+    tokens = len(slots)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    channel_mean = randn(c.head_dim) * 0.5
+    channel_scale = torch.ones(c.head_dim)
+    channel_scale[torch.randperm(c.head_dim, generator=generator)[:4]] = 8.0  # outlier channels
+    key = randn(tokens, c.num_kv_heads, c.head_dim) * channel_scale + channel_mean
+    value = randn(tokens, c.num_kv_heads, c.head_dim) + 0.3
+    kv_cache = torch.zeros(num_blocks, c.block_size, c.num_kv_heads, layout.slot_bytes + c.slot_padding,
+                           dtype=torch.uint8)
+    slot_mapping = torch.tensor(slots, dtype=torch.int64)
+    tqdecode.store(key, value, kv_cache, slot_mapping, Pi, centroids, c.preset)
+    query = strided_copy(randn(len(c.seq_lens), c.num_q_heads, c.head_dim).to(c.dtype))
+    sinks = randn(c.num_q_heads) * 2 if c.sinks else None
+    return Case(c, layout, centroids, Pi, PiT, key, value, slot_mapping, kv_cache, query, block_table,
+                torch.tensor(c.seq_lens, dtype=torch.int32), sinks, 1 / math.sqrt(c.head_dim))
+
+
+def sdpa_reference(case: Case) -> torch.Tensor:
+    """fp32 [B, Hq, D]: torch SDPA over the dequantized cache, sinks applied
+    as out * sigmoid(logsumexp(scores) - sink) (FORMAT.md section 5 step 5)."""
+    c = case.config
+    khat, vhat = dequantize(case.kv_cache, c.preset, c.head_dim, case.centroids)
+    query = case.query.cpu().float()
+    if not SPEC_PRESETS[c.preset][2]:
+        query = (query @ case.PiT.cpu()).to(torch.bfloat16).float()  # q_rot = bf16(fp32(q) @ PiT)
+    group = c.num_q_heads // c.num_kv_heads
+    out = torch.zeros(query.shape)
+    for i, length in enumerate(case.seq_lens.tolist()):
+        if length == 0:
+            continue  # no tokens: an all-zero row
+        t = torch.arange(length)
+        blocks = case.block_table.cpu()[i, t // c.block_size].long()
+        keys = khat[blocks, t % c.block_size].repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, L, D]
+        values = vhat[blocks, t % c.block_size].repeat_interleave(group, dim=1).transpose(0, 1)
+        q = query[i].unsqueeze(1)  # [Hq, 1, D]
+        row = F.scaled_dot_product_attention(q, keys, values, scale=case.scale).squeeze(1)
+        if case.sinks is not None:
+            lse = torch.logsumexp(case.scale * (q @ keys.transpose(1, 2)).squeeze(1), dim=-1)
+            row = row * torch.sigmoid(lse - case.sinks.cpu())[:, None]
+        out[i] = row
+    return out
+
+
+def errors(got, expected):
+    """(cosine similarity, relative L2 error, max abs error / peak |expected|)."""
+    got, expected = got.detach().cpu().double().flatten(), expected.detach().cpu().double().flatten()
+    cosine = F.cosine_similarity(got, expected, dim=0).item()
+    relative = ((got - expected).norm() / expected.norm()).item()
+    peak = ((got - expected).abs().max() / expected.abs().max()).item()
+    return cosine, relative, peak
+
+
+class Holder:
+    """Stands in for the engine object passed as buf_holder."""
+
+
+class AccuracyTest(unittest.TestCase):
+    def assert_close(self, got, expected, cosine, relative, peak, what):
+        measured = errors(got, expected)
+        print(f"{what}: cosine {measured[0]:.7f}, relative L2 {measured[1]:.2e}, max abs / peak {measured[2]:.2e}")
+        self.assertGreater(measured[0], cosine, what)
+        self.assertLess(measured[1], relative, what)
+        self.assertLess(measured[2], peak, what)
+
+    def check_cpu(self, config):
+        case = make_case(config)
+        args, kwargs = case.decode_args()
+        out = tqdecode.turboquant_decode_attention(*args, **kwargs)
+        self.assertEqual((out.shape, out.dtype, out.device.type), (case.query.shape, config.dtype, "cpu"))
+        self.assertTrue(bool(torch.all(out[1] == 0)), "seq_len 0 gives an all-zero row")
+        flat = torch.empty(out.shape[0], out.shape[1] * out.shape[2], dtype=config.dtype)  # engines' [B, Hq * D]
+        self.assertIs(tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=flat), flat)
+        self.assertTrue(torch.equal(flat.view(out.shape), out))
+        # Same function, fp32 vs double accumulation; the output is rounded to the query dtype.
+        self.assert_close(out, sdpa_reference(case), 0.99999, 5e-3, 1e-2, f"CPU op vs SDPA, {config.name}")
+
+    def check_cuda(self, config):
+        case = make_case(config)
+        expected = tqdecode.turboquant_decode_attention(*case.decode_args()[0], **case.decode_args()[1])
+        gpu = case.to("cuda")
+        args, kwargs = gpu.decode_args()
+        pooled = tqdecode.turboquant_decode_attention(*args, **kwargs).clone()
+        output_buf = torch.full_like(pooled, float("nan"))
+        returned = tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=output_buf)
+        self.assertIs(returned, output_buf)
+        self.assertTrue(torch.equal(pooled, output_buf), "pooled output and output_buf agree")
+        self.assertTrue(bool(torch.all(pooled[1] == 0)), "seq_len 0 gives an all-zero row")
+        path = tqdecode.decode_path(*args, **kwargs)
+        # DESIGN.md: bf16 tensor-core operands and fp32 accumulation against the reference.
+        tolerance = (0.9999, 1e-2, 2e-2)
+        self.assert_close(pooled, expected, *tolerance, f"CUDA op ({path.path}) vs CPU op, {config.name}")
+        self.assert_close(pooled, sdpa_reference(case), *tolerance, f"CUDA op ({path.path}) vs SDPA, {config.name}")
+
+
+for _config in CONFIGS:
+    setattr(AccuracyTest, f"test_cpu_op_vs_sdpa_{_config.name}", lambda self, c=_config: self.check_cpu(c))
+    setattr(AccuracyTest, f"test_cuda_op_vs_cpu_op_and_sdpa_{_config.name}",
+            requires_cuda(lambda self, c=_config: self.check_cuda(c)))
+
+
+class FormatTest(unittest.TestCase):
+    def test_layout_matches_spec(self):
+        for preset in SPEC_PRESETS:
+            for head_dim in (64, 128, 256):
+                layout = tqdecode.cache_layout(preset, head_dim, 32, 4)
+                key_bytes, value_bytes, fields = spec_sizes(preset, head_dim)
+                self.assertEqual((layout.key_packed_size, layout.value_packed_size, layout.fields),
+                                 (key_bytes, value_bytes, fields), preset)
+                self.assertEqual(layout.slot_bytes, key_bytes + value_bytes + 2 * fields)
+                self.assertEqual(layout.block_bytes, 32 * 4 * layout.slot_bytes)
+        self.assertEqual(tqdecode.cache_layout("turboquant_4bit_nc", 128, 16, 8).slot_bytes, 134)
+        cache = tqdecode.allocate_cache(3, 16, 8, 128, "turboquant_4bit_nc")
+        self.assertEqual((cache.shape, cache.dtype), (torch.Size([3, 16, 8, 134]), torch.uint8))
+
+    def test_store_matches_spec_encoding(self):
+        """The Python reader recovers what the CPU store encoded (FORMAT.md section 3)."""
+        for config in CONFIGS[:4]:
+            case = make_case(config)
+            khat, vhat = dequantize(case.kv_cache, config.preset, config.head_dim, case.centroids)
+            bs = config.block_size
+            blocks, slots = case.slot_mapping // bs, case.slot_mapping % bs
+            values = vhat[blocks, slots]
+            span = case.value.amax(-1, keepdim=True) - case.value.amin(-1, keepdim=True)
+            step = span / (2 ** SPEC_PRESETS[config.preset][1] - 1)
+            self.assertTrue(bool(torch.all((values - case.value).abs() <= step * 0.5 + 1e-2 * span)), config.name)
+            keys = khat[blocks, slots]
+            if case.Pi is not None:
+                keys = keys @ case.Pi  # back from the rotated space: k = Pi^T r
+            cosine = F.cosine_similarity(keys, case.key, dim=-1).min().item()
+            self.assertGreater(cosine, {4: 0.98, 3: 0.95, 8: 0.999}[SPEC_PRESETS[config.preset][0]], config.name)
+
+    def test_model_constants(self):
+        centroids, Pi, PiT = tqdecode.make_model_constants("turboquant_3bit_nc", 64, seed=3, rotation="dense")
+        self.assertEqual((centroids.shape, Pi.shape, Pi.dtype), (torch.Size([8]), torch.Size([64, 64]), torch.float32))
+        self.assertTrue(torch.equal(PiT, Pi.t()))
+        self.assertTrue(torch.allclose(Pi @ PiT, torch.eye(64), atol=1e-5))
+        self.assertTrue(bool(torch.all(centroids[1:] > centroids[:-1])))
+        self.assertEqual(tqdecode.make_model_constants("turboquant_k8v4", 128), (None, None, None))
+
+
+class ConstantsCacheTest(unittest.TestCase):
+    def test_constants_cached_on_buf_holder(self):
+        case = make_case(CONFIGS[0])
+        args, kwargs = case.decode_args()
+        holder = Holder()
+        first = tqdecode.turboquant_decode_attention(*args, **kwargs, buf_holder=holder).clone()
+        cached_PiT = holder._tqdecode_consts[3]
+        self.assertTrue(torch.equal(cached_PiT, case.Pi.t()))
+        tqdecode.turboquant_decode_attention(*args, **kwargs, buf_holder=holder)
+        self.assertIs(holder._tqdecode_consts[3], cached_PiT, "reused while Pi is unchanged")
+        with_PiT = tqdecode.turboquant_decode_attention(*args, **kwargs, PiT=case.PiT)
+        self.assertTrue(torch.equal(first, with_PiT))
+        case.Pi.mul_(1.0)  # an in-place write bumps the version: derived constants are rebuilt
+        tqdecode.turboquant_decode_attention(*args, **kwargs, buf_holder=holder)
+        self.assertIsNot(holder._tqdecode_consts[3], cached_PiT)
+
+
+@requires_cuda
+class CudaTest(unittest.TestCase):
+    def test_cuda_store_writes_the_cpu_bytes(self):
+        for config in CONFIGS[:4]:
+            case = make_case(config)
+            for dtype in (torch.float32, torch.bfloat16):
+                expected = torch.zeros_like(case.kv_cache)
+                key, value = case.key.to(dtype), case.value.to(dtype)
+                tqdecode.store(key, value, expected, case.slot_mapping, case.Pi, case.centroids, config.preset)
+                gpu = case.to("cuda")
+                cache = torch.zeros_like(gpu.kv_cache)
+                tqdecode.store(key.cuda(), value.cuda(), cache, gpu.slot_mapping, gpu.Pi, gpu.centroids, config.preset)
+                self.assertTrue(torch.equal(cache.cpu(), expected), f"{config.name} {dtype}")
+
+    def test_cuda_store_rejects_non_finite_input(self):
+        case = make_case(CONFIGS[0]).to("cuda")
+        key = case.key.clone()
+        key[3, 1, 7] = float("nan")
+        before = case.kv_cache.clone()
+        with self.assertRaisesRegex(ValueError, "tqdecode: key"):
+            tqdecode.store(key, case.value, case.kv_cache, case.slot_mapping, case.Pi, case.centroids,
+                           CONFIGS[0].preset)
+        self.assertTrue(torch.equal(case.kv_cache, before), "nothing written")
+
+    def test_decode_path(self):
+        case = make_case(CONFIGS[0]).to("cuda")  # turboquant_4bit_nc, D = 128
+        args, kwargs = case.decode_args()
+        path = tqdecode.decode_path(*args, **kwargs)
+        print(f"decode_path: {path}")
+        self.assertEqual(path.path, "hopper" if tqdecode.is_available() else "cuda_generic")
+        generic = make_case(CONFIGS[1]).to("cuda")
+        path = tqdecode.decode_path(*generic.decode_args()[0], **generic.decode_args()[1])
+        self.assertEqual(path.path, "cuda_generic")
+        if tqdecode.is_available():  # elsewhere the reason is the device, not the preset
+            self.assertIn("turboquant_k3v4_nc", path.reason)
+
+    def test_cuda_graphs_share_one_pool_across_batch_sizes(self):
+        config = Config("turboquant_4bit_nc", seq_lens=tuple(range(3, 3 + 41 * 24, 41)))
+        case = make_case(config).to("cuda")
+        args, kwargs = case.decode_args()
+        _, cache, _, _, Pi, centroids, scale = args
+        holder = Holder()
+        tqdecode.set_max_batch(24)
+        try:
+            def decode(q, table, lens):
+                return tqdecode.turboquant_decode_attention(q, cache, table, lens, Pi, centroids, scale, **kwargs,
+                                                            buf_holder=holder)
+
+            pool = torch.cuda.graph_pool_handle()
+            graphs = {}
+            for batch in (1, 7, 24):
+                inputs = (case.query[:batch].clone(), case.block_table[:batch].clone(), case.seq_lens[:batch].clone())
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):  # warm-up: plans, pools and constants exist before capture
+                    decode(*inputs)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = decode(*inputs)
+                graphs[batch] = (graph, inputs, out)
+            pointers = {out.data_ptr() for _, _, out in graphs.values()}
+            self.assertEqual(len(pointers), 1, "pooled output pointer is the same for every batch size")
+            self.assertEqual(decode(*graphs[7][1]).data_ptr(), pointers.pop(), "and in eager calls")
+            stats = tqdecode.pool_stats()
+            self.assertEqual(stats["max_batch"], 24)
+            self.assertEqual([pool["bucket_batch"] for pool in stats["pools"]], [24])
+
+            generator = torch.Generator().manual_seed(11)
+            num_blocks, max_blocks = cache.shape[0], case.block_table.shape[1]
+            for batch, (graph, (q, table, lens), out) in graphs.items():
+                for _ in range(2):  # new inputs: values, lengths and block tables all change
+                    q.copy_(torch.randn(q.shape, generator=generator).to(q.dtype))
+                    table.copy_(torch.randint(0, num_blocks, table.shape, generator=generator, dtype=torch.int32))
+                    lens.copy_(torch.randint(0, max_blocks * config.block_size + 1, lens.shape, generator=generator,
+                                             dtype=torch.int32))
+                    graph.replay()
+                    replayed = out.clone()
+                    eager = decode(q, table, lens).clone()
+                    self.assertTrue(torch.equal(replayed, eager), f"replay == eager at batch {batch}")
+                    cpu = tqdecode.turboquant_decode_attention(
+                        q.cpu(), cache.cpu(), table.cpu(), lens.cpu(), Pi.cpu(), centroids.cpu(), scale, **kwargs)
+                    self.assertGreater(errors(replayed, cpu)[0], 0.9999, f"replay vs CPU op at batch {batch}")
+        finally:
+            tqdecode.set_max_batch(0)
+
+
+class StoreThenDecode(torch.nn.Module):
+    def __init__(self, case: Case):
+        super().__init__()
+        self.preset, self.scale = case.config.preset, case.scale
+        self.decode_kwargs = case.layout.decode_kwargs()
+        self.Pi, self.centroids = case.Pi, case.centroids
+
+    def forward(self, key, value, kv_cache, slot_mapping, query, block_table, seq_lens, sinks):
+        tqdecode.store(key, value, kv_cache, slot_mapping, self.Pi, self.centroids, self.preset)
+        return tqdecode.turboquant_decode_attention(query, kv_cache, block_table, seq_lens, self.Pi, self.centroids,
+                                                    self.scale, **self.decode_kwargs, sinks=sinks)
+
+
+class CompileTest(unittest.TestCase):
+    def check_compiled(self, device):
+        torch._dynamo.reset()
+        case = make_case(CONFIGS[0]).to(device)
+        module = StoreThenDecode(case)
+        compiled = torch.compile(module, fullgraph=True)
+        inputs = lambda cache: (case.key, case.value, cache, case.slot_mapping, case.query, case.block_table,
+                                case.seq_lens, case.sinks)
+        eager_cache, compiled_cache = torch.zeros_like(case.kv_cache), torch.zeros_like(case.kv_cache)
+        expected = module(*inputs(eager_cache)).clone()
+        got = compiled(*inputs(compiled_cache))
+        self.assertTrue(torch.equal(compiled_cache, eager_cache), "the compiled store wrote the eager bytes")
+        self.assertTrue(torch.equal(got, expected), "compiled decode == eager decode")
+
+    def test_compile_fullgraph_cpu(self):
+        self.check_compiled("cpu")
+
+    @requires_cuda
+    def test_compile_fullgraph_cuda(self):
+        self.check_compiled("cuda")
+
+    def test_fakes_match_eager_and_check_arguments(self):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        c = make_case(CONFIGS[0])
+        decode_args = (c.kv_cache, c.block_table, c.seq_lens, c.centroids, c.PiT, c.scale, 4, 64, 4, 64, False, True)
+        eager = torch.ops.tqdecode.decode(c.query, *decode_args, c.sinks)
+        real_constants = torch.ops.tqdecode.make_model_constants("turboquant_3bit_nc", 64)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            fake = torch.ops.tqdecode.decode(c.query, *decode_args, c.sinks)
+            constants = torch.ops.tqdecode.make_model_constants("turboquant_3bit_nc", 64)
+            with self.assertRaisesRegex(ValueError, "tqdecode: query"):
+                torch.ops.tqdecode.decode(c.query.float(), *decode_args, c.sinks)
+            with self.assertRaisesRegex(ValueError, "tqdecode: out"):
+                torch.ops.tqdecode.decode_out(c.query, *decode_args, c.sinks, out=c.query[:2])
+        self.assertEqual((fake.shape, fake.dtype), (eager.shape, eager.dtype))
+        self.assertEqual([t.shape for t in constants], [t.shape for t in real_constants])
+
+
+class BadArgumentsTest(unittest.TestCase):
+    """Each bad call raises ValueError naming the argument, before any work."""
+
+    def setUp(self):
+        self.case = make_case(CONFIGS[0])
+
+    def call(self, **changes):
+        args, kwargs = self.case.decode_args()
+        names = ("query", "kv_cache", "block_table", "seq_lens", "Pi", "centroids", "scale")
+        kwargs.update(zip(names, args))
+        kwargs.update(changes)
+        return tqdecode.turboquant_decode_attention(**kwargs)
+
+    def assert_names(self, argument, **changes):
+        with self.assertRaisesRegex(ValueError, f"tqdecode: {argument}"):
+            self.call(**changes)
+
+    def test_wrong_dtypes(self):
+        c = self.case
+        self.assert_names("query", query=c.query.float())
+        self.assert_names("block_table", block_table=c.block_table.long())
+        self.assert_names("seq_lens", seq_lens=c.seq_lens.long())
+        self.assert_names("kv_cache", kv_cache=c.kv_cache.view(torch.int8))
+        self.assert_names("output_buf", output_buf=torch.empty(c.query.shape, dtype=torch.float16))
+
+    def test_wrong_shapes(self):
+        c = self.case
+        self.assert_names("seq_lens", seq_lens=c.seq_lens[:-1])
+        self.assert_names("block_table", block_table=c.block_table[:-1])
+        self.assert_names("query", query=c.query[0])
+        self.assert_names("sinks", sinks=torch.zeros(3))
+        self.assert_names("Pi", Pi=c.Pi[:64])
+        self.assert_names("centroids", centroids=c.centroids[:8])
+        self.assert_names("centroids", centroids=None)
+        self.assert_names("output_buf", output_buf=torch.empty(2, *c.query.shape[1:], dtype=c.query.dtype))
+        self.assert_names("output_buf", output_buf=torch.empty(c.query.numel() + 1, dtype=c.query.dtype))
+
+    def test_unsupported_preset_and_geometry(self):
+        c = self.case
+        self.assert_names("mse_bits", mse_bits=2)
+        self.assert_names("key_packed_size", key_packed_size=c.layout.key_packed_size + 1)
+        self.assert_names("value_packed_size", value_packed_size=48)
+        self.assert_names("block_size", kv_cache=torch.zeros(4, 8, 2, 134, dtype=torch.uint8))
+        self.assert_names("num_q_heads", query=torch.zeros(5, 7, 128, dtype=torch.bfloat16), sinks=None)
+        self.assert_names("head_dim", query=torch.zeros(5, 8, 96, dtype=torch.bfloat16), Pi=torch.eye(96))
+        self.assert_names("kv_cache", kv_cache=c.kv_cache[..., :100])  # a block is not one byte range
+        self.assert_names("kv_cache", kv_cache=torch.zeros(4, 16, 2, 100, dtype=torch.uint8))  # slots too small
+        with self.assertRaisesRegex(ValueError, "tqdecode: preset"):
+            tqdecode.cache_layout("turboquant_2bit", 128, 16, 2)
+        with self.assertRaisesRegex(ValueError, "tqdecode: rotation"):
+            tqdecode.make_model_constants("turboquant_4bit_nc", 128, rotation="givens")
+        with self.assertRaisesRegex(ValueError, "tqdecode: max_batch"):
+            tqdecode.set_max_batch(-1)
+
+    def test_values_checked_by_the_cpu_path(self):
+        c = self.case
+        too_long = c.seq_lens.clone()
+        too_long[3] = 10**6
+        self.assert_names(r"seq_lens\[3\]", seq_lens=too_long)
+        with self.assertRaisesRegex(ValueError, "tqdecode: key"):
+            key = c.key.clone()
+            key[0, 0, 0] = float("inf")
+            tqdecode.store(key, c.value, c.kv_cache.clone(), c.slot_mapping, c.Pi, c.centroids, c.config.preset)
+        with self.assertRaisesRegex(ValueError, "tqdecode: preset"):
+            tqdecode.store(c.key, c.value, c.kv_cache.clone(), c.slot_mapping, c.Pi, c.centroids, "int4")
+
+    def test_ops_called_directly_check_in_cpp(self):
+        """torch.ops.tqdecode.* skip the Python checks; the C++ ones raise the same ValueError."""
+        c = self.case
+        with self.assertRaisesRegex(ValueError, "tqdecode: query: dtype torch.float32"):
+            torch.ops.tqdecode.decode(c.query.float(), c.kv_cache, c.block_table, c.seq_lens, c.centroids, c.PiT,
+                                      c.scale, 4, 64, 4, 64, False, True)
+        with self.assertRaisesRegex(ValueError, "tqdecode: PiT"):
+            torch.ops.tqdecode.decode(c.query, c.kv_cache, c.block_table, c.seq_lens, c.centroids, None,
+                                      c.scale, 4, 64, 4, 64, False, True)
+        with self.assertRaisesRegex(ValueError, "tqdecode: slot_mapping"):
+            torch.ops.tqdecode.store(c.key, c.value, c.kv_cache, c.slot_mapping.int(), c.Pi, c.centroids,
+                                     c.config.preset)
+
+    @requires_cuda
+    def test_wrong_device(self):
+        gpu = self.case.to("cuda")
+        args, kwargs = gpu.decode_args()
+        self.assert_names("block_table", query=gpu.query, kv_cache=gpu.kv_cache, seq_lens=gpu.seq_lens,
+                          Pi=gpu.Pi, centroids=gpu.centroids, sinks=gpu.sinks)
+        self.assert_names("kv_cache", query=gpu.query, block_table=gpu.block_table, seq_lens=gpu.seq_lens,
+                          Pi=gpu.Pi, centroids=gpu.centroids, sinks=gpu.sinks)
+        with self.assertRaisesRegex(ValueError, "tqdecode: kv_cache"):
+            torch.ops.tqdecode.decode_out(gpu.query, self.case.kv_cache, gpu.block_table, gpu.seq_lens,
+                                          gpu.centroids, gpu.PiT, gpu.scale, 4, 64, 4, 64, False, True,
+                                          out=torch.empty_like(gpu.query))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,238 @@
+"""tqdecode for PyTorch: decode attention over a TurboQuant paged KV cache.
+
+The entry point engines call once per layer per decode step is
+:func:`turboquant_decode_attention` (the signature of the engine-side
+launcher it replaces). The ops behind it are ``torch.ops.tqdecode.*``
+(schemas in ``python/csrc/ops.cpp``), with fake implementations so that
+``torch.compile(fullgraph=True)`` traces them.
+
+Cache format and decode math: ``FORMAT.md``; launcher contract (paths,
+buffer pool, CUDA graphs): ``LAUNCHER.md``; usage: ``python/README.md``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from ._library import check_decode, check_output, check_store, fail, ops
+
+__all__ = [
+    "CacheLayout",
+    "DecodePath",
+    "allocate_cache",
+    "cache_layout",
+    "decode_path",
+    "is_available",
+    "make_model_constants",
+    "pool_stats",
+    "set_max_batch",
+    "store",
+    "turboquant_decode_attention",
+]
+
+
+class CacheLayout(NamedTuple):
+    """The byte layout of a preset and geometry (FORMAT.md section 4)."""
+
+    preset: str
+    key_bits: int  # MSE codebook bits, or 8 for fp8 keys
+    value_bits: int
+    key_fp8: bool
+    norm_correction: bool
+    key_packed_size: int  # KD: key data bytes per (token, kv head)
+    value_packed_size: int  # VD: value data bytes per (token, kv head)
+    fields: int  # F: fp16 metadata fields per (token, kv head)
+    slot_bytes: int  # KD + VD + 2F: the last dimension of the cache tensor
+    block_bytes: int  # natural bytes of one block
+
+    def decode_kwargs(self) -> dict:
+        """The engine parameters of :func:`turboquant_decode_attention` for this layout."""
+        return {
+            "mse_bits": self.key_bits,
+            "key_packed_size": self.key_packed_size,
+            "value_quant_bits": self.value_bits,
+            "value_packed_size": self.value_packed_size,
+            "key_fp8": self.key_fp8,
+            "norm_correction": self.norm_correction,
+        }
+
+
+class DecodePath(NamedTuple):
+    path: str  # "hopper", "cuda_generic" or "cpu_reference"
+    reason: str
+
+
+def cache_layout(preset: str, head_dim: int, block_size: int, num_kv_heads: int) -> CacheLayout:
+    """The layout of a cache; raises ValueError naming an unsupported argument."""
+    key_bits, value_bits, key_fp8, norm_correction, *sizes = ops.cache_layout(preset, head_dim, block_size, num_kv_heads)
+    return CacheLayout(preset, key_bits, value_bits, bool(key_fp8), bool(norm_correction), *sizes)
+
+
+def allocate_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, preset: str,
+                   device=None) -> torch.Tensor:
+    """A zeroed uint8 cache ``[num_blocks, block_size, num_kv_heads, slot_bytes]`` (natural block size).
+
+    Zeroed so that slots never written decode as zero keys and values, not garbage.
+    """
+    layout = cache_layout(preset, head_dim, block_size, num_kv_heads)
+    return torch.zeros((num_blocks, block_size, num_kv_heads, layout.slot_bytes), dtype=torch.uint8, device=device)
+
+
+def make_model_constants(preset: str, head_dim: int, seed: int = 0, rotation: str = "hadamard", device=None):
+    """``(centroids, Pi, PiT)`` fp32 for a preset: Lloyd-Max levels for the exact
+    sphere density and a ``rotation`` ("hadamard" or "dense") from ``seed``.
+    ``(None, None, None)`` for fp8 keys, which use neither.
+    """
+    centroids, Pi, PiT = ops.make_model_constants(preset, head_dim, seed, rotation)
+    if centroids.numel() == 0:
+        return None, None, None
+    return centroids.to(device), Pi.to(device), PiT.to(device)
+
+
+def store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+          Pi: Optional[torch.Tensor], centroids: Optional[torch.Tensor], preset: str, check: bool = True) -> None:
+    """Encodes ``key``/``value`` ``[num_tokens, Hk, D]`` (fp32/fp16/bf16) into ``kv_cache`` in place.
+
+    ``slot_mapping[t] = block * block_size + slot`` (negative: skip the token).
+    ``Pi`` ``[D, D]`` and ``centroids`` are fp32 (unused by fp8 keys). With
+    ``check`` the GPU store raises ValueError on an out-of-range slot or a
+    non-finite input and writes nothing, at the cost of a stream synchronisation;
+    inside CUDA-graph capture it cannot raise (nothing is written on failure).
+    The CPU store always checks.
+    """
+    if isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype == torch.int32:
+        slot_mapping = slot_mapping.long()
+    check_store(key, value, kv_cache, slot_mapping)
+    ops.store(key.contiguous(), value.contiguous(), kv_cache, slot_mapping, Pi, centroids, preset, check)
+
+
+def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder):
+    """``(centroids, PiT)`` as the ops take them: fp32, contiguous, on the query's device.
+
+    Derived once per constants and cached on ``buf_holder`` (keyed by data
+    pointer and version, holding the sources so an address is not reused
+    while cached). Not cached while torch.compile traces: the derivation is
+    then part of the graph.
+    """
+    if key_fp8:
+        return None, None  # fp8 keys are neither rotated nor codebook-quantized
+    if centroids is None:
+        fail("centroids", "is required by MSE presets (key_fp8=False)")
+    if PiT is None:
+        if Pi is None:
+            fail("Pi", "is required by MSE presets (key_fp8=False) when PiT is not given")
+        head_dim = query.shape[-1]
+        if Pi.dim() != 2 or Pi.shape[0] != head_dim or Pi.shape[1] != head_dim:
+            fail("Pi", f"shape {list(Pi.shape)} is not [head_dim, head_dim] = [{head_dim}, {head_dim}]")
+    source = Pi if PiT is None else PiT
+
+    def derive():
+        as_fp32 = {"device": query.device, "dtype": torch.float32}
+        rotation = PiT.to(**as_fp32) if PiT is not None else Pi.to(**as_fp32).t()
+        return centroids.to(**as_fp32).contiguous(), rotation.contiguous()
+
+    if buf_holder is None or torch.compiler.is_compiling():
+        return derive()
+    key = (PiT is None, source.data_ptr(), source._version, centroids.data_ptr(), centroids._version, query.device)
+    cached = getattr(buf_holder, "_tqdecode_consts", None)
+    if cached is None or cached[0] != key:
+        cached = (key, (source, centroids), *derive())
+        buf_holder._tqdecode_consts = cached
+    return cached[2], cached[3]
+
+
+def _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
+             value_quant_bits, value_packed_size, key_fp8, norm_correction, PiT, buf_holder, sinks):
+    """The positional arguments of the decode ops, after the cheap checks."""
+    if sinks is not None and isinstance(sinks, torch.Tensor):
+        sinks = sinks.to(torch.float32).contiguous()  # engines may keep sinks in the model dtype
+    check_decode(query, kv_cache, block_table, seq_lens, sinks)
+    centroids, PiT = _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder)
+    return (query, kv_cache, block_table, seq_lens, centroids, PiT, float(scale), int(mse_bits), int(key_packed_size),
+            int(value_quant_bits), int(value_packed_size), bool(key_fp8), bool(norm_correction), sinks)
+
+
+def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits,
+                                key_packed_size, value_quant_bits, value_packed_size, key_fp8=False,
+                                norm_correction=False, PiT=None, max_seq_len=0, mid_o_buf=None, output_buf=None,
+                                lse_buf=None, buf_holder=None, max_num_kv_splits=32, sinks=None) -> torch.Tensor:
+    """Decode attention, one query token per sequence (FORMAT.md section 5).
+
+    ``query`` ``[B, Hq, D]`` bf16/fp16; ``kv_cache`` uint8 ``[num_blocks,
+    block_size, Hk, slot_bytes]`` (its stride(0) is the block stride);
+    ``block_table`` int32 ``[B, max_blocks_per_seq]``; ``seq_lens`` int32
+    ``[B]``; ``Pi`` ``[D, D]`` (or ``PiT``, its transpose) and ``centroids``
+    for MSE presets; ``sinks`` ``[Hq]`` or None. The preset follows from
+    ``(mse_bits, value_quant_bits, key_fp8, norm_correction)``, and
+    ``key_packed_size`` / ``value_packed_size`` must match its layout.
+
+    Returns ``[B, Hq, D]`` in the query dtype: ``output_buf`` when given
+    (``[B, Hq, D]`` or a shape that views as it), else, on CUDA, a view of the
+    pooled output buffer, whose data pointer is the same for every B and
+    across CUDA-graph capture and replay and which the next decode with the
+    same (device, Hk, Hq, D, dtype) overwrites. Under torch.compile a fresh
+    tensor is returned instead.
+
+    ``max_seq_len``, ``mid_o_buf``, ``lse_buf`` and ``max_num_kv_splits`` are
+    accepted and ignored: the launcher sizes its split-KV partitions and
+    buffers from the shapes (LAUNCHER.md). Arguments are checked before any
+    work: ValueError names the argument.
+    """
+    del max_seq_len, mid_o_buf, lse_buf, max_num_kv_splits
+    args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
+                    value_quant_bits, value_packed_size, key_fp8, norm_correction, PiT, buf_holder, sinks)
+    if output_buf is not None:
+        out = output_buf
+        if isinstance(out, torch.Tensor) and out.dim() != 3 and out.numel() == query.numel():
+            out = out.view(query.shape)  # engines may pass [B, Hq * D]
+        check_output(out, query, "output_buf")
+        ops.decode_out(*args, out=out)
+        return output_buf
+    if torch.compiler.is_compiling():
+        # A compiled graph must own its outputs: the pooled buffer is shared
+        # by every call, so a graph could read a result another call replaced.
+        out = query.new_empty(query.shape)
+        ops.decode_out(*args, out=out)
+        return out
+    return ops.decode(*args)
+
+
+def decode_path(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
+                value_quant_bits, value_packed_size, key_fp8=False, norm_correction=False, PiT=None, max_seq_len=0,
+                mid_o_buf=None, output_buf=None, lse_buf=None, buf_holder=None, max_num_kv_splits=32,
+                sinks=None) -> DecodePath:
+    """Which kernel :func:`turboquant_decode_attention` would run for these
+    arguments, and why (takes the same arguments; runs nothing)."""
+    del max_seq_len, mid_o_buf, output_buf, lse_buf, max_num_kv_splits
+    args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
+                    value_quant_bits, value_packed_size, key_fp8, norm_correction, PiT, buf_holder, sinks)
+    return DecodePath(*ops.decode_path(*args))
+
+
+def is_available() -> bool:
+    """True when the fast Hopper kernel can run on the current CUDA device."""
+    return bool(ops.is_available())
+
+
+def set_max_batch(max_batch: int) -> None:
+    """Rows of the decode buffer pools (per device and shape signature).
+
+    0 restores the default: the ``TQDECODE_MAX_BATCH`` environment variable,
+    else 512. Call it before capturing CUDA graphs: changing it releases the
+    existing pools, so pooled outputs and graphs captured earlier become
+    invalid. A batch larger than the bucket grows its pool once, with a warning.
+    """
+    ops.set_max_batch(int(max_batch))
+
+
+def pool_stats() -> dict:
+    """The decode buffer pools: ``{"max_batch", "pools": [{"signature",
+    "bucket_batch", "partition_rows", "bytes"}], "total_bytes"}``."""
+    max_batch, signatures, buckets, partition_rows, sizes = ops.pool_stats()
+    pools = [
+        {"signature": signature, "bucket_batch": bucket, "partition_rows": rows, "bytes": size}
+        for signature, bucket, rows, size in zip(signatures, buckets, partition_rows, sizes)
+    ]
+    return {"max_batch": max_batch, "pools": pools, "total_bytes": sum(sizes)}

@@ -1,0 +1,117 @@
+"""Loads the compiled ops (``_C.so``) and registers their fake implementations.
+
+The fakes let ``torch.compile(fullgraph=True)`` trace the ops: they compute
+output shapes and run the same cheap dtype / device / shape checks as the
+C++ side, so a bad call fails with the same ``ValueError`` at trace time.
+Checks that need the cache layout (key_packed_size, geometry, ...) run in C++.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+
+def _load() -> None:
+    built = sorted(pathlib.Path(__file__).parent.glob("_C*.so"))
+    if not built:
+        raise ImportError(
+            "tqdecode: the PyTorch binding is not built; run "
+            "`cmake -S . -B build -G Ninja -DTQDECODE_PYTHON=ON && cmake --build build --target tqdecode_torch` "
+            "in the repository root (see python/README.md)"
+        )
+    torch.ops.load_library(str(built[0]))
+
+
+_load()
+ops = torch.ops.tqdecode
+
+
+def fail(argument: str, message: str):
+    """Raises the ValueError the C++ side raises: "tqdecode: <argument>: <message>"."""
+    raise ValueError(f"tqdecode: {argument}: {message}")
+
+
+def _check_tensor(tensor, argument, dtypes, dim, shape, device):
+    if not isinstance(tensor, torch.Tensor):
+        fail(argument, f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device != device:
+        fail(argument, f"is on {tensor.device}; every tensor of the call must be on {device}")
+    if tensor.dtype not in dtypes:
+        accepted = ", ".join(str(dtype) for dtype in dtypes)
+        fail(argument, f"dtype {tensor.dtype} is not supported; accepted: {accepted}")
+    if tensor.dim() != dim:
+        fail(argument, f"has {tensor.dim()} dimensions; expected {dim}: {shape}")
+
+
+def _check_batch(tensor, argument, batch):
+    if tensor.shape[0] != batch:
+        fail(argument, f"size {tensor.shape[0]} in dimension 0 does not match the batch size query.shape[0] = {batch}")
+
+
+def check_decode(query, kv_cache, block_table, seq_lens, sinks) -> None:
+    """The decode checks that need no cache layout."""
+    if not isinstance(query, torch.Tensor):
+        fail("query", f"expected a torch.Tensor, got {type(query).__name__}")
+    device = query.device
+    _check_tensor(query, "query", (torch.bfloat16, torch.float16), 3, "[batch, num_q_heads, head_dim]", device)
+    _check_tensor(kv_cache, "kv_cache", (torch.uint8,), 4, "[num_blocks, block_size, num_kv_heads, slot_bytes]", device)
+    _check_tensor(block_table, "block_table", (torch.int32,), 2, "[batch, max_blocks_per_seq]", device)
+    _check_tensor(seq_lens, "seq_lens", (torch.int32,), 1, "[batch]", device)
+    batch = query.shape[0]
+    _check_batch(block_table, "block_table", batch)
+    _check_batch(seq_lens, "seq_lens", batch)
+    if sinks is not None:
+        _check_tensor(sinks, "sinks", (torch.float32,), 1, "[num_q_heads]", device)
+        if sinks.shape[0] != query.shape[1]:
+            fail("sinks", f"size {sinks.shape[0]} does not match num_q_heads query.shape[1] = {query.shape[1]}")
+
+
+def check_output(out, query, argument) -> None:
+    _check_tensor(out, argument, (query.dtype,), 3, "[batch, num_q_heads, head_dim]", query.device)
+    if out.shape != query.shape:
+        fail(argument, f"shape {list(out.shape)} does not match the query shape {list(query.shape)}")
+
+
+def check_store(key, value, kv_cache, slot_mapping) -> None:
+    if not isinstance(key, torch.Tensor):
+        fail("key", f"expected a torch.Tensor, got {type(key).__name__}")
+    device = key.device
+    kv_dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    _check_tensor(key, "key", kv_dtypes, 3, "[num_tokens, num_kv_heads, head_dim]", device)
+    _check_tensor(value, "value", (key.dtype,), 3, "[num_tokens, num_kv_heads, head_dim]", device)
+    if value.shape != key.shape:
+        fail("value", f"shape {list(value.shape)} does not match the key shape {list(key.shape)}")
+    _check_tensor(kv_cache, "kv_cache", (torch.uint8,), 4, "[num_blocks, block_size, num_kv_heads, slot_bytes]", device)
+    _check_tensor(slot_mapping, "slot_mapping", (torch.int64,), 1, "[num_tokens]", device)
+    if slot_mapping.shape[0] != key.shape[0]:
+        fail("slot_mapping", f"size {slot_mapping.shape[0]} does not match num_tokens key.shape[0] = {key.shape[0]}")
+
+
+@torch.library.register_fake("tqdecode::store")
+def _store_fake(key, value, kv_cache, slot_mapping, Pi, centroids, preset, check=True):
+    check_store(key, value, kv_cache, slot_mapping)
+
+
+@torch.library.register_fake("tqdecode::decode")
+def _decode_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, key_packed_size,
+                 value_quant_bits, value_packed_size, key_fp8=False, norm_correction=False, sinks=None):
+    check_decode(query, kv_cache, block_table, seq_lens, sinks)
+    return query.new_empty(query.shape)
+
+
+@torch.library.register_fake("tqdecode::decode_out")
+def _decode_out_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, key_packed_size,
+                     value_quant_bits, value_packed_size, key_fp8=False, norm_correction=False, sinks=None, *, out):
+    check_decode(query, kv_cache, block_table, seq_lens, sinks)
+    check_output(out, query, "out")
+
+
+@torch.library.register_fake("tqdecode::make_model_constants")
+def _make_model_constants_fake(preset, head_dim, seed=0, rotation="hadamard"):
+    # The shapes follow from the preset's key bits (a host-side lookup that
+    # reads no tensor); fp8 keys have no constants.
+    key_bits, _, key_fp8 = ops.cache_layout(preset, head_dim, 16, 1)[:3]
+    levels, side = (0, 0) if key_fp8 else (1 << key_bits, head_dim)
+    return torch.empty(levels), torch.empty(side, side), torch.empty(side, side)

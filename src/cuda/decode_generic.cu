@@ -1,0 +1,75 @@
+// Dispatch of the generic partition kernel: the one place that maps runtime
+// (preset, head dim, group size) to a compiled instance. Group sizes are
+// served by the smallest bucket 1, 2, 4, 8 or 16 that holds them; heads past
+// the group inside a bucket compute zeros that are never stored.
+
+#include <string>
+
+#include "decode_generic.cuh"
+#include "tqdecode/error.hpp"
+
+namespace tqdecode::cuda {
+namespace generic {
+
+// Compiled in src/cuda/instances/, one file per preset.
+TQ_GENERIC_INSTANCES_OF_PRESET(TQ_GENERIC_EXTERN, Preset::turboquant_4bit_nc)
+TQ_GENERIC_INSTANCES_OF_PRESET(TQ_GENERIC_EXTERN, Preset::turboquant_k3v4_nc)
+TQ_GENERIC_INSTANCES_OF_PRESET(TQ_GENERIC_EXTERN, Preset::turboquant_3bit_nc)
+TQ_GENERIC_INSTANCES_OF_PRESET(TQ_GENERIC_EXTERN, Preset::turboquant_k8v4)
+
+namespace {
+
+template <Preset P, int D>
+void dispatch_group(const PartitionParams& params, cudaStream_t stream, int group) {
+  if (group <= 1) return launch_instance<P, D, 1>(params, stream);
+  if (group <= 2) return launch_instance<P, D, 2>(params, stream);
+  if (group <= 4) return launch_instance<P, D, 4>(params, stream);
+  if (group <= 8) return launch_instance<P, D, 8>(params, stream);
+  return launch_instance<P, D, 16>(params, stream);
+}
+
+template <Preset P>
+void dispatch_head_dim(const PartitionParams& params, cudaStream_t stream, int group) {
+  switch (params.layout.head_dim) {
+    case 64: return dispatch_group<P, 64>(params, stream, group);
+    case 128: return dispatch_group<P, 128>(params, stream, group);
+    case 256: return dispatch_group<P, 256>(params, stream, group);
+    default: break;
+  }
+  fail("head_dim", std::to_string(params.layout.head_dim) + " is not supported by the generic kernel; accepted: " +
+                       accepted_list(kHeadDims));
+}
+
+}  // namespace
+}  // namespace generic
+
+void launch_partitions_generic(const PartitionParams& params, CUstream_st* stream) {
+  validate_layout(params.layout);
+  validate_group_size(params.num_q_heads, params.layout.num_kv_heads);
+  require(params.num_partitions >= 1, "num_partitions",
+          std::to_string(params.num_partitions) + " is out of range; accepted: >= 1");
+  require(params.partition_align >= 1, "partition_align",
+          std::to_string(params.partition_align) + " is out of range; accepted: >= 1");
+  require(params.max_blocks_per_seq >= 1, "max_blocks_per_seq",
+          std::to_string(params.max_blocks_per_seq) + " is out of range; accepted: >= 1");
+  require(params.batch >= 0 && params.batch <= 65535, "batch",
+          std::to_string(params.batch) + " is out of range for the generic kernel; accepted: 0 to 65535");
+  const bool key_fp8 = params.layout.key_fp8();
+  require(key_fp8 || params.centroids != nullptr, "centroids", "is null; MSE presets need the codebook");
+  if (params.batch == 0) return;
+
+  const int group = params.num_q_heads / params.layout.num_kv_heads;
+  switch (params.layout.preset) {
+    case Preset::turboquant_4bit_nc:
+      return generic::dispatch_head_dim<Preset::turboquant_4bit_nc>(params, stream, group);
+    case Preset::turboquant_k3v4_nc:
+      return generic::dispatch_head_dim<Preset::turboquant_k3v4_nc>(params, stream, group);
+    case Preset::turboquant_3bit_nc:
+      return generic::dispatch_head_dim<Preset::turboquant_3bit_nc>(params, stream, group);
+    case Preset::turboquant_k8v4:
+      return generic::dispatch_head_dim<Preset::turboquant_k8v4>(params, stream, group);
+  }
+  fail("preset", "unknown preset value");
+}
+
+}  // namespace tqdecode::cuda

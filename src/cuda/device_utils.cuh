@@ -1,0 +1,80 @@
+// Small device helpers shared by the CUDA kernels (internal): warp
+// reductions, asynchronous global->shared copies and named barriers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tqdecode::cuda {
+
+inline constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float warp_max(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value = fmaxf(value, __shfl_xor_sync(kFullMask, value, offset));
+  return value;
+}
+
+__device__ __forceinline__ float warp_sum(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(kFullMask, value, offset);
+  return value;
+}
+
+/// Copies `Bytes` (1, 2, 4, 8 or 16) bytes from global to shared memory; both
+/// addresses are aligned to `Bytes`. On sm_80 and newer 4- to 16-byte copies
+/// are asynchronous (cp.async, completed by cp_async_wait); elsewhere the
+/// copy is an ordinary load and store.
+template <int Bytes>
+__device__ __forceinline__ void copy_to_shared(void* shared, const void* global) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (Bytes >= 4) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    if constexpr (Bytes == 16) {
+      // .cg: the cache bytes are streamed once per CTA; keep them out of L1.
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global) : "memory");
+    } else {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(address), "l"(global), "n"(Bytes)
+                   : "memory");
+    }
+    return;
+  }
+#endif
+  if constexpr (Bytes == 16) {
+    *static_cast<uint4*>(shared) = *static_cast<const uint4*>(global);
+  } else if constexpr (Bytes == 8) {
+    *static_cast<uint2*>(shared) = *static_cast<const uint2*>(global);
+  } else if constexpr (Bytes == 4) {
+    *static_cast<unsigned*>(shared) = *static_cast<const unsigned*>(global);
+  } else if constexpr (Bytes == 2) {
+    *static_cast<unsigned short*>(shared) = *static_cast<const unsigned short*>(global);
+  } else {
+    static_assert(Bytes == 1, "copy_to_shared: 1, 2, 4, 8 or 16 bytes");
+    *static_cast<unsigned char*>(shared) = *static_cast<const unsigned char*>(global);
+  }
+}
+
+/// Closes the group of asynchronous copies issued by this thread so far.
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/// Waits until at most `Pending` of this thread's committed groups are still
+/// in flight. The data is visible to other threads after a barrier.
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+#endif
+}
+
+/// Barrier over `threads` threads (a multiple of 32) that use barrier `id`
+/// (1..15; 0 is __syncthreads). Also orders their shared-memory accesses.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace tqdecode::cuda

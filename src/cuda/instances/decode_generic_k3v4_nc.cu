@@ -1,0 +1,9 @@
+// Explicit instantiations of the generic partition kernel for turboquant_k3v4_nc
+// (one file per preset so the instances compile in parallel).
+#include "../decode_generic.cuh"
+
+namespace tqdecode::cuda::generic {
+
+TQ_GENERIC_INSTANCES_OF_PRESET(TQ_GENERIC_INSTANTIATE, Preset::turboquant_k3v4_nc)
+
+}  // namespace tqdecode::cuda::generic

@@ -1,0 +1,78 @@
+// Parameters shared by the decode kernels (internal). Plain structs passed
+// by value as __grid_constant__ kernel arguments; every pointer is device
+// memory and every shape is fixed at graph capture (LAUNCHER.md).
+#pragma once
+
+#include <cstdint>
+
+#include "tqdecode/common.hpp"
+#include "tqdecode/format.hpp"
+
+struct CUstream_st;
+
+namespace tqdecode::cuda {
+
+/// Query rotation: q_rot[b][hq][:] = bf16(fp32(q[b][hq][:]) @ PiT) for MSE
+/// presets, or q as fp32 for fp8 keys. q_rot is contiguous [B, Hq, D] fp32.
+struct RotateParams {
+  const void* query;
+  DType query_dtype;
+  std::int64_t query_stride_batch;
+  std::int64_t query_stride_head;
+  const float* PiT;  ///< null: copy without rotating (fp8 keys)
+  float* q_rot;
+  int batch;
+  int num_q_heads;
+  int head_dim;
+};
+
+/// Partitioned attention: block (p, h, b) covers partition_range(seq_lens[b],
+/// num_partitions, partition_align, p) of sequence b for the query heads of
+/// kv head h and writes part_max / part_sum [B, Hq, N] and part_out
+/// [B, Hq, N, D] (normalized), empty values for an empty range.
+struct PartitionParams {
+  const float* q_rot;
+  const std::uint8_t* cache;
+  CacheLayout layout;
+  std::int64_t num_blocks;
+  const std::int32_t* block_table;
+  std::int64_t block_table_stride;
+  int max_blocks_per_seq;
+  const std::int32_t* seq_lens;
+  const float* centroids;
+  float scale;
+  int batch;
+  int num_q_heads;
+  int num_partitions;
+  int partition_align;
+  float* part_max;
+  float* part_sum;
+  float* part_out;
+};
+
+/// Reducer: out[b][hq] = combination of the N partitions and the sink.
+struct ReduceParams {
+  const float* part_max;
+  const float* part_sum;
+  const float* part_out;
+  const float* sinks;  ///< [Hq] or null
+  void* output;
+  DType output_dtype;
+  std::int64_t output_stride_batch;
+  std::int64_t output_stride_head;
+  int batch;
+  int num_q_heads;
+  int head_dim;
+  int num_partitions;
+};
+
+void launch_rotate_queries(const RotateParams& params, CUstream_st* stream);
+void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream);
+
+/// Generic partition kernel: every preset, head dim, group size, block size.
+void launch_partitions_generic(const PartitionParams& params, CUstream_st* stream);
+
+/// Hopper partition kernel: turboquant_4bit_nc, D = 128 (sm_90).
+void launch_partitions_hopper(const PartitionParams& params, CUstream_st* stream);
+
+}  // namespace tqdecode::cuda

@@ -1,0 +1,154 @@
+// The decode entry point of CUDA builds (LAUNCHER.md).
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include "cuda_check.hpp"
+#include "kernel_params.hpp"
+#include "policy.hpp"
+#include "tqdecode/decode.hpp"
+#include "tqdecode/error.hpp"
+#include "tqdecode/reference.hpp"
+#include "workspace.hpp"
+
+namespace tqdecode {
+
+namespace {
+
+bool device_present() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+// Everything a plan depends on: shapes fixed at capture, never tensor values.
+using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, int, bool>;
+
+PlanKey plan_key(const DecodeArgs& args, int device, PathRequest request) {
+  const bool aligned16 = args.layout.block_stride % 16 == 0 && reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0;
+  return {device, args.batch, args.num_q_heads, args.layout.num_kv_heads, args.layout.head_dim,
+          args.layout.block_size, args.max_blocks_per_seq, static_cast<int>(args.layout.preset),
+          static_cast<int>(args.query_dtype), static_cast<int>(request), aligned16};
+}
+
+void log_fallback_once(const std::string& reason) {
+  static std::mutex mutex;
+  static std::set<std::string> logged;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (logged.insert(reason).second) std::fprintf(stderr, "tqdecode: using the generic CUDA kernel: %s\n", reason.c_str());
+}
+
+LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::DeviceInfo& device) {
+  const std::string not_hopper = cuda::hopper_unsupported_reason(args, device);
+  DecodePath path = DecodePath::cuda_generic;
+  std::string reason;
+  switch (request) {
+    case PathRequest::hopper:
+      require(not_hopper.empty(), "path", "the Hopper kernel cannot serve this call: " + not_hopper);
+      path = DecodePath::hopper;
+      reason = "requested";
+      break;
+    case PathRequest::cuda_generic:
+      reason = "requested";
+      break;
+    default:
+      if (not_hopper.empty()) {
+        path = DecodePath::hopper;
+        reason = "turboquant_4bit_nc, D=128 on sm_90";
+      } else {
+        reason = not_hopper;
+        log_fallback_once(reason);
+      }
+  }
+  const int max_context = args.max_blocks_per_seq * args.layout.block_size;
+  return {path, reason,
+          cuda::choose_num_partitions(args.batch, args.layout.num_kv_heads, max_context, device.sm_count),
+          cuda::kPartitionAlign};
+}
+
+}  // namespace
+
+bool cuda_available() { return device_present(); }
+
+bool is_available() {
+  if (!device_present()) return false;
+  const cuda::DeviceInfo& device = cuda::current_device_info();
+  return device.cc_major == 9 && device.cc_minor == 0 && cuda::hopper_kernel_runnable();
+}
+
+LaunchPlan plan_decode(const DecodeArgs& args, PathRequest request) {
+  validate_decode_shapes(args);
+  if (request == PathRequest::cpu_reference) return {DecodePath::cpu_reference, "requested", 1, 1};
+  if (!device_present()) {
+    require(request == PathRequest::automatic, "path", "no CUDA device is present; accepted: automatic, cpu_reference");
+    return {DecodePath::cpu_reference, "no CUDA device is present", 1, 1};
+  }
+  const cuda::DeviceInfo& device = cuda::current_device_info();
+  static std::mutex mutex;
+  static std::map<PlanKey, LaunchPlan> plans;
+  const PlanKey key = plan_key(args, device.device, request);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto found = plans.find(key); found != plans.end()) return found->second;
+  }
+  LaunchPlan plan = make_plan(args, request, device);
+  std::lock_guard<std::mutex> lock(mutex);
+  return plans.emplace(key, std::move(plan)).first->second;
+}
+
+PathChoice choose_decode_path(const DecodeArgs& args, PathRequest request) {
+  LaunchPlan plan = plan_decode(args, request);
+  return {plan.path, std::move(plan.reason)};
+}
+
+void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* stream, PathRequest request) {
+  if (args.batch == 0) {
+    validate_decode_shapes(args);
+    return args.output;
+  }
+  DecodeArgs call = args;
+  const bool pooled_output = call.output == nullptr;
+  if (pooled_output) call.output = reinterpret_cast<void*>(std::uintptr_t{1});  // placeholder for validation
+  const LaunchPlan plan = plan_decode(call, request);
+  if (plan.path == DecodePath::cpu_reference) {
+    require(!pooled_output, "output", "the CPU path needs a caller-provided output");
+    decode_cpu(call);
+    return call.output;
+  }
+  const cuda::DeviceInfo& device = cuda::current_device_info();
+  const PooledBuffers& buffers = workspace.impl().acquire(
+      {device.device, call.layout.num_kv_heads, call.num_q_heads, call.layout.head_dim, static_cast<int>(call.query_dtype)},
+      call.batch, device.sm_count);
+  if (pooled_output) {
+    call.output = buffers.output;
+    call.output_stride_batch = 0;
+    call.output_stride_head = 0;
+  }
+
+  const bool mse_keys = !call.layout.key_fp8();
+  cuda::launch_rotate_queries({call.query, call.query_dtype, call.q_stride_b(), call.q_stride_h(),
+                               mse_keys ? call.PiT : nullptr, buffers.q_rot, call.batch, call.num_q_heads,
+                               call.layout.head_dim},
+                              stream);
+  const cuda::PartitionParams partitions{buffers.q_rot, call.cache, call.layout, call.num_blocks,
+                                         call.block_table, call.table_stride(), call.max_blocks_per_seq,
+                                         call.seq_lens, mse_keys ? call.centroids : nullptr, call.scale,
+                                         call.batch, call.num_q_heads, plan.num_partitions,
+                                         plan.partition_align, buffers.part_max, buffers.part_sum,
+                                         buffers.part_out};
+  if (plan.path == DecodePath::hopper) {
+    cuda::launch_partitions_hopper(partitions, stream);
+  } else {
+    cuda::launch_partitions_generic(partitions, stream);
+  }
+  cuda::launch_reduce_partitions({buffers.part_max, buffers.part_sum, buffers.part_out, call.sinks, call.output,
+                                  call.query_dtype, call.out_stride_b(), call.out_stride_h(), call.batch,
+                                  call.num_q_heads, call.layout.head_dim, plan.num_partitions},
+                                 stream);
+  return call.output;
+}
+
+}  // namespace tqdecode

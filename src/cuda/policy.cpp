@@ -1,0 +1,67 @@
+#include "policy.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "cuda_check.hpp"
+
+namespace tqdecode::cuda {
+
+const DeviceInfo& current_device_info() {
+  static std::mutex mutex;
+  static std::map<int, DeviceInfo> devices;
+  int device = 0;
+  TQ_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = devices.find(device);
+  if (found == devices.end()) {
+    DeviceInfo info{device, 0, 0, 0};
+    TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
+    TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, device));
+    TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
+    found = devices.emplace(device, info).first;
+  }
+  return found->second;
+}
+
+int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, int sm_count) {
+  const long long work = std::max(1LL, static_cast<long long>(batch) * num_kv_heads);
+  const long long target = static_cast<long long>(kTargetWaves) * sm_count;
+  long long partitions = (target + work - 1) / work;
+  const long long by_length = (static_cast<long long>(max_context_tokens) + kMinPartitionTokens - 1) / kMinPartitionTokens;
+  partitions = std::min({partitions, static_cast<long long>(kMaxPartitions), std::max(1LL, by_length)});
+  return static_cast<int>(std::max(1LL, partitions));
+}
+
+int max_partition_rows(int max_batch, int num_kv_heads, int sm_count) {
+  int rows = 0;
+  // The context cap can only lower N, so the uncapped N bounds every call.
+  for (int batch = 1; batch <= max_batch; ++batch) {
+    rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads, 1 << 30, sm_count));
+  }
+  return rows;
+}
+
+std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& device) {
+  if (device.cc_major != 9 || device.cc_minor != 0) {
+    return "device is sm_" + std::to_string(device.cc_major * 10 + device.cc_minor) +
+           "; the Hopper kernel needs sm_90";
+  }
+  if (args.layout.preset != Preset::turboquant_4bit_nc) {
+    return std::string("preset ") + preset_info(args.layout.preset).name +
+           " is served by the generic kernel; the Hopper kernel serves turboquant_4bit_nc";
+  }
+  if (args.layout.head_dim != 128) {
+    return "head_dim " + std::to_string(args.layout.head_dim) + ": the Hopper kernel needs 128";
+  }
+  if (args.layout.block_stride % 16 != 0 || reinterpret_cast<std::uintptr_t>(args.cache) % 16 != 0) {
+    return "cache pointer or block_stride not a multiple of 16 bytes (the Hopper kernel uses 16-byte loads)";
+  }
+  if (!hopper_kernel_runnable()) return "the Hopper kernel is not compiled for this device in this build";
+  return {};
+}
+
+}  // namespace tqdecode::cuda

@@ -1,0 +1,51 @@
+// Launch policy (internal): which kernel serves a call and how many split-KV
+// partitions its grid has. The reasoning is in docs/DESIGN.md; the short form:
+//
+// - The grid is (N partitions, Hk, B). N depends only on B, Hk, the
+//   worst-case context (block_table.shape[1] * block_size) and the SM count,
+//   so a CUDA graph captured at one batch replays for any seq_lens.
+// - N = ceil(kTargetWaves * SMs / (B * Hk)) so the grid fills the GPU about
+//   kTargetWaves times, capped at kMaxPartitions (so capture cost and the
+//   reducer's work stay bounded for any max_model_len) and at
+//   ceil(worst-case context / kMinPartitionTokens) (a partition shorter
+//   than that costs more in launch and reduction than it saves).
+// - Each sequence splits its actual length into N ranges on the device, so
+//   short sequences in a large block table still use all N partitions.
+#pragma once
+
+#include <string>
+
+#include "tqdecode/decode.hpp"
+
+namespace tqdecode::cuda {
+
+inline constexpr int kMaxPartitions = 32;
+inline constexpr int kTargetWaves = 2;
+inline constexpr int kMinPartitionTokens = 256;
+/// Partition ranges are multiples of this many tokens (the Hopper kernel's tile).
+inline constexpr int kPartitionAlign = 16;
+
+struct DeviceInfo {
+  int device;
+  int sm_count;
+  int cc_major;
+  int cc_minor;
+};
+
+/// Properties of the current device, read once per device.
+const DeviceInfo& current_device_info();
+
+/// N for a call (see the rule above).
+int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, int sm_count);
+
+/// Largest batch * N over batch <= max_batch: the partition rows a pool
+/// bucket needs so that every batch up to max_batch fits.
+int max_partition_rows(int max_batch, int num_kv_heads, int sm_count);
+
+/// Empty when the Hopper kernel serves these arguments on `device`, else why not.
+std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& device);
+
+/// True when the Hopper kernel's binary can run on the current device.
+bool hopper_kernel_runnable();
+
+}  // namespace tqdecode::cuda

@@ -1,0 +1,184 @@
+// Split-KV reducer (FORMAT.md section 5): combines the N partition results of
+// each (b, hq) and the optional attention sink into the output row.
+//
+// One warp per (b, hq). Lanes first read the partitions' max and sum (32
+// partitions per step) to find M; then the weights w_p = l_p exp(m_p - M) are
+// broadcast one partition at a time and every lane accumulates its slice of
+// the D-wide partial outputs with 16- or 8-byte loads. Empty partitions
+// (max -inf, sum 0) get weight 0 and their partial output is never read.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda_check.hpp"
+#include "device_utils.cuh"
+#include "kernel_params.hpp"
+#include "tqdecode/error.hpp"
+#include "tqdecode/numeric.hpp"
+
+namespace tqdecode::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+// An explicit occupancy target: without one, ptxas aims for the maximum (32
+// registers) and spills in the unrolled partition loop.
+constexpr int kMinBlocksPerSm = 8;
+
+template <int D>
+struct ReduceShape {
+  static constexpr int kVec = D >= 128 ? 4 : 2;      ///< floats per lane per load
+  static constexpr int kChunks = D / (32 * kVec);    ///< loads per lane per partition
+  static_assert(kChunks * 32 * kVec == D, "head dim must be a multiple of 64");
+};
+
+template <int Vec>
+struct FloatVec;
+template <>
+struct FloatVec<2> {
+  using type = float2;
+};
+template <>
+struct FloatVec<4> {
+  using type = float4;
+};
+
+/// Writes `Vec` consecutive output elements, packed into one store when the
+/// destination is aligned for it.
+template <int Vec>
+__device__ __forceinline__ void store_output(void* output, DType dtype, std::int64_t index, const float (&v)[Vec],
+                                             bool packed) {
+  if (packed) {
+    std::uint16_t bits[Vec];
+#pragma unroll
+    for (int e = 0; e < Vec; ++e) {
+      bits[e] = dtype == DType::f16 ? float_to_half_bits(v[e]) : float_to_bf16_bits(v[e]);
+    }
+    auto* dst = static_cast<std::uint16_t*>(output) + index;
+    if constexpr (Vec == 4) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(bits[0] | (unsigned(bits[1]) << 16), bits[2] | (unsigned(bits[3]) << 16));
+    } else {
+      *reinterpret_cast<unsigned*>(dst) = bits[0] | (unsigned(bits[1]) << 16);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < Vec; ++e) store_from_float(output, dtype, index + e, v[e]);
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void reduce_partitions_body(const ReduceParams& p) {
+  using Shape = ReduceShape<D>;
+  using Vec = typename FloatVec<Shape::kVec>::type;
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;  // flattened (b, hq)
+  if (row >= p.batch * p.num_q_heads) return;
+
+  const int num_partitions = p.num_partitions;
+  const float* part_max = p.part_max + static_cast<std::int64_t>(row) * num_partitions;
+  const float* part_sum = p.part_sum + static_cast<std::int64_t>(row) * num_partitions;
+  const float* part_out = p.part_out + static_cast<std::int64_t>(row) * num_partitions * D;
+  const int b = row / p.num_q_heads;
+  const int hq = row % p.num_q_heads;
+  const bool has_sink = p.sinks != nullptr;
+  const float sink = has_sink ? p.sinks[hq] : -INFINITY;
+
+  // M = max over non-empty partitions and the sink. A partition is empty when
+  // it holds exactly (-inf, 0); NaN anywhere (a non-finite query) makes the
+  // whole row NaN, as in the reference, instead of being dropped by fmaxf.
+  float max_all = sink;
+  bool any_tokens = false;
+  bool not_a_number = false;
+  for (int i = lane; i < num_partitions; i += 32) {
+    const float m = part_max[i];
+    const float l = part_sum[i];
+    if (m == -INFINITY && l == 0.0f) continue;
+    any_tokens = true;
+    not_a_number |= isnan(m) || isnan(l);
+    max_all = fmaxf(max_all, m);
+  }
+  max_all = warp_max(max_all);
+  any_tokens = __any_sync(kFullMask, any_tokens);
+  not_a_number = __any_sync(kFullMask, not_a_number);
+
+  float acc[Shape::kChunks][Shape::kVec] = {};
+  float scale = 0.0f;  // no tokens: an all-zero row, sink or not
+  if (any_tokens && not_a_number) {
+    scale = __uint_as_float(0x7fc00000u);
+  } else if (any_tokens) {
+    float denominator = 0.0f;
+    for (int base = 0; base < num_partitions; base += 32) {
+      const int i = base + lane;
+      // exp(-inf) = 0 gives empty partitions weight 0.
+      const float weight = i < num_partitions ? part_sum[i] * expf(part_max[i] - max_all) : 0.0f;
+      denominator += weight;
+      const int count = min(32, num_partitions - base);
+      for (int k = 0; k < count; ++k) {
+        const float w = __shfl_sync(kFullMask, weight, k);
+        if (w == 0.0f) continue;  // empty or negligible partition (uniform across the warp)
+        const float* out = part_out + static_cast<std::int64_t>(base + k) * D + lane * Shape::kVec;
+#pragma unroll
+        for (int c = 0; c < Shape::kChunks; ++c) {
+          const Vec v = *reinterpret_cast<const Vec*>(out + c * 32 * Shape::kVec);
+          const float* f = reinterpret_cast<const float*>(&v);
+#pragma unroll
+          for (int e = 0; e < Shape::kVec; ++e) acc[c][e] = fmaf(w, f[e], acc[c][e]);
+        }
+      }
+    }
+    denominator = warp_sum(denominator);
+    if (has_sink) denominator += expf(sink - max_all);
+    scale = 1.0f / denominator;
+  }
+
+  const std::int64_t out_row = b * p.output_stride_batch + hq * p.output_stride_head;
+  const bool packed = (reinterpret_cast<std::uintptr_t>(p.output) % (2 * Shape::kVec)) == 0 &&
+                      p.output_stride_batch % Shape::kVec == 0 && p.output_stride_head % Shape::kVec == 0;
+#pragma unroll
+  for (int c = 0; c < Shape::kChunks; ++c) {
+    float v[Shape::kVec];
+#pragma unroll
+    for (int e = 0; e < Shape::kVec; ++e) v[e] = acc[c][e] * scale;
+    store_output<Shape::kVec>(p.output, p.output_dtype, out_row + c * 32 * Shape::kVec + lane * Shape::kVec, v,
+                              packed);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) reduce_partitions_kernel(const __grid_constant__ ReduceParams params) {
+  reduce_partitions_body<D>(params);
+}
+
+template <int D>
+void launch_reduce(const ReduceParams& params, cudaStream_t stream) {
+  const int rows = params.batch * params.num_q_heads;
+  const int blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  reduce_partitions_kernel<D><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(params);
+  TQ_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream) {
+  require(params.output_dtype == DType::bf16 || params.output_dtype == DType::f16, "output_dtype",
+          std::string(dtype_name(params.output_dtype)) + " is not supported; accepted: bfloat16, float16");
+  require(params.num_partitions >= 1, "num_partitions",
+          std::to_string(params.num_partitions) + " is out of range; accepted: >= 1");
+  if (params.batch == 0 || params.num_q_heads == 0) return;
+  // Strides follow DecodeArgs: in elements, 0 meaning contiguous [B, Hq, D].
+  ReduceParams resolved = params;
+  if (resolved.output_stride_head == 0) resolved.output_stride_head = params.head_dim;
+  if (resolved.output_stride_batch == 0) {
+    resolved.output_stride_batch = static_cast<std::int64_t>(params.num_q_heads) * params.head_dim;
+  }
+  switch (params.head_dim) {
+    case 64: launch_reduce<64>(resolved, stream); break;
+    case 128: launch_reduce<128>(resolved, stream); break;
+    case 256: launch_reduce<256>(resolved, stream); break;
+    default:
+      fail("head_dim", std::to_string(params.head_dim) + " is not supported; accepted: 64, 128, 256");
+  }
+}
+
+}  // namespace tqdecode::cuda

@@ -1,0 +1,41 @@
+// The buffer pool behind DecodeWorkspace (internal).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "tqdecode/decode.hpp"
+
+namespace tqdecode {
+
+/// Pooled device buffers of one shape signature. A call with batch B uses
+/// the first B rows (q_rot, output) or the first B * N partition rows.
+struct PooledBuffers {
+  float* q_rot = nullptr;     ///< [bucket, Hq, D] fp32
+  void* output = nullptr;     ///< [bucket, Hq, D] in the query dtype
+  float* part_max = nullptr;  ///< [partition_rows, Hq]
+  float* part_sum = nullptr;  ///< [partition_rows, Hq]
+  float* part_out = nullptr;  ///< [partition_rows, Hq, D]
+  int bucket_batch = 0;
+  int partition_rows = 0;
+  std::int64_t bytes = 0;
+  void* allocation = nullptr;
+};
+
+/// (device, Hk, Hq, D, query dtype)
+using PoolSignature = std::tuple<int, int, int, int, int>;
+
+struct DecodeWorkspace::Impl {
+  int max_batch;
+  mutable std::mutex mutex;
+  std::map<PoolSignature, PooledBuffers> pools;
+
+  /// Buffers for a call of `batch` rows; allocates on the first call of a
+  /// signature and grows (with a warning) when batch exceeds the bucket.
+  const PooledBuffers& acquire(const PoolSignature& signature, int batch, int sm_count);
+  ~Impl();
+};
+
+}  // namespace tqdecode

@@ -1,0 +1,88 @@
+#include "tqdecode/decode_args.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "tqdecode/error.hpp"
+
+namespace tqdecode {
+
+namespace {
+
+void require_non_negative_stride(std::int64_t stride, const char* argument) {
+  require(stride >= 0, argument,
+          std::to_string(stride) + " is negative; accepted: 0 (contiguous) or a positive element stride");
+}
+
+void require_pointer(const void* pointer, const char* argument) {
+  require(pointer != nullptr, argument, "is null; a tensor is required when batch > 0");
+}
+
+}  // namespace
+
+void validate_decode_shapes(const DecodeArgs& args) {
+  require(args.batch >= 0, "batch", std::to_string(args.batch) + " is negative; accepted: >= 0");
+  validate_layout(args.layout);
+  validate_group_size(args.num_q_heads, args.layout.num_kv_heads);
+  require(args.query_dtype == DType::bf16 || args.query_dtype == DType::f16, "query_dtype",
+          std::string(dtype_name(args.query_dtype)) + " is not supported; accepted: bfloat16, float16");
+  require(args.num_blocks >= 1, "num_blocks",
+          std::to_string(args.num_blocks) + " is out of range; accepted: >= 1");
+  require(args.max_blocks_per_seq >= 1, "max_blocks_per_seq",
+          std::to_string(args.max_blocks_per_seq) + " is out of range; accepted: >= 1");
+  require_non_negative_stride(args.query_stride_batch, "query_stride_batch");
+  require_non_negative_stride(args.query_stride_head, "query_stride_head");
+  require_non_negative_stride(args.block_table_stride, "block_table_stride");
+  require_non_negative_stride(args.output_stride_batch, "output_stride_batch");
+  require_non_negative_stride(args.output_stride_head, "output_stride_head");
+  require(std::isfinite(args.scale), "scale",
+          std::to_string(args.scale) + " is not finite; accepted: a finite softmax scale");
+
+  const PresetInfo info = args.layout.info();
+  if (!info.key_fp8) {
+    const int levels = 1 << info.key_bits;
+    require(args.num_centroids == levels, "num_centroids",
+            std::to_string(args.num_centroids) + " does not match " + info.name + "; accepted: " +
+                std::to_string(levels) + " (2^" + std::to_string(info.key_bits) + ")");
+  }
+
+  // With batch 0 the call is a no-op, so engines may pass empty tensors.
+  if (args.batch == 0) return;
+  require_pointer(args.query, "query");
+  require_pointer(args.cache, "cache");
+  require_pointer(args.block_table, "block_table");
+  require_pointer(args.seq_lens, "seq_lens");
+  require_pointer(args.output, "output");
+  if (!info.key_fp8) {
+    require_pointer(args.centroids, "centroids");
+    require_pointer(args.PiT, "PiT");
+  }
+}
+
+// Validates the shapes first, so one call covers everything a host-memory
+// path (the CPU reference, decode_cpu) needs checked.
+void validate_decode_host_contents(const DecodeArgs& args) {
+  validate_decode_shapes(args);
+  const int block_size = args.layout.block_size;
+  const std::int64_t max_len = std::int64_t(args.max_blocks_per_seq) * block_size;
+  for (int i = 0; i < args.batch; ++i) {
+    const std::int32_t seq_len = args.seq_lens[i];
+    // Messages are built only on failure: these loops run on every call.
+    if (seq_len < 0 || seq_len > max_len) {
+      fail("seq_lens[" + std::to_string(i) + "]",
+           std::to_string(seq_len) + " is out of range; accepted: 0 to max_blocks_per_seq * block_size = " +
+               std::to_string(max_len));
+    }
+    const std::int64_t used_blocks = (std::int64_t(seq_len) + block_size - 1) / block_size;  // no int overflow
+    const std::int32_t* row = args.block_table + std::int64_t(i) * args.table_stride();
+    for (std::int64_t j = 0; j < used_blocks; ++j) {
+      if (row[j] < 0 || row[j] >= args.num_blocks) {
+        fail("block_table[" + std::to_string(i) + "][" + std::to_string(j) + "]",
+             std::to_string(row[j]) + " is out of range; accepted: 0 to num_blocks - 1 = " +
+                 std::to_string(args.num_blocks - 1));
+      }
+    }
+  }
+}
+
+}  // namespace tqdecode

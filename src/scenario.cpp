@@ -1,0 +1,294 @@
+#include "tqdecode/scenario.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "tqdecode/error.hpp"
+#include "tqdecode/numeric.hpp"
+#include "tqdecode/packing.hpp"
+#include "tqdecode/random.hpp"
+#include "tqdecode/reference.hpp"
+#include "tqdecode/store.hpp"
+#include "tqdecode/synthetic.hpp"
+
+namespace tqdecode {
+
+namespace {
+
+// Rounds every element through `dtype` and returns the raw elements: what a
+// caller holding tensors of that dtype would pass.
+std::vector<std::uint8_t> to_dtype(std::vector<float>& values, DType dtype) {
+  std::vector<std::uint8_t> data(values.size() * dtype_size(dtype));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    store_from_float(data.data(), dtype, std::int64_t(i), values[i]);
+    values[i] = load_as_float(data.data(), dtype, std::int64_t(i));
+  }
+  return data;
+}
+
+// Sinks near each head's typical largest score, so they take a visible
+// share of the softmax (a sink far below the scores would test nothing).
+std::vector<float> comparable_sinks(const Scenario& s, Rng& rng) {
+  const int D = s.config.head_dim;
+  const int Hq = s.config.num_q_heads;
+  const int group = Hq / s.config.num_kv_heads;
+  std::vector<float> sinks(Hq);
+  for (int hq = 0; hq < Hq; ++hq) {
+    double total = 0.0;
+    int sequences = 0;
+    for (int b = 0; b < s.batch(); ++b) {
+      if (s.seq_lens[b] == 0) continue;
+      const float* q = s.query.data() + (std::size_t(b) * Hq + hq) * D;
+      double max_score = -std::numeric_limits<double>::infinity();
+      for (std::int64_t t = s.token_offsets[b]; t < s.token_offsets[b + 1]; ++t) {
+        const float* k = s.keys.data() + (t * s.config.num_kv_heads + hq / group) * D;
+        double dot = 0.0;
+        for (int d = 0; d < D; ++d) dot += double(q[d]) * k[d];
+        max_score = std::max(max_score, s.scale * dot);
+      }
+      total += max_score;
+      ++sequences;
+    }
+    sinks[hq] = static_cast<float>((sequences ? total / sequences : 0.0) + rng.normal());
+  }
+  return sinks;
+}
+
+// Physical blocks in random order, spare ones left junk; block-table entries
+// past a sequence's end are -1 or out of range; slots sequence-major.
+void place_blocks(Scenario& s, Rng& rng) {
+  const ScenarioConfig& config = s.config;
+  const int bs = config.block_size;
+  const int batch = static_cast<int>(config.seq_lens.size());
+  std::vector<int> blocks_used(batch);
+  int max_used = 0;
+  for (int i = 0; i < batch; ++i) {
+    if (config.seq_lens[i] < 0) fail("seq_lens[" + std::to_string(i) + "]", "negative length");
+    blocks_used[i] = (config.seq_lens[i] + bs - 1) / bs;
+    max_used = std::max(max_used, blocks_used[i]);
+  }
+  s.num_blocks = std::max<std::int64_t>(1, std::accumulate(blocks_used.begin(), blocks_used.end(), std::int64_t(0)) +
+                                               config.spare_blocks);
+  std::vector<std::int32_t> physical(s.num_blocks);
+  std::iota(physical.begin(), physical.end(), 0);
+  for (std::size_t i = physical.size(); i > 1; --i) std::swap(physical[i - 1], physical[rng.below(i)]);
+
+  s.max_blocks_per_seq = std::max(1, max_used + config.spare_table_columns);
+  s.block_table.resize(std::size_t(batch) * s.max_blocks_per_seq);
+  std::size_t next_block = 0;
+  for (int i = 0; i < batch; ++i) {
+    for (int j = 0; j < s.max_blocks_per_seq; ++j) {
+      const std::int32_t junk = rng.below(2) ? -1 : static_cast<std::int32_t>(s.num_blocks + rng.below(1 << 20));
+      s.block_table[std::size_t(i) * s.max_blocks_per_seq + j] = j < blocks_used[i] ? physical[next_block++] : junk;
+    }
+  }
+
+  s.seq_lens.assign(config.seq_lens.begin(), config.seq_lens.end());
+  s.token_offsets.assign(batch + 1, 0);
+  for (int i = 0; i < batch; ++i) s.token_offsets[i + 1] = s.token_offsets[i] + config.seq_lens[i];
+  s.slot_mapping.reserve(s.token_offsets[batch]);
+  for (int i = 0; i < batch; ++i) {
+    for (int t = 0; t < config.seq_lens[i]; ++t) {
+      const std::int64_t block = s.block_table[std::size_t(i) * s.max_blocks_per_seq + t / bs];
+      s.slot_mapping.push_back(block * bs + t % bs);
+    }
+  }
+}
+
+}  // namespace
+
+Scenario make_scenario(const ScenarioConfig& config) {
+  Scenario s;
+  s.config = config;
+  const int D = config.head_dim;
+  const int Hk = config.num_kv_heads;
+  const int batch = static_cast<int>(config.seq_lens.size());
+  validate_group_size(config.num_q_heads, Hk);
+  require(config.query_dtype == DType::bf16 || config.query_dtype == DType::f16, "query_dtype",
+          std::string(dtype_name(config.query_dtype)) + " is not supported; accepted: bfloat16, float16");
+  s.layout = make_layout(config.preset, D, config.block_size, Hk);
+  s.layout.block_stride += config.block_stride_padding;
+  s.constants = make_model_constants(config.preset, D, config.seed, config.rotation);
+  if (config.identity_rotation && !s.constants.Pi.empty()) {
+    s.constants.Pi.assign(std::size_t(D) * D, 0.0f);
+    for (int i = 0; i < D; ++i) s.constants.Pi[std::size_t(i) * D + i] = 1.0f;
+    s.constants.PiT = s.constants.Pi;
+  }
+  s.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  Rng rng(config.seed ^ 0x7363656e6172696full);
+  place_blocks(s, rng);
+
+  const std::int64_t total = s.total_tokens();
+  const SyntheticShape shape{Hk, config.num_q_heads, D};
+  s.keys = synthetic_keys(total, shape, config.seed);
+  s.values = synthetic_values(total, shape, config.seed);
+  s.query = synthetic_queries(batch, shape, config.seed);  // same seed as the keys: shared outlier channels
+  const std::vector<std::uint8_t> key_data = to_dtype(s.keys, config.kv_dtype);
+  const std::vector<std::uint8_t> value_data = to_dtype(s.values, config.kv_dtype);
+  const std::vector<std::uint8_t> query_data = to_dtype(s.query, config.query_dtype);
+  s.query_bits.resize(s.query.size());  // 2-byte elements: bf16 or fp16
+  std::memcpy(s.query_bits.data(), query_data.data(), query_data.size());
+  if (config.sinks) s.sinks = comparable_sinks(s, rng);
+
+  s.cache = random_bytes(std::size_t(s.num_blocks * s.layout.block_stride), config.seed ^ 0x6a756e6bull);
+  StoreArgs store;
+  store.layout = s.layout;
+  store.num_blocks = s.num_blocks;
+  store.cache = s.cache.data();
+  store.key = key_data.data();
+  store.value = value_data.data();
+  store.kv_dtype = config.kv_dtype;
+  store.num_tokens = total;
+  store.slot_mapping = s.slot_mapping.data();
+  store.Pi = s.constants.Pi.empty() ? nullptr : s.constants.Pi.data();
+  store.centroids = s.constants.centroids.empty() ? nullptr : s.constants.centroids.data();
+  store.num_centroids = static_cast<int>(s.constants.centroids.size());
+  store_cpu(store);
+  if (!config.keep_unquantized) {
+    s.keys = {};
+    s.values = {};
+  }
+  return s;
+}
+
+DecodeArgs Scenario::host_args(void* output) const {
+  DecodeArgs args;
+  args.query = query_bits.data();
+  args.query_dtype = config.query_dtype;
+  args.batch = batch();
+  args.num_q_heads = config.num_q_heads;
+  args.layout = layout;
+  args.num_blocks = num_blocks;
+  args.cache = cache.data();
+  args.block_table = block_table.data();
+  args.max_blocks_per_seq = max_blocks_per_seq;
+  args.seq_lens = seq_lens.data();
+  args.centroids = constants.centroids.empty() ? nullptr : constants.centroids.data();
+  args.num_centroids = static_cast<int>(constants.centroids.size());
+  args.PiT = constants.PiT.empty() ? nullptr : constants.PiT.data();
+  args.scale = scale;
+  args.sinks = sinks.empty() ? nullptr : sinks.data();
+  args.output = output;
+  return args;
+}
+
+std::vector<float> Scenario::exact_output() const {
+  require(!keys.empty() || total_tokens() == 0, "scenario", "built with keep_unquantized = false");
+  std::vector<float> out(query.size());
+  exact_attention(query.data(), keys.data(), values.data(), token_offsets.data(), batch(), config.num_q_heads,
+                  config.num_kv_heads, config.head_dim, scale, sinks.empty() ? nullptr : sinks.data(), out.data());
+  return out;
+}
+
+DequantizedKv dequantize(const Scenario& scenario) {
+  const CacheLayout& layout = scenario.layout;
+  const PresetInfo info = layout.info();
+  const int D = layout.head_dim;
+  const int Hk = layout.num_kv_heads;
+  const int bs = layout.block_size;
+  const std::size_t elements = std::size_t(scenario.total_tokens()) * Hk * D;
+  DequantizedKv kv{std::vector<float>(elements), std::vector<float>(elements)};
+  std::vector<float> rotated(D);
+  for (int i = 0; i < scenario.batch(); ++i) {
+    for (int t = 0; t < scenario.seq_lens[i]; ++t) {
+      const std::int64_t block = scenario.block_table[std::size_t(i) * scenario.max_blocks_per_seq + t / bs];
+      const std::uint8_t* base = scenario.cache.data() + layout.block_offset(block);
+      const int slot = t % bs;
+      for (int h = 0; h < Hk; ++h) {
+        const std::int64_t row = ((scenario.token_offsets[i] + t) * Hk + h) * D;
+        const std::uint8_t* record = base + layout.record_offset(slot, h);
+        auto field = [&](int f) { return half_bits_to_float(read_field_bits(base, layout, slot, h, f)); };
+        if (info.key_fp8) {
+          for (int d = 0; d < D; ++d) kv.keys[row + d] = fp8_e4m3_bits_to_float(record[d]);
+        } else {
+          const float norm = field(layout.key_norm_field());
+          for (int j = 0; j < D; ++j) rotated[j] = norm * scenario.constants.centroids[unpack_code(record, j, info.key_bits)];
+          for (int d = 0; d < D; ++d) {  // k = Pi^T khat
+            double sum = 0.0;
+            for (int j = 0; j < D; ++j) sum += double(scenario.constants.Pi[std::size_t(j) * D + d]) * rotated[j];
+            kv.keys[row + d] = static_cast<float>(sum);
+          }
+        }
+        const float scale = field(layout.value_scale_field());
+        const float zero = field(layout.value_zero_field());
+        for (int d = 0; d < D; ++d) {
+          kv.values[row + d] = unpack_code(record + layout.key_bytes(), d, info.value_bits) * scale + zero;
+        }
+      }
+    }
+  }
+  return kv;
+}
+
+std::uint16_t read_field_bits(const std::uint8_t* block, const CacheLayout& layout, int slot, int head, int field) {
+  const std::uint8_t* at = block + layout.field_offset(slot, head, field);
+  return static_cast<std::uint16_t>(at[0] | at[1] << 8);
+}
+
+std::vector<std::uint8_t> random_bytes(std::size_t count, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<std::uint8_t> bytes(count);
+  for (std::size_t i = 0; i < count; i += 8) {
+    const std::uint64_t word = rng.next_u64();
+    for (std::size_t j = 0; j < 8 && i + j < count; ++j) bytes[i + j] = static_cast<std::uint8_t>(word >> (8 * j));
+  }
+  return bytes;
+}
+
+double cosine_similarity(const std::vector<float>& a, const std::vector<float>& b) {
+  double dot = 0.0, aa = 0.0, bb = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    dot += double(a[i]) * b[i];
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+  }
+  if (aa == 0.0 && bb == 0.0) return 1.0;
+  return dot / std::sqrt(aa * bb);
+}
+
+double relative_l2(const std::vector<float>& actual, const std::vector<float>& expected) {
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    diff += (double(actual[i]) - expected[i]) * (double(actual[i]) - expected[i]);
+    norm += double(expected[i]) * expected[i];
+  }
+  if (norm == 0.0) return diff == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(diff / norm);
+}
+
+namespace {
+
+struct Peaks {
+  double max_abs_diff = 0.0;
+  double max_abs_expected = 0.0;
+};
+
+Peaks peaks(const std::vector<float>& actual, const std::vector<float>& expected) {
+  Peaks p;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    p.max_abs_diff = std::max(p.max_abs_diff, std::abs(double(actual[i]) - expected[i]));
+    p.max_abs_expected = std::max(p.max_abs_expected, std::abs(double(expected[i])));
+  }
+  return p;
+}
+
+}  // namespace
+
+double peak_relative_error(const std::vector<float>& actual, const std::vector<float>& expected, double floor) {
+  const Peaks p = peaks(actual, expected);
+  return p.max_abs_diff / std::max(p.max_abs_expected, floor);
+}
+
+ErrorStats compare_outputs(const std::vector<float>& actual, const std::vector<float>& expected) {
+  require(actual.size() == expected.size(), "actual",
+          "size " + std::to_string(actual.size()) + " differs from expected size " + std::to_string(expected.size()));
+  const Peaks p = peaks(actual, expected);
+  return {cosine_similarity(actual, expected), relative_l2(actual, expected), p.max_abs_diff,
+          p.max_abs_diff / std::max(p.max_abs_expected, 1e-6)};
+}
+
+}  // namespace tqdecode

@@ -1,0 +1,256 @@
+// GPU decode against the CPU reference on the same cache bytes, the Hopper
+// kernel against the generic kernel, and CUDA-graph replay against eager
+// calls. Every output buffer is poisoned with NaN first.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test_support.hpp"
+#include "tqdecode/decode.hpp"
+#include "tqdecode/device_scenario.hpp"
+#include "tqdecode/random.hpp"
+#include "tqdecode/reference.hpp"
+#include "tqdecode/scenario.hpp"
+
+namespace tqdecode {
+namespace {
+
+struct DecodeCase {
+  std::string name;
+  Preset preset;
+  int num_q_heads;
+  int num_kv_heads;
+  int head_dim;
+  int block_size;
+  std::vector<int> seq_lens;
+  std::int64_t padding = 0;
+  bool sinks = false;
+  DType dtype = DType::bf16;
+};
+
+std::vector<int> random_lengths(int batch, int max_len, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int> lengths(batch);
+  for (int& length : lengths) length = static_cast<int>(rng.below(max_len + 1));
+  return lengths;
+}
+
+std::vector<DecodeCase> decode_cases() {
+  const Preset p4 = Preset::turboquant_4bit_nc;
+  std::vector<DecodeCase> cases = {
+      {"q4_g4_bs16_mixed", p4, 32, 8, 128, 16, {1, 17, 100, 1000, 3001, 0, 5000}},
+      {"q4_g8_bs32_pad_sinks_f16", p4, 64, 8, 128, 32, {1, 17, 100, 1000, 3001, 0, 5000}, 48, true, DType::f16},
+      {"q4_g16_bs64_sinks", p4, 32, 2, 128, 64, {4097, 33, 0, 1}, 0, true},
+      {"q4_g6_bs128_f16", p4, 12, 2, 128, 128, {2500, 130}, 16, false, DType::f16},
+      {"q4_g1_bs16", p4, 8, 8, 128, 16, {777}},
+      {"q4_g3_short", p4, 3, 1, 128, 16, {1, 2, 15, 16, 31}, 0, true},
+      {"q4_g5_bs32", p4, 10, 2, 128, 32, {1234, 4321}},
+      {"q4_long_128k", p4, 64, 8, 128, 16, {131072 + 7}},
+      {"q4_batch256", p4, 16, 4, 128, 16, random_lengths(256, 700, 5)},
+      {"q4_d64", p4, 16, 4, 64, 16, {1, 300, 2049}},
+      {"q4_d256_sinks", p4, 16, 4, 256, 32, {0, 999}, 0, true},
+  };
+  const Preset others[] = {Preset::turboquant_k3v4_nc, Preset::turboquant_3bit_nc, Preset::turboquant_k8v4};
+  const int dims[] = {64, 128, 256};
+  int variant = 0;
+  for (Preset preset : others) {
+    for (int d : dims) {
+      const int block_size = 16 << (variant % 3);
+      cases.push_back({std::string(preset_info(preset).name).substr(11) + "_d" + std::to_string(d), preset, 16, 4, d,
+                       block_size, {1, 100, 1500, 0, 2049 + variant}, variant % 2 ? 32 : 0, variant % 2 == 0,
+                       variant % 2 ? DType::f16 : DType::bf16});
+      ++variant;
+    }
+  }
+  return cases;
+}
+
+Scenario build(const DecodeCase& c, std::uint64_t seed = 7) {
+  ScenarioConfig config;
+  config.preset = c.preset;
+  config.num_q_heads = c.num_q_heads;
+  config.num_kv_heads = c.num_kv_heads;
+  config.head_dim = c.head_dim;
+  config.block_size = c.block_size;
+  config.seq_lens = c.seq_lens;
+  config.block_stride_padding = c.padding;
+  config.sinks = c.sinks;
+  config.query_dtype = c.dtype;
+  config.seed = seed;
+  config.keep_unquantized = false;
+  return make_scenario(config);
+}
+
+std::vector<float> reference_output(const Scenario& scenario) {
+  std::vector<float> out(scenario.query.size());
+  decode_reference(scenario.host_args(nullptr), out.data());
+  return out;
+}
+
+// GPU and reference differ by bf16 operand rounding (centroids, P' in the
+// tensor-core kernel), summation order and the bf16/fp16 output rounding.
+void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(actual[i])) << what << ": element " << i << " not written or not finite";
+  }
+  const ErrorStats error = compare_outputs(actual, expected);
+  double peak = 0;
+  for (float value : expected) peak = std::max(peak, static_cast<double>(std::abs(value)));
+  std::printf("[ measure  ] %-40s cosine %.7f  rel_l2 %.2e  max_abs %.2e (peak %.2f)\n", what.c_str(), error.cosine,
+              error.relative_l2, error.max_abs, peak);
+  EXPECT_GT(error.cosine, 0.9999) << what;
+  EXPECT_LT(error.relative_l2, 1e-2) << what;
+  EXPECT_LT(error.max_abs, 2e-2 * std::max(1.0, peak)) << what;
+}
+
+void expect_zero_rows(const std::vector<float>& output, const Scenario& scenario) {
+  const std::size_t row = std::size_t(scenario.config.num_q_heads) * scenario.config.head_dim;
+  for (int b = 0; b < scenario.batch(); ++b) {
+    if (scenario.seq_lens[b] != 0) continue;
+    for (std::size_t i = 0; i < row; ++i) ASSERT_EQ(output[b * row + i], 0.0f) << "sequence " << b << " has length 0";
+  }
+}
+
+class DecodeGpu : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
+  TQ_SKIP_WITHOUT_GPU();
+  const DecodeCase& c = GetParam();
+  const Scenario scenario = build(c);
+  DeviceScenario device(scenario);
+  DecodeWorkspace workspace;
+  const std::vector<float> expected = reference_output(scenario);
+
+  const PathChoice choice = choose_decode_path(device.args());
+  std::printf("[ path     ] %s: %s (%s)\n", c.name.c_str(), decode_path_name(choice.path), choice.reason.c_str());
+  decode(device.args(), workspace);
+  const std::vector<float> automatic = device.output();
+  expect_close(automatic, expected, c.name + " " + decode_path_name(choice.path));
+  expect_zero_rows(automatic, scenario);
+
+  if (choice.path == DecodePath::hopper) {
+    device.poison_output();
+    decode(device.args(), workspace, nullptr, PathRequest::cuda_generic);
+    const std::vector<float> generic = device.output();
+    expect_close(generic, expected, c.name + " cuda_generic");
+    expect_close(generic, automatic, c.name + " hopper vs generic");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, DecodeGpu, ::testing::ValuesIn(decode_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(DecodeGpuPath, HopperKernelServesTheHeadlineProfileOnSm90) {
+  TQ_SKIP_WITHOUT_GPU();
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  const Scenario scenario = build({"headline", Preset::turboquant_4bit_nc, 32, 8, 128, 16, {100}});
+  DeviceScenario device(scenario);
+  const PathChoice choice = choose_decode_path(device.args());
+  if (major == 9 && minor == 0) {
+    EXPECT_TRUE(is_available());
+    EXPECT_EQ(choice.path, DecodePath::hopper) << choice.reason;
+  } else {
+    EXPECT_EQ(choice.path, DecodePath::cuda_generic);
+    EXPECT_FALSE(choice.reason.empty());
+  }
+  const Scenario fp8 = build({"fp8", Preset::turboquant_k8v4, 32, 8, 128, 16, {100}});
+  DeviceScenario fp8_device(fp8);
+  const PathChoice generic = choose_decode_path(fp8_device.args());
+  EXPECT_EQ(generic.path, DecodePath::cuda_generic);
+  EXPECT_NE(generic.reason.find("turboquant_k8v4"), std::string::npos) << generic.reason;
+}
+
+// Capture one decode in a CUDA graph, then change seq_lens and block tables in
+// place and replay: each replay must equal an eager call on the same inputs.
+TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
+  TQ_SKIP_WITHOUT_GPU();
+  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
+    const Scenario scenario = build({"graph", Preset::turboquant_4bit_nc, 32, 8, 128, 16, {3000, 1, 700, 2222, 0, 1500}, 0, true});
+    DeviceScenario device(scenario);
+    DecodeWorkspace workspace(16);
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    const DecodeArgs args = device.args();
+    decode(args, workspace, stream, request);  // warm-up: the pool allocates here, not during capture
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    decode(args, workspace, stream, request);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+    Rng rng(99);
+    const int batch = scenario.batch();
+    const int columns = scenario.max_blocks_per_seq;
+    for (int replay = 0; replay < 4; ++replay) {
+      // Sequence i takes the blocks of sequence perm[i] and a length no longer than that one's.
+      std::vector<int> perm(batch);
+      for (int i = 0; i < batch; ++i) perm[i] = i;
+      for (int i = batch - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
+      std::vector<std::int32_t> lengths(batch), table(scenario.block_table.size());
+      for (int i = 0; i < batch; ++i) {
+        lengths[i] = static_cast<std::int32_t>(rng.below(scenario.seq_lens[perm[i]] + 1));
+        std::copy_n(scenario.block_table.begin() + std::size_t(perm[i]) * columns, columns,
+                    table.begin() + std::size_t(i) * columns);
+      }
+      device.upload_lengths(lengths, table);
+      device.poison_output();
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const std::vector<float> replayed = device.output();
+
+      device.poison_output();
+      decode(args, workspace, stream, request);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const std::vector<float> eager = device.output();
+      ASSERT_EQ(replayed.size(), eager.size());
+      for (std::size_t i = 0; i < eager.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(replayed[i])) << "replay " << replay << " element " << i;
+        ASSERT_EQ(replayed[i], eager[i]) << "replay " << replay << " element " << i;
+      }
+      // And both against the reference with the new inputs.
+      DecodeArgs host = scenario.host_args(nullptr);
+      host.seq_lens = lengths.data();
+      host.block_table = table.data();
+      std::vector<float> expected(eager.size());
+      decode_reference(host, expected.data());
+      expect_close(eager, expected, "graph replay " + std::to_string(replay));
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// A pool sized for one bucket serves every batch up to it from the same pointers.
+TEST(DecodeGpuPool, PointersStableAcrossBatchSizes) {
+  TQ_SKIP_WITHOUT_GPU();
+  DecodeWorkspace workspace(64);
+  std::vector<void*> outputs;
+  for (int batch : {1, 7, 64}) {
+    const Scenario scenario = build({"pool", Preset::turboquant_4bit_nc, 32, 8, 128, 16, std::vector<int>(batch, 40)});
+    DeviceScenario device(scenario);
+    DecodeArgs args = device.args();
+    args.output = nullptr;  // ask for the pooled output
+    outputs.push_back(decode(args, workspace));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+  EXPECT_EQ(outputs[1], outputs[2]);
+  const DecodeWorkspace::Stats stats = workspace.stats();
+  ASSERT_EQ(stats.entries.size(), 1u);
+  EXPECT_EQ(stats.entries[0].bucket_batch, 64);
+  EXPECT_GT(stats.total_bytes, 0);
+}
+
+}  // namespace
+}  // namespace tqdecode
