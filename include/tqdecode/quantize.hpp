@@ -134,11 +134,11 @@ TQ_HOST_DEVICE int value_code(float v, const ValueQuantParams& params, int bits)
   return static_cast<int>(code);
 }
 
-/// Range of a value vector, as std::minmax_element picks it: lo is the first
-/// smallest element, hi the last largest. The choice among equal extremes
-/// only shows for +0 / -0, whose sign reaches the stored zero and scale. The
-/// GPU reduces in a tree with the same tie rule (lower index for lo, higher
-/// index for hi), which gives the same result.
+/// Range of a value vector, picked as std::minmax_element picks it: lo is
+/// the first smallest element, hi the last largest. The choice among equal
+/// extremes only shows for +0 / -0, whose sign reaches the stored zero and
+/// scale. The GPU reduces in a tree with the same tie rule (lower index for
+/// lo, higher index for hi), which gives the same result.
 struct ValueRange {
   float lo;
   float hi;

@@ -1,6 +1,7 @@
 // CPU reference of the decode math (FORMAT.md section 5). Accumulates in
 // double so it is an oracle for the fp32 GPU paths, and reads the cache only
 // through CacheLayout offsets so it checks the byte layout too.
+#include "parallel.hpp"
 #include "tqdecode/reference.hpp"
 
 #include <algorithm>
@@ -15,6 +16,8 @@
 #include "tqdecode/partition.hpp"
 
 namespace tqdecode {
+
+using cpu::parallel_for;
 
 namespace {
 
@@ -101,13 +104,12 @@ void rotate_queries(const DecodeArgs& args, float* q_rot) {
   const int D = args.layout.head_dim;
   const bool rotate = !args.layout.key_fp8();
   const std::int64_t rows = std::int64_t(args.batch) * args.num_q_heads;
-#pragma omp parallel for schedule(static)
-  for (std::int64_t row = 0; row < rows; ++row) {
+  parallel_for(rows, [&](std::int64_t row) {
     const std::int64_t base = (row / args.num_q_heads) * args.q_stride_b() + (row % args.num_q_heads) * args.q_stride_h();
     float* out = q_rot + row * D;
     if (!rotate) {
       for (int i = 0; i < D; ++i) out[i] = load_as_float(args.query, args.query_dtype, base + i);
-      continue;
+      return;
     }
     // q_rot[j] = sum_i q[i] * PiT[i][j], accumulated in fp32 in order of i.
     std::fill(out, out + D, 0.0f);
@@ -117,7 +119,7 @@ void rotate_queries(const DecodeArgs& args, float* q_rot) {
       for (int j = 0; j < D; ++j) out[j] += q * PiT_row[j];
     }
     for (int j = 0; j < D; ++j) out[j] = round_to_bf16(out[j]);
-  }
+  });
 }
 
 std::vector<float> rotated_queries(const DecodeArgs& args) {
@@ -131,8 +133,7 @@ void decode_validated(const DecodeArgs& args, float* out) {
   const std::vector<float> q_rot = rotated_queries(args);
   const int D = args.layout.head_dim;
   const std::int64_t rows = std::int64_t(args.batch) * args.num_q_heads;
-#pragma omp parallel for schedule(dynamic)
-  for (std::int64_t row = 0; row < rows; ++row) {
+  parallel_for(rows, [&](std::int64_t row) {
     const int b = static_cast<int>(row / args.num_q_heads);
     const int hq = static_cast<int>(row % args.num_q_heads);
     float* o = out + row * D;
@@ -140,7 +141,7 @@ void decode_validated(const DecodeArgs& args, float* out) {
     // over no tokens; the sink only adds mass to the denominator.
     if (args.seq_lens[b] == 0) {
       std::fill(o, o + D, 0.0f);
-      continue;
+      return;
     }
     std::vector<double> acc(D, 0.0);
     const SequenceHead head(args, b, hq / args.group_size());
@@ -150,7 +151,7 @@ void decode_validated(const DecodeArgs& args, float* out) {
     const double rescale = std::exp(state.max - m);
     const double denominator = state.sum * rescale + (args.sinks ? std::exp(double(args.sinks[hq]) - m) : 0.0);
     for (int d = 0; d < D; ++d) o[d] = static_cast<float>(acc[d] * rescale / denominator);
-  }
+  });
 }
 
 // The reference steps write their own buffers, not args.output: validate as
@@ -202,8 +203,7 @@ void decode_partitions_reference(const DecodeArgs& args, int num_partitions, int
   const std::vector<float> q_rot = rotated_queries(args);
   const int D = args.layout.head_dim;
   const std::int64_t rows = std::int64_t(args.batch) * args.num_q_heads;
-#pragma omp parallel for schedule(dynamic)
-  for (std::int64_t row = 0; row < rows; ++row) {
+  parallel_for(rows, [&](std::int64_t row) {
     const int b = static_cast<int>(row / args.num_q_heads);
     const SequenceHead head(args, b, static_cast<int>(row % args.num_q_heads) / args.group_size());
     std::vector<double> acc(D);
@@ -223,7 +223,7 @@ void decode_partitions_reference(const DecodeArgs& args, int num_partitions, int
       partitions.sum[index] = static_cast<float>(state.sum);
       for (int d = 0; d < D; ++d) o[d] = static_cast<float>(acc[d] / state.sum);
     }
-  }
+  });
 }
 
 void reduce_partitions_reference(const DecodeArgs& args, int num_partitions, const PartitionBuffers& partitions,
@@ -232,8 +232,7 @@ void reduce_partitions_reference(const DecodeArgs& args, int num_partitions, con
   validate_decode_shapes(writing_to(args, out));
   const int D = args.layout.head_dim;
   const std::int64_t rows = std::int64_t(args.batch) * args.num_q_heads;
-#pragma omp parallel for schedule(static)
-  for (std::int64_t row = 0; row < rows; ++row) {
+  parallel_for(rows, [&](std::int64_t row) {
     const int hq = static_cast<int>(row % args.num_q_heads);
     const float* max = partitions.max + row * num_partitions;
     const float* sum = partitions.sum + row * num_partitions;
@@ -249,13 +248,13 @@ void reduce_partitions_reference(const DecodeArgs& args, int num_partitions, con
     // No tokens: an all-zero row, sink or not (as decode_reference for seq_len 0), never 0/0.
     if (!any_tokens) {
       std::fill(o, o + D, 0.0f);
-      continue;
+      return;
     }
     // A NaN partition (a non-finite query) makes the whole row NaN, as in
     // decode_reference; std::max above would silently drop it.
     if (not_a_number) {
       std::fill(o, o + D, std::numeric_limits<float>::quiet_NaN());
-      continue;
+      return;
     }
     std::vector<double> numerator(D, 0.0);
     double denominator = args.sinks ? std::exp(double(args.sinks[hq]) - m) : 0.0;
@@ -267,7 +266,7 @@ void reduce_partitions_reference(const DecodeArgs& args, int num_partitions, con
       denominator += weight;
     }
     for (int d = 0; d < D; ++d) o[d] = static_cast<float>(numerator[d] / denominator);
-  }
+  });
 }
 
 void decode_cpu(const DecodeArgs& args) {
@@ -293,8 +292,7 @@ void exact_attention(const float* query, const float* keys, const float* values,
   const int group = num_q_heads / num_kv_heads;
   const int D = head_dim;
   const std::int64_t rows = std::int64_t(batch) * num_q_heads;
-#pragma omp parallel for schedule(dynamic)
-  for (std::int64_t row = 0; row < rows; ++row) {
+  parallel_for(rows, [&](std::int64_t row) {
     const std::int64_t b = row / num_q_heads;
     const int hq = static_cast<int>(row % num_q_heads);
     const int hk = hq / group;
@@ -304,7 +302,7 @@ void exact_attention(const float* query, const float* keys, const float* values,
     const std::int64_t count = token_offsets[b + 1] - begin;
     if (count <= 0) {
       std::fill(o, o + D, 0.0f);
-      continue;
+      return;
     }
     std::vector<double> scores(count);
     double m = sinks ? double(sinks[hq]) : kNegInf;
@@ -324,7 +322,7 @@ void exact_attention(const float* query, const float* keys, const float* values,
       denominator += weight;
     }
     for (int d = 0; d < D; ++d) o[d] = static_cast<float>(acc[d] / denominator);
-  }
+  });
 }
 
 }  // namespace tqdecode

@@ -7,12 +7,15 @@
 #include <vector>
 
 #include "encode.hpp"
+#include "parallel.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/packing.hpp"
 #include "tqdecode/store.hpp"
 
 namespace tqdecode {
+
+using cpu::parallel_for;
 
 namespace cpu {
 
@@ -234,25 +237,23 @@ void store_cpu(const StoreArgs& args) {
   const std::int64_t items = args.num_tokens * Hk;
   Staging staging{std::vector<std::uint8_t>(items * record_bytes), std::vector<std::uint16_t>(items * F),
                   std::vector<Issue>(items, Issue::none)};
-#pragma omp parallel for schedule(static) if (items >= kMinParallelItems)
-  for (std::int64_t item = 0; item < items; ++item) {
-    if (args.slot_mapping[item / Hk] < 0) continue;  // skipped tokens are not read
+  parallel_for(items, [&](std::int64_t item) {
+    if (args.slot_mapping[item / Hk] < 0) return;  // skipped tokens are not read
     staging.issues[item] =
         encode_item(args, item, staging.records.data() + item * record_bytes, staging.fields.data() + item * F);
-  }
+  }, kMinParallelItems);
   report_first_issue(args, staging.issues);
 
   // Slots are distinct (validate_slots), so every item writes its own bytes.
-#pragma omp parallel for schedule(static) if (items >= kMinParallelItems)
-  for (std::int64_t item = 0; item < items; ++item) {
+  parallel_for(items, [&](std::int64_t item) {
     const std::int64_t slot_id = args.slot_mapping[item / Hk];
-    if (slot_id < 0) continue;
+    if (slot_id < 0) return;
     const int slot = static_cast<int>(slot_id % layout.block_size);
     const int head = static_cast<int>(item % Hk);
     std::uint8_t* block = args.cache + layout.block_offset(slot_id / layout.block_size);
     std::memcpy(block + layout.record_offset(slot, head), staging.records.data() + item * record_bytes, record_bytes);
     for (int f = 0; f < F; ++f) write_half(block + layout.field_offset(slot, head, f), staging.fields[item * F + f]);
-  }
+  }, kMinParallelItems);
 }
 
 }  // namespace tqdecode

@@ -36,8 +36,8 @@ void dispatch_head_dim(const PartitionParams& params, cudaStream_t stream, int g
     case 256: return dispatch_group<P, 256>(params, stream, group);
     default: break;
   }
-  fail("head_dim", std::to_string(params.layout.head_dim) + " is not supported by the generic kernel; accepted: " +
-                       accepted_list(kHeadDims));
+  fail("head_dim", std::to_string(params.layout.head_dim) +
+                       " is not supported by the generic kernel; accepted: " + accepted_list(kHeadDims));
 }
 
 }  // namespace
@@ -66,8 +66,7 @@ void launch_partitions_generic(const PartitionParams& params, CUstream_st* strea
       return generic::dispatch_head_dim<Preset::turboquant_k3v4_nc>(params, stream, group);
     case Preset::turboquant_3bit_nc:
       return generic::dispatch_head_dim<Preset::turboquant_3bit_nc>(params, stream, group);
-    case Preset::turboquant_k8v4:
-      return generic::dispatch_head_dim<Preset::turboquant_k8v4>(params, stream, group);
+    case Preset::turboquant_k8v4: return generic::dispatch_head_dim<Preset::turboquant_k8v4>(params, stream, group);
   }
   fail("preset", "unknown preset value");
 }

@@ -58,7 +58,6 @@ constexpr int min_of(int a, int b) { return a < b ? a : b; }
 /// size bucket G (the instance serves group sizes G/2 < QG <= G).
 template <Preset P, int D, int G>
 struct Config {
-  static constexpr Preset kPreset = P;
   static constexpr int kHeadDim = D;
   static constexpr int kMaxGroup = G;
   static constexpr PresetInfo kInfo = preset_info(P);
@@ -93,14 +92,15 @@ struct Config {
   static constexpr int kTileBytes = kTileTokens * kRowPitch;
 
   // Dynamic shared memory layout (bytes).
-  static constexpr int kQueryOffset = 0;  ///< float [G][D]: rotated queries of the group
+  static constexpr int kQueryOffset = 0;                            ///< float [G][D]: rotated queries of the group
   static constexpr int kCentroidOffset = kQueryOffset + G * D * 4;  ///< float [16]
-  static constexpr int kWeightOffset = kCentroidOffset + 16 * 4;  ///< float [warp][token][head]: p_t * vscale_t
+  static constexpr int kWeightOffset = kCentroidOffset + 16 * 4;    ///< float [warp][token][head]: p_t * vscale_t
   static constexpr int kStageOffset = round_up(kWeightOffset + kWarps * kTileTokens * kHeadsPerWarp * 4, 16);
   /// Per token group, two tile buffers.
   static constexpr int kStageBytes = kTokenGroups * 2 * kTileBytes;
-  /// After the tile loop the stage area holds each warp's state: acc [heads][D], then m, l, z [heads].
-  static constexpr int kMergeFloatsPerWarp = kHeadsPerWarp * (D + 3);
+  /// After the tile loop the stage area holds each warp's state: acc [heads][D], then m, l, z [heads]
+  /// (padded to a multiple of 4 floats, so the next warp's acc stays 16-byte aligned).
+  static constexpr int kMergeFloatsPerWarp = kHeadsPerWarp * D + round_up(3 * kHeadsPerWarp, 4);
   static constexpr int kMergeBytes = kWarps * kMergeFloatsPerWarp * 4;
   static constexpr int kSmemBytes = kStageOffset + max_of(kStageBytes, kMergeBytes);
 
@@ -108,6 +108,7 @@ struct Config {
   static_assert(kHeadGroups * kHeadsPerWarp == G && kTokenGroups * kHeadGroups == kWarps, "warp split");
   static_assert(kValueDimsPerLane * kValueBits <= 32, "a lane's value codes fit one 32-bit window");
   static_assert(kKeyBytes % 8 == 0 && kRecordBytes % 8 == 0, "records are 8-byte multiples");
+  static_assert(kMergeFloatsPerWarp % 4 == 0, "each warp's merged state starts 16-byte aligned");
 };
 
 /// Converts a small unsigned integer to float exactly, with one integer OR
@@ -166,16 +167,33 @@ __device__ __forceinline__ void accumulate_dot4(const float* q, int dim, const f
   }
 }
 
+/// Adds dot(q[g][4 Quad .. 4 Quad + 4), centroids[codes 4 Quad .. 4 Quad + 4)) to s[g].
+template <class C, int Quad, int Words>
+__device__ __forceinline__ void score_mse_quad(const unsigned (&words)[Words], const float* q, const float* centroids,
+                                               float (&s)[C::kHeadsPerWarp]) {
+  const float k[4] = {centroids[packed_code<C::kKeyBits, 4 * Quad + 0>(words)],
+                      centroids[packed_code<C::kKeyBits, 4 * Quad + 1>(words)],
+                      centroids[packed_code<C::kKeyBits, 4 * Quad + 2>(words)],
+                      centroids[packed_code<C::kKeyBits, 4 * Quad + 3>(words)]};
+  accumulate_dot4<C>(q, 4 * Quad, k, s);
+}
+
+template <class C, int Words, int... Quad>
+__device__ __forceinline__ void score_mse_quads(const unsigned (&words)[Words], const float* q, const float* centroids,
+                                                float (&s)[C::kHeadsPerWarp], std::integer_sequence<int, Quad...>) {
+  (score_mse_quad<C, Quad>(words, q, centroids, s), ...);
+}
+
 /// MSE keys: adds dot(q[g][chunk dims], centroids[idx[chunk dims]]) to s[g].
 /// `key` is the chunk's first key byte (16-byte aligned), `q` the query of
 /// the chunk's first dim for the warp's first head. A chunk is whole 16-byte
 /// loads: 32 dims of 4-bit codes, or 128 dims (D = 64: 64) of 3-bit codes; a
 /// 3-bit chunk of 24 bytes reads 8 bytes past it, still inside the record.
+/// Code positions are compile-time constants (shifts and masks only).
 template <class C, int ChunkDims>
 __device__ __forceinline__ void score_mse_chunk(const unsigned char* key, const float* q, const float* centroids,
                                                 float (&s)[C::kHeadsPerWarp]) {
-  constexpr int kBits = C::kKeyBits;
-  constexpr int kLoads = (ChunkDims * kBits / 8 + 15) / 16;
+  constexpr int kLoads = (ChunkDims * C::kKeyBits / 8 + 15) / 16;
   unsigned words[4 * kLoads];
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) {
@@ -185,18 +203,7 @@ __device__ __forceinline__ void score_mse_chunk(const unsigned char* key, const 
     words[4 * i + 2] = v.z;
     words[4 * i + 3] = v.w;
   }
-  [&]<int... Quad>(std::integer_sequence<int, Quad...>) {
-    (
-        [&] {
-          float k[4];
-          k[0] = centroids[packed_code<kBits, 4 * Quad + 0>(words)];
-          k[1] = centroids[packed_code<kBits, 4 * Quad + 1>(words)];
-          k[2] = centroids[packed_code<kBits, 4 * Quad + 2>(words)];
-          k[3] = centroids[packed_code<kBits, 4 * Quad + 3>(words)];
-          accumulate_dot4<C>(q, 4 * Quad, k, s);
-        }(),
-        ...);
-  }(std::make_integer_sequence<int, ChunkDims / 4>{});
+  score_mse_quads<C>(words, q, centroids, s, std::make_integer_sequence<int, ChunkDims / 4>{});
 }
 
 /// Dot products of this lane's token with the warp's query heads, over the
@@ -264,7 +271,7 @@ struct TokenMeta {
 // constant bank) at each use instead of caching it in registers: the tile
 // loop is register-bound, constant-bank operands are free.
 
-/// Start of the cache block holding `token` of this CTA's sequence (blockIdx.z).
+/// Start of physical cache block `block`.
 __device__ __forceinline__ const unsigned char* block_start(const PartitionParams& p, int block) {
   return p.cache + block * p.layout.block_stride;
 }
@@ -323,8 +330,8 @@ __device__ __forceinline__ void copy_tile_records(const PartitionParams& p, int 
 /// past the range). Reads only block-table entries of tokens in the range.
 template <class C>
 __device__ __forceinline__ TokenMeta issue_tile(const PartitionParams& p, const std::int32_t* block_table_row,
-                                                int first, int count, unsigned char* tile, int lane,
-                                                int warp_in_group, int copy_bytes) {
+                                                int first, int count, unsigned char* tile, int lane, int warp_in_group,
+                                                int copy_bytes) {
   const int t = lane % C::kTileTokens;
   TokenMeta meta{0, 0, 0};
   int block = 0;
@@ -496,8 +503,11 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
   // Widest copy that every record address allows (the record size is a multiple of 8).
   const unsigned alignment =
       static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(p.cache) | p.layout.block_stride | C::kRecordBytes);
-  const int copy_bytes = (alignment & 15u) == 0 ? 16 : (alignment & 7u) == 0 ? 8 : (alignment & 3u) == 0 ? 4
-                                                   : (alignment & 1u) == 0 ? 2 : 1;
+  const int copy_bytes = (alignment & 15u) == 0  ? 16
+                         : (alignment & 7u) == 0 ? 8
+                         : (alignment & 3u) == 0 ? 4
+                         : (alignment & 1u) == 0 ? 2
+                                                 : 1;
   const float scale_log2 = p.scale * 1.4426950408889634f;
 
   WarpState<C> state;
@@ -526,8 +536,8 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
   int tile = token_group;
   TokenMeta next_meta{0, 0, 0};
   if (tile < num_tiles) {
-    next_meta = issue_tile<C>(p, block_table_row, range.begin + tile * C::kTileTokens, tile_count(tile), stage, lane, head_group,
-                              copy_bytes);
+    next_meta = issue_tile<C>(p, block_table_row, range.begin + tile * C::kTileTokens, tile_count(tile), stage, lane,
+                              head_group, copy_bytes);
   }
   cp_async_commit();
   for (int iteration = 0; tile < num_tiles; ++iteration, tile += C::kTokenGroups) {
@@ -605,7 +615,8 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
 }
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocksPerSm) partitions_kernel(const __grid_constant__ PartitionParams params) {
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocksPerSm)
+    partitions_kernel(const __grid_constant__ PartitionParams params) {
   extern __shared__ __align__(16) unsigned char smem[];
   partitions_body<C>(params, smem);
 }
@@ -635,9 +646,7 @@ void launch_instance(const PartitionParams& params, cudaStream_t stream) {
 #define TQ_GENERIC_GROUP_BUCKETS(X, P, D) X(P, D, 1) X(P, D, 2) X(P, D, 4) X(P, D, 8) X(P, D, 16)
 #define TQ_GENERIC_INSTANCES_OF_PRESET(X, P) \
   TQ_GENERIC_GROUP_BUCKETS(X, P, 64) TQ_GENERIC_GROUP_BUCKETS(X, P, 128) TQ_GENERIC_GROUP_BUCKETS(X, P, 256)
-#define TQ_GENERIC_INSTANTIATE(P, D, G) \
-  template void launch_instance<P, D, G>(const PartitionParams&, cudaStream_t);
-#define TQ_GENERIC_EXTERN(P, D, G) \
-  extern template void launch_instance<P, D, G>(const PartitionParams&, cudaStream_t);
+#define TQ_GENERIC_INSTANTIATE(P, D, G) template void launch_instance<P, D, G>(const PartitionParams&, cudaStream_t);
+#define TQ_GENERIC_EXTERN(P, D, G) extern template void launch_instance<P, D, G>(const PartitionParams&, cudaStream_t);
 
 }  // namespace tqdecode::cuda::generic

@@ -35,8 +35,7 @@ __device__ __forceinline__ void copy_to_shared(void* shared, const void* global)
       // .cg: the cache bytes are streamed once per CTA; keep them out of L1.
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global) : "memory");
     } else {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(address), "l"(global), "n"(Bytes)
-                   : "memory");
+      asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(address), "l"(global), "n"(Bytes) : "memory");
     }
     return;
   }

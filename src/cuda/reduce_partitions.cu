@@ -28,8 +28,8 @@ constexpr int kMinBlocksPerSm = 8;
 
 template <int D>
 struct ReduceShape {
-  static constexpr int kVec = D >= 128 ? 4 : 2;      ///< floats per lane per load
-  static constexpr int kChunks = D / (32 * kVec);    ///< loads per lane per partition
+  static constexpr int kVec = D >= 128 ? 4 : 2;    ///< floats per lane per load
+  static constexpr int kChunks = D / (32 * kVec);  ///< loads per lane per partition
   static_assert(kChunks * 32 * kVec == D, "head dim must be a multiple of 64");
 };
 
@@ -57,7 +57,8 @@ __device__ __forceinline__ void store_output(void* output, DType dtype, std::int
     }
     auto* dst = static_cast<std::uint16_t*>(output) + index;
     if constexpr (Vec == 4) {
-      *reinterpret_cast<uint2*>(dst) = make_uint2(bits[0] | (unsigned(bits[1]) << 16), bits[2] | (unsigned(bits[3]) << 16));
+      *reinterpret_cast<uint2*>(dst) =
+          make_uint2(bits[0] | (unsigned(bits[1]) << 16), bits[2] | (unsigned(bits[3]) << 16));
     } else {
       *reinterpret_cast<unsigned*>(dst) = bits[0] | (unsigned(bits[1]) << 16);
     }
@@ -140,13 +141,13 @@ __device__ __forceinline__ void reduce_partitions_body(const ReduceParams& p) {
     float v[Shape::kVec];
 #pragma unroll
     for (int e = 0; e < Shape::kVec; ++e) v[e] = acc[c][e] * scale;
-    store_output<Shape::kVec>(p.output, p.output_dtype, out_row + c * 32 * Shape::kVec + lane * Shape::kVec, v,
-                              packed);
+    store_output<Shape::kVec>(p.output, p.output_dtype, out_row + c * 32 * Shape::kVec + lane * Shape::kVec, v, packed);
   }
 }
 
 template <int D>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) reduce_partitions_kernel(const __grid_constant__ ReduceParams params) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm)
+    reduce_partitions_kernel(const __grid_constant__ ReduceParams params) {
   reduce_partitions_body<D>(params);
 }
 
@@ -176,8 +177,7 @@ void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream) {
     case 64: launch_reduce<64>(resolved, stream); break;
     case 128: launch_reduce<128>(resolved, stream); break;
     case 256: launch_reduce<256>(resolved, stream); break;
-    default:
-      fail("head_dim", std::to_string(params.head_dim) + " is not supported; accepted: 64, 128, 256");
+    default: fail("head_dim", std::to_string(params.head_dim) + " is not supported; accepted: 64, 128, 256");
   }
 }
 

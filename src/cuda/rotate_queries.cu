@@ -103,8 +103,7 @@ void launch_rotate_queries(const RotateParams& params, CUstream_st* stream) {
     case 64: launch_rotate<64>(resolved, stream); break;
     case 128: launch_rotate<128>(resolved, stream); break;
     case 256: launch_rotate<256>(resolved, stream); break;
-    default:
-      fail("head_dim", std::to_string(params.head_dim) + " is not supported; accepted: 64, 128, 256");
+    default: fail("head_dim", std::to_string(params.head_dim) + " is not supported; accepted: 64, 128, 256");
   }
 }
 

@@ -85,9 +85,9 @@ __device__ __forceinline__ Ranked shuffle_xor(const Ranked& r, int offset) {
   return {__shfl_xor_sync(cuda::kFullMask, r.value, offset), __shfl_xor_sync(cuda::kFullMask, r.index, offset)};
 }
 
-/// Warp-wide (min, max) with the tie rule of value_range(): the lowest index
-/// among equal minima, the highest among equal maxima. Every lane gets the
-/// result (the rule is a total order, so the butterfly is symmetric).
+/// Warp-wide value_range(): the first of equal minima, the last of equal
+/// maxima. Every lane gets the result (the tie rule makes a total order, so
+/// the butterfly is symmetric).
 __device__ __forceinline__ ValueRange warp_value_range(Ranked lo, Ranked hi) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
@@ -216,9 +216,7 @@ __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
   float key_norm = 0.0f;
   if constexpr (S::kMse) {
     if (lane < S::kVectorsPerWarp) {
-      float sum = 0.0f;
-      for (int i = 0; i < D; ++i) sum = add_rn(sum, mul_rn(key_s[chain_vector][i], key_s[chain_vector][i]));
-      key_norm = sqrt_rn(sum);
+      key_norm = sqrt_rn(dot_sequential(key_s[chain_vector], key_s[chain_vector], D));
     }
   }
 
@@ -282,7 +280,7 @@ __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
       if (!value_finite) continue;  // the value parameters below need finite values
     }
 
-    // Value range with the tie rule of value_range(), then the codes.
+    // Value range with the CPU's tie rule, then the codes.
     Ranked lo{values[0], lane};
     Ranked hi{values[0], lane};
 #pragma unroll
@@ -384,9 +382,9 @@ void store_cuda(const StoreArgs& args, CUstream_st* stream, int* device_status, 
   TQ_CUDA_CHECK(cudaMemsetAsync(status, 0, sizeof(int), stream));
   if (args.num_tokens == 0) return;
 
-  const StoreKernelParams params{args.layout,     args.num_blocks,   args.cache, args.key,
-                                 args.value,      args.kv_dtype,     args.num_tokens,
-                                 args.slot_mapping, args.Pi,         args.centroids, status};
+  const StoreKernelParams params{args.layout, args.num_blocks, args.cache,      args.key,
+                                 args.value,  args.kv_dtype,   args.num_tokens, args.slot_mapping,
+                                 args.Pi,     args.centroids,  status};
   launch_encode_any(params, stream);
   if (!throw_on_error) return;
 
@@ -396,14 +394,17 @@ void store_cuda(const StoreArgs& args, CUstream_st* stream, int* device_status, 
   switch (static_cast<StoreStatus>(result)) {
     case StoreStatus::ok: return;
     case StoreStatus::slot_out_of_range:
-      fail("slot_mapping", "an entry is out of range; accepted: negative (skip) or 0 to num_blocks * block_size - 1 = " +
-                               std::to_string(args.num_blocks * args.layout.block_size - 1) + "; nothing was written");
+      fail("slot_mapping",
+           "an entry is out of range; accepted: negative (skip) or 0 to num_blocks * block_size - 1 = " +
+               std::to_string(args.num_blocks * args.layout.block_size - 1) + "; nothing was written");
     case StoreStatus::non_finite_key:
-      fail("key", "a stored token holds a NaN or infinite element, or a norm whose fp16 key norm overflows; "
-                  "accepted: finite values with stored norm <= 65504; nothing was written");
+      fail("key",
+           "a stored token holds a NaN or infinite element, or a norm whose fp16 key norm overflows; "
+           "accepted: finite values with stored norm <= 65504; nothing was written");
     case StoreStatus::non_finite_value:
-      fail("value", "a stored token holds a NaN or infinite element, or a range whose fp16 scale or zero "
-                    "overflows; accepted: finite values within fp16 range (65504); nothing was written");
+      fail("value",
+           "a stored token holds a NaN or infinite element, or a range whose fp16 scale or zero "
+           "overflows; accepted: finite values within fp16 range (65504); nothing was written");
   }
   fail("device_status", "unexpected store status " + std::to_string(result));
 }

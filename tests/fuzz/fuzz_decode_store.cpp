@@ -31,6 +31,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -55,14 +56,32 @@ constexpr std::int64_t kMaxElements = std::int64_t(1) << 17;  // any one tensor
 constexpr std::int64_t kMaxWork = std::int64_t(1) << 19;
 constexpr std::int64_t kMaxStoreWork = std::int64_t(1) << 18;
 
+const char* last_error_message();
+
 [[noreturn]] void finding(const char* what) {
-  std::fprintf(stderr, "fuzz_decode_store: %s\n", what);
+  std::fprintf(stderr, "fuzz_decode_store: %s (last Error: %s)\n", what, last_error_message());
   std::abort();
 }
 
 void check(bool ok, const char* what) {
   if (!ok) finding(what);
 }
+
+// What the run reached, printed at exit when TQDECODE_FUZZ_STATS is set:
+// stores and decodes accepted and refused, and rows checked by each oracle.
+struct Stats {
+  long stores_ok = 0, stores_refused = 0;
+  long decodes_ok = 0, decodes_refused = 0, splits_ok = 0;
+  long rows_compared = 0, rows_non_finite_query = 0, rows_empty = 0;
+  ~Stats() {
+    if (std::getenv("TQDECODE_FUZZ_STATS") == nullptr) return;
+    std::fprintf(stderr,
+                 "fuzz_decode_store stats: stores %ld ok / %ld refused; decodes %ld ok / %ld refused; split-KV %ld ok;"
+                 " rows compared direct vs split %ld, non-finite query %ld, empty %ld\n",
+                 stores_ok, stores_refused, decodes_ok, decodes_refused, splits_ok, rows_compared,
+                 rows_non_finite_query, rows_empty);
+  }
+} stats;
 
 // Product of non-negative factors, or nullopt when any factor is negative or
 // the product exceeds `limit` (including int64 overflow).
@@ -274,7 +293,9 @@ void fuzz_store(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t 
   const std::vector<std::uint8_t> before = cache;
   try {
     store_cpu(args);
+    ++stats.stores_ok;
   } catch (const Error&) {
+    ++stats.stores_refused;
     check(cache == before, "store_cpu threw Error but wrote the cache");
   }
 }
@@ -286,12 +307,18 @@ constexpr std::uint32_t kSentinelBits = 0x7fa5a5a5u;  // a NaN no computation pr
 float sentinel() { return bits_float(kSentinelBits); }
 bool is_sentinel(float x) { return float_bits(x) == kSentinelBits; }
 
+const char* last_error = "";  // the message of the last Error, for a finding's report
+const char* last_error_message() { return last_error; }
+
 template <typename Call>
 bool succeeds(Call&& call) {
+  static std::string message;
   try {
     call();
     return true;
-  } catch (const Error&) {
+  } catch (const Error& error) {
+    message = error.what();
+    last_error = message.c_str();
     return false;
   }
 }
@@ -351,11 +378,13 @@ void check_rows(const DecodeArgs& args, bool realistic, const std::vector<float>
       if (args.seq_lens[b] == 0) {
         check(std::all_of(first, first + D, [](float x) { return x == 0.0f; }), "seq_len 0: direct row not zero");
         check(std::all_of(split, split + D, [](float x) { return x == 0.0f; }), "seq_len 0: split row not zero");
+        ++stats.rows_empty;
         continue;
       }
       if (!query_row_finite(args, b, hq)) {
         check(std::all_of(first, first + D, [](float x) { return std::isnan(x); }), "non-finite query: direct row not NaN");
         check(std::all_of(split, split + D, [](float x) { return std::isnan(x); }), "non-finite query: split row not NaN");
+        ++stats.rows_non_finite_query;
         continue;
       }
       if (!realistic) continue;
@@ -363,6 +392,7 @@ void check_rows(const DecodeArgs& args, bool realistic, const std::vector<float>
       const RowInputs inputs = row_inputs(args, b, hq / args.group_size());
       if (!inputs.finite) continue;
       const double tolerance = 1e-5 * inputs.value_peak + 1e-30;
+      ++stats.rows_compared;
       for (int d = 0; d < D; ++d) {
         check(std::isfinite(first[d]) && std::isfinite(split[d]), "finite inputs gave a non-finite output");
         check(std::abs(double(first[d]) - split[d]) <= tolerance, "split-KV result differs from the direct one");
@@ -454,6 +484,7 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
   // The direct decode.
   std::vector<float> direct(*out_elements, sentinel());
   const bool direct_ok = succeeds([&] { decode_reference(args, direct.empty() ? nullptr : direct.data()); });
+  ++(direct_ok ? stats.decodes_ok : stats.decodes_refused);
   if (!direct_ok) check(all_sentinel(direct), "decode_reference threw Error but wrote its output");
   if (direct_ok) check(std::none_of(direct.begin(), direct.end(), is_sentinel), "decode_reference left output unwritten");
 
@@ -465,8 +496,9 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
   const bool cpu_ok = succeeds([&] { decode_cpu(cpu); });
   check(cpu_ok == direct_ok || (direct_ok && cpu.output == nullptr), "decode_cpu and decode_reference disagree on validity");
   if (!cpu_ok) check(output == untouched, "decode_cpu threw Error but wrote its output");
-  const bool disjoint_rows = cpu.out_stride_h() >= D && cpu.out_stride_b() >= std::int64_t(args.num_q_heads) * cpu.out_stride_h();
-  if (cpu_ok && disjoint_rows) {
+  const auto row_block = bounded_product({args.num_q_heads, cpu.out_stride_h()}, std::numeric_limits<std::int64_t>::max());
+  const bool disjoint_rows = cpu.out_stride_h() >= D && row_block && cpu.out_stride_b() >= *row_block;
+  if (cpu_ok && disjoint_rows && args.batch >= 1) {
     for (std::int64_t row = 0; row < *rows; ++row) {
       for (int d = 0; d < D; ++d) {
         const std::int64_t at = (row / args.num_q_heads) * cpu.out_stride_b() + (row % args.num_q_heads) * cpu.out_stride_h() + d;
@@ -492,7 +524,8 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
   const bool partitions_ok = succeeds([&] { decode_partitions_reference(args, num_partitions, align, buffers); });
   if (!partitions_ok) {
     check(all_sentinel(max) && all_sentinel(sum) && all_sentinel(partial), "partitions threw Error but wrote a buffer");
-    check(!direct_ok || num_partitions < 1 || align < 1 || *rows == 0, "partitions rejected what decode_reference took");
+    check(!direct_ok || num_partitions < 1 || align < 1 || align > (1 << 16) || *rows == 0,
+          "partitions rejected what decode_reference took");
     return;
   }
   for (const std::vector<float>* buffer : {&max, &sum, &partial}) {
@@ -503,6 +536,7 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
       succeeds([&] { reduce_partitions_reference(args, num_partitions, buffers, reduced.empty() ? nullptr : reduced.data()); });
   check(reduce_ok || *out_elements == 0, "reduce rejected what the partition step took");
   if (!reduce_ok) return;
+  stats.splits_ok += direct_ok;
   const bool realistic = constants.realistic && query_values.fill == Fill::normal && query_values.amplitude <= 1.0 &&
                          usual_scale;
   if (direct_ok) check_rows(args, realistic, direct, reduced);

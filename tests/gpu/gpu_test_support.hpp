@@ -62,7 +62,8 @@ class DeviceBuffer {
   /// Copies host.size() elements (at most size()) to the start of the buffer.
   void upload(const std::vector<T>& host) {
     if (host.size() > count_) throw std::runtime_error("DeviceBuffer::upload: more elements than the buffer holds");
-    if (!host.empty()) check_cuda(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    if (!host.empty())
+      check_cuda(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
   }
 
   /// The whole buffer, copied to the host (synchronous).
@@ -85,9 +86,9 @@ class DeviceBuffer {
 }  // namespace tqdecode::test
 
 /// First statement of every GPU test: skips it, visibly, without a device.
-#define TQ_SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                                 \
-    if (!::tqdecode::test::gpu_available()) {                                          \
-      GTEST_SKIP() << "no CUDA device present: GPU test skipped";                      \
-    }                                                                                  \
+#define TQ_SKIP_WITHOUT_GPU()                                     \
+  do {                                                            \
+    if (!::tqdecode::test::gpu_available()) {                     \
+      GTEST_SKIP() << "no CUDA device present: GPU test skipped"; \
+    }                                                             \
   } while (0)

@@ -38,8 +38,8 @@ struct StoreGpuCase {
 
 std::string case_name(const StoreGpuCase& c) {
   return std::string(preset_info(c.preset).name) + "_d" + std::to_string(c.head_dim) + "_bs" +
-         std::to_string(c.block_size) + "_hk" + std::to_string(c.num_kv_heads) + "_" + dtype_name(c.kv_dtype) +
-         "_pad" + std::to_string(c.padding) + (c.rotation == RotationKind::dense ? "_dense" : "_hadamard");
+         std::to_string(c.block_size) + "_hk" + std::to_string(c.num_kv_heads) + "_" + dtype_name(c.kv_dtype) + "_pad" +
+         std::to_string(c.padding) + (c.rotation == RotationKind::dense ? "_dense" : "_hadamard");
 }
 
 /// Host inputs of one store, and the same inputs on the device.
@@ -49,7 +49,7 @@ struct StoreInputs {
   std::int64_t num_tokens = 0;
   DType kv_dtype = DType::bf16;
   std::vector<std::uint8_t> junk;  ///< the cache before the store
-  std::vector<std::uint8_t> key;    ///< [tokens, Hk, D] raw kv_dtype elements
+  std::vector<std::uint8_t> key;   ///< [tokens, Hk, D] raw kv_dtype elements
   std::vector<std::uint8_t> value;
   std::vector<std::int64_t> slots;
   ModelConstants constants;
@@ -80,7 +80,11 @@ struct DeviceInputs {
   DeviceBuffer<float> centroids;
 
   explicit DeviceInputs(const StoreInputs& in)
-      : cache(in.junk), key(in.key), value(in.value), slots(in.slots), Pi(in.constants.Pi),
+      : cache(in.junk),
+        key(in.key),
+        value(in.value),
+        slots(in.slots),
+        Pi(in.constants.Pi),
         centroids(in.constants.centroids) {}
 
   StoreArgs args(const StoreInputs& in) {
@@ -223,18 +227,18 @@ TEST(StoreGpu, DegenerateVectorsMatchCpu) {
     std::vector<float> key(std::size_t(6) * 64);
     std::vector<float> value(key.size());
     for (int d = 0; d < 64; ++d) {
-      key[std::size_t(0 * 64 + d)] = 0.0f;                    // token 0: zero key
-      key[std::size_t(1 * 64 + d)] = d % 2 ? -0.0f : 0.0f;    // token 1: signed zeros
-      key[std::size_t(2 * 64 + d)] = 1.0f;                    // token 2: constant key
-      key[std::size_t(3 * 64 + d)] = float(d % 5) - 2.0f;     // token 3: repeated levels
-      key[std::size_t(4 * 64 + d)] = d == 7 ? 3.0f : 0.0f;    // token 4: one-hot
+      key[std::size_t(0 * 64 + d)] = 0.0f;                     // token 0: zero key
+      key[std::size_t(1 * 64 + d)] = d % 2 ? -0.0f : 0.0f;     // token 1: signed zeros
+      key[std::size_t(2 * 64 + d)] = 1.0f;                     // token 2: constant key
+      key[std::size_t(3 * 64 + d)] = float(d % 5) - 2.0f;      // token 3: repeated levels
+      key[std::size_t(4 * 64 + d)] = d == 7 ? 3.0f : 0.0f;     // token 4: one-hot
       key[std::size_t(5 * 64 + d)] = float(d) * 0.25f - 8.0f;  // token 5: ramp
-      value[std::size_t(0 * 64 + d)] = 0.5f;                      // constant: scale 0
-      value[std::size_t(1 * 64 + d)] = d % 3 ? -0.0f : 0.0f;      // +0 first, -0 later
-      value[std::size_t(2 * 64 + d)] = d % 2 ? 0.0f : -0.0f;      // -0 first
-      value[std::size_t(3 * 64 + d)] = float(d % 16);             // codes exactly on the grid
+      value[std::size_t(0 * 64 + d)] = 0.5f;                   // constant: scale 0
+      value[std::size_t(1 * 64 + d)] = d % 3 ? -0.0f : 0.0f;   // +0 first, -0 later
+      value[std::size_t(2 * 64 + d)] = d % 2 ? 0.0f : -0.0f;   // -0 first
+      value[std::size_t(3 * 64 + d)] = float(d % 16);          // codes exactly on the grid
       value[std::size_t(4 * 64 + d)] = d == 0 ? 0.0f : d == 1 ? 15.0f : float(d % 15) + 0.5f;  // 4-bit: ties
-      value[std::size_t(5 * 64 + d)] = d == 0 ? -1.0f : 1.0f;     // two levels
+      value[std::size_t(5 * 64 + d)] = d == 0 ? -1.0f : 1.0f;                                  // two levels
     }
     in.key = to_dtype(key, DType::f32);
     in.value = to_dtype(value, DType::f32);

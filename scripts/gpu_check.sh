@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds everything (C++ tests, CLI, benchmarks, PyTorch binding when torch is
+# importable) on a GPU machine and runs every GPU check, writing one log per
+# step into LOG_DIR (default ./gpu-logs):
+#   gpu_tests.log   all GoogleTest suites (GPU tests run for real)
+#   sanitizer.log   compute-sanitizer memcheck + racecheck on a small grid
+#   pytest.log      the PyTorch binding tests
+#   demo.txt        tqdecode demo
+# Set GTEST_SOURCE to a GoogleTest source tree on machines without libgtest-dev.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG_DIR=${LOG_DIR:-gpu-logs}
+mkdir -p "$LOG_DIR"
+command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
+
+python_flag=-DTQDECODE_PYTHON=OFF
+python3 -c "import torch" 2>/dev/null && python_flag=-DTQDECODE_PYTHON=ON
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release $python_flag \
+  ${GTEST_SOURCE:+-DTQDECODE_GTEST_SOURCE_DIR=$GTEST_SOURCE} >"$LOG_DIR/build.log" 2>&1 &&
+  cmake --build build --parallel "$(nproc)" >>"$LOG_DIR/build.log" 2>&1 || { tail -40 "$LOG_DIR/build.log"; exit 1; }
+
+status=0
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; ./build/tqdecode demo; } >"$LOG_DIR/demo.txt" 2>&1 || status=1
+./build/tests/tqdecode_cpu_tests --gtest_brief=1 >"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
+./build/tests/tqdecode_gpu_tests >>"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
+small='Grid/DecodeGpu.*/q4_g3_short:Grid/DecodeGpu.*/q4_d64:Grid/DecodeGpu.*/k8v4_d128:DecodeGpuGraph.*:StoreGpu*'
+for tool in memcheck racecheck; do
+  compute-sanitizer --tool $tool --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \
+    >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
+done
+if [ "$python_flag" = -DTQDECODE_PYTHON=ON ]; then
+  PYTHONPATH="$PWD/python" python3 -m pytest -p no:cacheprovider -q -rs python/tests >"$LOG_DIR/pytest.log" 2>&1 ||
+    PYTHONPATH="$PWD/python" python3 -m unittest discover -s python/tests >>"$LOG_DIR/pytest.log" 2>&1 || status=1
+fi
+grep -hE "^\[  (PASSED|FAILED|SKIPPED) |tests? (passed|failed)|ERROR SUMMARY|passed|failed" "$LOG_DIR"/*.log | sort | uniq -c | head -40
+exit $status
