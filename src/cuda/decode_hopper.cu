@@ -1,31 +1,45 @@
-// Tensor-core partition kernel for turboquant_4bit_nc, D = 128 (the headline
-// profile), built for sm_90a. One CTA = (partition, kv head, sequence); its
-// 4 warps take 16-token tiles round robin and merge at the end.
+// The Hopper kernel: the whole decode step for turboquant_4bit_nc, D = 128
+// (the headline profile) in one launch, built for sm_90a.
 //
-// Per tile a warp runs S = Q K^T and O += P V with mma.sync m16n8k16 bf16:
-// the query group (up to 16 heads) is the M dimension, so every loaded key
-// and value serves all heads of the group. Dequantization is arranged so it
-// costs less than the memory time:
+// Grid (partition, kv head, sequence), 4 warps per CTA. A CTA
+// 1. rotates the query heads of its group (q_rot = bf16(q @ PiT), PiT staged
+//    in shared memory with cp.async);
+// 2. streams its token range in 16-token tiles, warps taking tiles round
+//    robin, each warp keeping kStages tiles in flight with cp.async into its
+//    own shared-memory ring, and runs S = Q K^T and O += P V on the tensor
+//    cores (mma.sync m16n8k16 bf16; the query group, up to 16 heads, is M,
+//    so every loaded key and value serves the whole group);
+// 3. merges its warps and writes the partition's (max, sum, normalized out);
+// 4. if it is the last CTA of its (sequence, kv head) to finish, reduces the
+//    N partitions with the sink and writes the output (then resets the
+//    arrival counter, so CUDA-graph replays need no memset).
+//
+// Dequantization is arranged to cost less than the memory time:
 // - Keys: one shared-memory lookup turns a packed byte (two 4-bit indices)
-//   into a bf16 pair of centroids. The table is replicated once per lane
-//   (32 KB) so lookups never conflict on banks. The key norm is folded into
-//   the score: s = scale * norm * (q . c).
-// - Head-dim order inside a k-step is permuted (queries use the same
-//   permutation) so each lane's key operand is 16 contiguous bytes: one
-//   16-byte load per lane per 8 tokens.
-// - Values: nibble c becomes bf16(1 + c/16) with a byte permute and one
-//   mask/shift/or (bf16 1.0 = 0x3f80, c lands in mantissa bits 6..3).
-//   Value scale and zero fold into the probabilities:
+//   into a bf16 pair of centroids; the 256-entry table is replicated per lane
+//   (32 KB) so lookups never conflict. The key norm is folded into the score.
+// - The head-dim order inside a k-step is permuted (the query uses the same
+//   permutation) so each lane's key operand is 16 contiguous bytes.
+// - Values: nibble c becomes bf16(1 + c/16) by shift-and-mask (bf16 1.0 is
+//   0x3f80; c lands in mantissa bits 6..3); one byte permute serves four
+//   n-tiles. Scale and zero fold into the probabilities:
 //     sum_t p_t (c_t s_t + z_t) = sum_t P'_t (1 + c_t/16) - sum_t P'_t + sum_t p_t z_t
-//   with P'_t = bf16(16 p_t s_t); the two sums are per-row scalars.
-// - Output dims are permuted the same way (dim = 16 * n + n_tile) and
-//   un-permuted when the warps merge through shared memory.
+//   with P'_t = bf16(16 p_t s_t). sum_t P'_t comes from one extra mma with
+//   an all-ones operand; sum_t p_t z_t is a per-row scalar.
+// - Output dims are permuted (dim = 16 n + n_tile) and restored in the merge.
+// - Softmax runs in base 2 (log2 e folded into the score scale) and rescales
+//   the accumulators only when some row's maximum grew.
+// Shared-memory tiles are XOR-swizzled by token so the 16- and 8-byte
+// operand loads are free of bank conflicts.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 
 #include "cuda_check.hpp"
+#include "device_utils.cuh"
 #include "kernel_params.hpp"
 #include "policy.hpp"
 #include "tqdecode/numeric.hpp"
@@ -39,29 +53,49 @@ constexpr int kHeadDim = 128;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileTokens = 16;
-constexpr int kRows = 16;             // mma M: query heads of a group, zero-padded
-constexpr int kKeyBytes = 64;         // 128 x 4 bits
-constexpr int kRecordBytes = 128;     // key + value data
-constexpr int kLutEntries = 256 * 32; // byte value x lane
-constexpr int kFields = 3;            // key norm, value scale, value zero
+constexpr int kRows = 16;           // mma M: query heads of a group, zero-padded
+constexpr int kRecordBytes = 128;   // key + value data of one (slot, head)
+constexpr int kFields = 3;          // key norm, value scale, value zero
+constexpr int kStages = 4;          // tiles in flight per warp
+constexpr int kMetaOffset = kTileTokens * kRecordBytes;        // 2048
+constexpr int kStageBytes = kMetaOffset + 128;                 // records + 3 x 32 B of fp16 fields, padded
+constexpr int kLutBytes = 256 * 32 * 4;                        // byte -> bf16 pair, one copy per lane
+constexpr int kRingBytes = kWarps * kStages * kStageBytes;     // 34816
+constexpr int kMainBytes = kLutBytes + kRingBytes;             // 67584
+constexpr int kPiTBytes = kHeadDim * kHeadDim * 4;             // 65536, staged in the main region first
+constexpr int kQueryBytes = kRows * kHeadDim * 4;              // 8192
+constexpr int kSharedBytes = kMainBytes + kQueryBytes;         // 75776: three CTAs per SM
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
+static_assert(kPiTBytes <= kMainBytes, "PiT staging must fit the main region");
+static_assert(kThreads == kHeadDim, "one thread per head dim in rotation and merge");
 
-// Registers one lane loads for one 16-token tile.
-struct TileData {
-  uint4 key[2];             // n-tile j: token 8j + lane/4, key bytes [16 (lane%4), +16)
-  uint2 value[4];           // tokens 2c, 2c+1, 2c+8, 2c+9: value bytes [8 (lane/4), +8)
-  std::uint32_t norm[2];    // fp16 pairs: tokens (2c, 2c+1) and (2c+8, 2c+9)
-  std::uint32_t vscale[2];
-  std::uint32_t vzero[2];
+struct MergeStorage {
+  float out[kWarps][kRows][kHeadDim];
+  float max[kWarps][kRows];
+  float sum[kWarps][kRows];
 };
+static_assert(sizeof(MergeStorage) <= kMainBytes, "merge buffer must fit the main region");
+
+// Swizzle of a 16-byte chunk within a token's 128-byte record (see header).
+__device__ __forceinline__ int swizzle(int token) { return ((token & 1) << 2) ^ (token & 6); }
 
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
-  return static_cast<std::uint32_t>(float_to_bf16_bits(lo)) | (static_cast<std::uint32_t>(float_to_bf16_bits(hi)) << 16);
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&pair);
 }
 
-__device__ __forceinline__ float half_lo(std::uint32_t pair) { return __half2float(__ushort_as_half(static_cast<unsigned short>(pair & 0xffffu))); }
-__device__ __forceinline__ float half_hi(std::uint32_t pair) { return __half2float(__ushort_as_half(static_cast<unsigned short>(pair >> 16))); }
+__device__ __forceinline__ float2 half_pair(std::uint32_t bits) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
   asm volatile(
@@ -71,281 +105,392 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)
 }
 
 template <typename T>
-__device__ __forceinline__ T load_stream(const std::uint8_t* address) {
-  return __ldg(reinterpret_cast<const T*>(address));
+__device__ __forceinline__ T load_shared(const std::uint8_t* address) {
+  return *reinterpret_cast<const T*>(address);
 }
 
-__device__ __forceinline__ void load_tile(TileData& tile, const std::uint8_t* block, std::int64_t meta_base,
-                                          int slot0, int head, int num_kv_heads, int block_size, int lane) {
-  const int c = lane & 3;
-  const int r = lane >> 2;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const std::int64_t record = (static_cast<std::int64_t>(slot0 + 8 * j + r) * num_kv_heads + head) * kRecordBytes;
-    tile.key[j] = load_stream<uint4>(block + record + 16 * c);
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int token = 2 * c + (k & 1) + 8 * (k >> 1);
-    const std::int64_t record = (static_cast<std::int64_t>(slot0 + token) * num_kv_heads + head) * kRecordBytes;
-    tile.value[k] = load_stream<uint2>(block + record + kKeyBytes + 8 * r);
-  }
-  // Field f of (slot, head) sits at meta_base + 2 * ((head * 3 + f) * block_size + slot).
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const std::int64_t slot = slot0 + 8 * j + 2 * c;
-    const std::int64_t field0 = meta_base + 2 * (static_cast<std::int64_t>(head) * kFields * block_size + slot);
-    tile.norm[j] = load_stream<std::uint32_t>(block + field0);
-    tile.vscale[j] = load_stream<std::uint32_t>(block + field0 + 2 * block_size);
-    tile.vzero[j] = load_stream<std::uint32_t>(block + field0 + 4 * block_size);
-  }
+// Value operand for the four n-tiles whose nibbles sit in bytes (b, b+1) of
+// two tokens' words: (x >> shift) & mask puts nibble q at mantissa bits 6..3.
+template <int Quarter>
+__device__ __forceinline__ std::uint32_t value_operand(std::uint32_t pair) {
+  constexpr std::uint32_t kMask = 0x00780078u, kOne = 0x3f803f80u;
+  if constexpr (Quarter == 0) return ((pair << 3) & kMask) | kOne;
+  if constexpr (Quarter == 1) return ((pair >> 1) & kMask) | kOne;
+  if constexpr (Quarter == 2) return ((pair >> 5) & kMask) | kOne;
+  return ((pair >> 9) & kMask) | kOne;
 }
 
-// bf16 pair (1 + c0/16, 1 + c1/16) for nibble `n_tile` of two tokens' 8 value bytes.
-__device__ __forceinline__ std::uint32_t value_operand(uint2 first, uint2 second, int n_tile) {
-  const std::uint32_t a = n_tile < 8 ? first.x : first.y;
-  const std::uint32_t b = n_tile < 8 ? second.x : second.y;
-  const std::uint32_t byte = (n_tile >> 1) & 3;
-  const std::uint32_t selector = byte | (byte << 4) | ((4 + byte) << 8) | ((4 + byte) << 12);
-  const std::uint32_t pair = __byte_perm(a, b, selector);
-  const std::uint32_t codes = (n_tile & 1) ? ((pair & 0x00f000f0u) >> 1) : ((pair & 0x000f000fu) << 3);
-  return codes | 0x3f803f80u;
-}
-
-struct SharedStorage {
-  union {
-    std::uint32_t lut[kLutEntries];  // byte -> bf16 centroid pair, one copy per lane
-    struct {
-      float out[kWarps][kRows][kHeadDim];
-      float max[kWarps][kRows];
-      float sum[kWarps][kRows];
-    } merge;
-  };
+// Per-lane cp.async plan for one tile: 4 record chunks per lane, plus one
+// metadata chunk for lanes 0..5.
+struct IssuePlan {
+  int source[4];       // byte offset within (slot0's first record), per chunk
+  int destination[4];  // byte offset within the stage
+  int meta_source;     // byte offset of the field chunk relative to the field start of slot 0
+  int meta_destination;
 };
 
-__global__ void __launch_bounds__(kThreads) partitions_kernel(const __grid_constant__ PartitionParams params) {
-  __shared__ SharedStorage shared;
+__device__ __forceinline__ void issue_tile(std::uint8_t* stage, const PartitionParams& p, const std::int32_t* table,
+                                           int tile, int block_shift, std::int64_t meta_base, const IssuePlan& plan,
+                                           int lane) {
+  const int token0 = tile * kTileTokens;
+  const int slot0 = token0 & ((1 << block_shift) - 1);
+  const std::int64_t physical = __ldg(table + (token0 >> block_shift));
+  const std::uint8_t* block = p.cache + physical * p.layout.block_stride;
+  const std::uint8_t* records = block + static_cast<std::int64_t>(slot0) * p.layout.num_kv_heads * kRecordBytes;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) copy_to_shared<16>(stage + plan.destination[k], records + plan.source[k]);
+  if (lane < 2 * kFields) copy_to_shared<16>(stage + plan.meta_destination, block + meta_base + 2 * slot0 + plan.meta_source);
+}
+
+__global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_constant__ FusedDecodeParams params) {
+  extern __shared__ __align__(128) std::uint8_t shared[];
+  float (*query_rows)[kHeadDim] = reinterpret_cast<float (*)[kHeadDim]>(shared + kMainBytes);
+  const PartitionParams& p = params.partitions;
   const int partition = blockIdx.x;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-  const int num_kv_heads = params.layout.num_kv_heads;
-  const int group = params.num_q_heads / num_kv_heads;
-  const int num_partitions = params.num_partitions;
-  const std::int64_t row_base = static_cast<std::int64_t>(batch) * params.num_q_heads + std::int64_t(head) * group;
+  const int num_kv_heads = p.layout.num_kv_heads;
+  const int group = p.num_q_heads / num_kv_heads;
+  const int num_partitions = p.num_partitions;
+  const std::int64_t row_base = static_cast<std::int64_t>(batch) * p.num_q_heads + std::int64_t(head) * group;
+  const TokenRange range = partition_range(__ldg(p.seq_lens + batch), num_partitions, p.partition_align, partition);
 
-  const TokenRange range = partition_range(params.seq_lens[batch], num_partitions, params.partition_align, partition);
   if (range.begin >= range.end) {
-    // NOTE: empty partitions write the empty values and read nothing else.
-    for (int row = warp; row < group; row += kWarps) {
+    // NOTE: an empty partition writes the empty values and reads nothing else.
+    for (int row = 0; row < group; ++row) {
       const std::int64_t index = (row_base + row) * num_partitions + partition;
-      for (int d = lane; d < kHeadDim; d += 32) params.part_out[index * kHeadDim + d] = 0.0f;
-      if (lane == 0) {
-        params.part_max[index] = -INFINITY;
-        params.part_sum[index] = 0.0f;
+      p.part_out[index * kHeadDim + threadIdx.x] = 0.0f;
+      if (threadIdx.x == 0) {
+        p.part_max[index] = -INFINITY;
+        p.part_sum[index] = 0.0f;
       }
     }
-    return;
-  }
+  } else {
+    // ---- 1. query rotation -------------------------------------------------
+    const RotateParams& rq = params.rotate;
+    for (int i = threadIdx.x; i < kPiTBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, reinterpret_cast<const std::uint8_t*>(rq.PiT) + 16 * i);
+    cp_async_commit();
+    for (int row = 0; row < kRows; ++row) {
+      float value = 0.0f;
+      if (row < group) {
+        const std::int64_t hq = std::int64_t(head) * group + row;
+        value = load_as_float(rq.query, rq.query_dtype, batch * rq.query_stride_batch + hq * rq.query_stride_head + threadIdx.x);
+      }
+      query_rows[row][threadIdx.x] = value;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    {
+      const float* pit = reinterpret_cast<const float*>(shared);
+      float rotated[kRows];
+#pragma unroll
+      for (int row = 0; row < kRows; ++row) rotated[row] = 0.0f;
+      for (int i = 0; i < kHeadDim; i += 4) {
+        float column[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) column[e] = pit[(i + e) * kHeadDim + threadIdx.x];
+#pragma unroll
+        for (int row = 0; row < kRows; ++row) {
+          if (row < group) {
+            const float4 q = *reinterpret_cast<const float4*>(&query_rows[row][i]);
+            rotated[row] = fmaf(q.x, column[0], rotated[row]);
+            rotated[row] = fmaf(q.y, column[1], rotated[row]);
+            rotated[row] = fmaf(q.z, column[2], rotated[row]);
+            rotated[row] = fmaf(q.w, column[3], rotated[row]);
+          }
+        }
+      }
+      __syncthreads();  // every thread has read query_rows and PiT
+#pragma unroll
+      for (int row = 0; row < kRows; ++row) {
+        if (row < group) query_rows[row][threadIdx.x] = round_to_bf16(rotated[row]);
+      }
+    }
+    // Lookup table over the dead PiT staging.
+    for (int i = threadIdx.x; i < kLutBytes / 4; i += kThreads) {
+      const int byte = i >> 5;
+      reinterpret_cast<std::uint32_t*>(shared)[i] = pack_bf16(__ldg(p.centroids + (byte & 15)), __ldg(p.centroids + (byte >> 4)));
+    }
+    __syncthreads();
 
-  for (int i = threadIdx.x; i < kLutEntries; i += kThreads) {
-    const int byte = i >> 5;
-    shared.lut[i] = pack_bf16(params.centroids[byte & 15], params.centroids[byte >> 4]);
-  }
-
-  const int c = lane & 3;
-  const int g = lane >> 2;
-  // Query operand, permuted: k-step ks, lane (g, c) holds dims 32c + 4ks + {0,1} and {2,3}.
-  std::uint32_t qa[8][4];
-  {
-    const float* q0 = params.q_rot + (row_base + g) * kHeadDim;
-    const float* q1 = params.q_rot + (row_base + g + 8) * kHeadDim;
-    const bool has0 = g < group;
-    const bool has1 = g + 8 < group;
+    const int c = lane & 3;
+    const int g = lane >> 2;
+    // Query operand, permuted: k-step ks, lane (g, c) holds dims 32c + 4ks + {0,1} and {2,3}.
+    std::uint32_t qa[8][4];
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       const int d = 32 * c + 4 * ks;
-      qa[ks][0] = has0 ? pack_bf16(q0[d], q0[d + 1]) : 0u;
-      qa[ks][1] = has1 ? pack_bf16(q1[d], q1[d + 1]) : 0u;
-      qa[ks][2] = has0 ? pack_bf16(q0[d + 2], q0[d + 3]) : 0u;
-      qa[ks][3] = has1 ? pack_bf16(q1[d + 2], q1[d + 3]) : 0u;
+      qa[ks][0] = pack_bf16(query_rows[g][d], query_rows[g][d + 1]);
+      qa[ks][1] = pack_bf16(query_rows[g + 8][d], query_rows[g + 8][d + 1]);
+      qa[ks][2] = pack_bf16(query_rows[g][d + 2], query_rows[g][d + 3]);
+      qa[ks][3] = pack_bf16(query_rows[g + 8][d + 2], query_rows[g + 8][d + 3]);
     }
-  }
-  __syncthreads();
 
-  float acc[16][4];
+    // ---- 2. stream the token range ------------------------------------------
+    const int block_shift = 31 - __clz(p.layout.block_size);
+    const std::int64_t meta_base = p.layout.metadata_region_offset();
+    const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
+    std::uint8_t* ring = shared + kLutBytes + warp * kStages * kStageBytes;
+    const std::uint32_t lane_lut = static_cast<std::uint32_t>(lane) << 2;
+    const std::uint8_t* lut = shared;
+
+    IssuePlan plan;
 #pragma unroll
-  for (int n = 0; n < 16; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};
-  float scaled_sum[2] = {0.0f, 0.0f};  // sum of P' (bf16-rounded), to remove the +1 of the value operand
-  float zero_sum[2] = {0.0f, 0.0f};    // sum of p * value zero
-
-  const int block_size = params.layout.block_size;
-  const std::int64_t meta_base = params.layout.metadata_region_offset();
-  const std::int32_t* table = params.block_table + static_cast<std::int64_t>(batch) * params.block_table_stride;
-  const int first_tile = range.begin / kTileTokens;
-  const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
-  const std::uint32_t* lut = shared.lut + lane;
-
-  auto tile_block = [&](int tile, int& slot0) {
-    const int token = tile * kTileTokens;
-    slot0 = token % block_size;
-    const std::int64_t physical = table[token / block_size];
-    return params.cache + physical * params.layout.block_stride;
-  };
-
-  TileData current;
-  int tile = first_tile + warp;
-  if (tile < end_tile) {
-    int slot0;
-    const std::uint8_t* block = tile_block(tile, slot0);
-    load_tile(current, block, meta_base, slot0, head, num_kv_heads, block_size, lane);
-  }
-  for (; tile < end_tile; tile += kWarps) {
-    TileData next;
-    if (tile + kWarps < end_tile) {
-      int slot0;
-      const std::uint8_t* block = tile_block(tile + kWarps, slot0);
-      load_tile(next, block, meta_base, slot0, head, num_kv_heads, block_size, lane);
+    for (int k = 0; k < 4; ++k) {
+      const int token = 4 * k + (lane >> 3);
+      const int chunk = lane & 7;
+      plan.source[k] = (token * num_kv_heads + head) * kRecordBytes + 16 * chunk;
+      plan.destination[k] = token * kRecordBytes + ((chunk ^ swizzle(token)) << 4);
     }
-
-    // S = Q K^T for tokens 8j + (0..7).
-    float score[2][4];
+    {
+      const int field = lane >> 1;
+      plan.meta_source = 2 * (head * kFields + field) * p.layout.block_size + 16 * (lane & 1);
+      plan.meta_destination = kMetaOffset + 32 * field + 16 * (lane & 1);
+    }
+    int key_offset[2], value_offset[4], meta_offset[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      score[j][0] = score[j][1] = score[j][2] = score[j][3] = 0.0f;
-      const std::uint32_t words[4] = {current.key[j].x, current.key[j].y, current.key[j].z, current.key[j].w};
+      const int token = 8 * j + g;
+      key_offset[j] = token * kRecordBytes + ((c ^ swizzle(token)) << 4);
+      meta_offset[j] = kMetaOffset + 2 * (8 * j + 2 * c);
+    }
 #pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        const std::uint32_t word = words[ks >> 1] >> (16 * (ks & 1));
-        mma_bf16(score[j], qa[ks], lut[(word & 0xffu) << 5], lut[((word >> 8) & 0xffu) << 5]);
-      }
+    for (int k = 0; k < 4; ++k) {
+      const int token = 2 * c + (k & 1) + 8 * (k >> 1);
+      value_offset[k] = token * kRecordBytes + (((4 + (g >> 1)) ^ swizzle(token)) << 4) + 8 * (g & 1);
     }
 
-    // Online softmax; lane holds rows g (e = 0, 1) and g + 8 (e = 2, 3), tokens 8j + 2c + (e & 1).
-    const int tile_token = tile * kTileTokens;
-    std::uint32_t pv_operand[4];
+    float acc[17][4];
+#pragma unroll
+    for (int n = 0; n < 17; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY};  // base-2 units
+    float row_sum[2] = {0.0f, 0.0f};
+    float zero_sum[2] = {0.0f, 0.0f};
+    const float score_scale = p.scale * kLog2e;
+
+    const int first_tile = range.begin / kTileTokens + warp;
+    const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
+    const int count = first_tile < end_tile ? (end_tile - first_tile + kWarps - 1) / kWarps : 0;
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < count) issue_tile(ring + s * kStageBytes, p, table, first_tile + s * kWarps, block_shift, meta_base, plan, lane);
+      cp_async_commit();
+    }
+    for (int k = 0; k < count; ++k) {
+      const int ahead = k + kStages - 1;
+      if (ahead < count) {
+        issue_tile(ring + (ahead % kStages) * kStageBytes, p, table, first_tile + ahead * kWarps, block_shift, meta_base, plan, lane);
+      }
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      __syncwarp();
+      const std::uint8_t* stage = ring + (k % kStages) * kStageBytes;
+      const int tile_token = (first_tile + k * kWarps) * kTileTokens;
+      const bool partial = tile_token + kTileTokens > range.end;
+
+      // S = Q K^T for tokens 8j + (0..7).
+      float score[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        score[j][0] = score[j][1] = score[j][2] = score[j][3] = 0.0f;
+        const uint4 key = load_shared<uint4>(stage + key_offset[j]);
+        const std::uint32_t words[4] = {key.x, key.y, key.z, key.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const std::uint32_t word = words[w];
+          const std::uint32_t b0 = load_shared<std::uint32_t>(lut + (((word << 7) & 0x7f80u) | lane_lut));
+          const std::uint32_t b1 = load_shared<std::uint32_t>(lut + (((word >> 1) & 0x7f80u) | lane_lut));
+          const std::uint32_t b2 = load_shared<std::uint32_t>(lut + (((word >> 9) & 0x7f80u) | lane_lut));
+          const std::uint32_t b3 = load_shared<std::uint32_t>(lut + (((word >> 17) & 0x7f80u) | lane_lut));
+          mma_bf16(score[j], qa[2 * w], b0, b1);
+          mma_bf16(score[j], qa[2 * w + 1], b2, b3);
+        }
+      }
+
+      // Online softmax; lane holds rows g (e = 0, 1) and g + 8 (e = 2, 3) for tokens 8j + 2c + (e & 1).
+      float scaled_value[2][2], value_zero[2][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float2 norm = half_pair(load_shared<std::uint32_t>(stage + meta_offset[j]));
+        const float2 vscale = half_pair(load_shared<std::uint32_t>(stage + meta_offset[j] + 32));
+        const float2 vzero = half_pair(load_shared<std::uint32_t>(stage + meta_offset[j] + 64));
+        const float ns0 = norm.x * score_scale, ns1 = norm.y * score_scale;
+        score[j][0] *= ns0;
+        score[j][2] *= ns0;
+        score[j][1] *= ns1;
+        score[j][3] *= ns1;
+        scaled_value[j][0] = 16.0f * vscale.x;
+        scaled_value[j][1] = 16.0f * vscale.y;
+        value_zero[j][0] = vzero.x;
+        value_zero[j][1] = vzero.y;
+        if (partial) {
+          // Slots past the sequence end hold junk: exclude them by selection, never by multiplication.
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (tile_token + 8 * j + 2 * c + e >= range.end) {
+              score[j][e] = score[j][e + 2] = -INFINITY;
+              scaled_value[j][e] = value_zero[j][e] = 0.0f;
+            }
+          }
+        }
+      }
+      float alpha[2];
+      std::uint32_t pv[4];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float tile_max = fmaxf(fmaxf(score[0][2 * half], score[0][2 * half + 1]), fmaxf(score[1][2 * half], score[1][2 * half + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
+        const float new_max = fmaxf(row_max[half], tile_max);
+        alpha[half] = fast_exp2(row_max[half] - new_max);
+        row_max[half] = new_max;
+        float sum = 0.0f, zeros = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float p0 = fast_exp2(score[j][2 * half] - new_max);
+          const float p1 = fast_exp2(score[j][2 * half + 1] - new_max);
+          sum += p0 + p1;
+          zeros = fmaf(p0, value_zero[j][0], fmaf(p1, value_zero[j][1], zeros));
+          // A operand of P V: a0 = (row g, tokens 2c..), a1 = (row g+8, ...), a2/a3 the same for tokens 8+2c...
+          pv[2 * j + half] = pack_bf16(p0 * scaled_value[j][0], p1 * scaled_value[j][1]);
+        }
+        row_sum[half] = fmaf(row_sum[half], alpha[half], sum);
+        zero_sum[half] = fmaf(zero_sum[half], alpha[half], zeros);
+      }
+      if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < 17; ++n) {
+          acc[n][0] *= alpha[0];
+          acc[n][1] *= alpha[0];
+          acc[n][2] *= alpha[1];
+          acc[n][3] *= alpha[1];
+        }
+      }
+
+      // O += P' V'. Tokens (2c, 2c+1) and (2c+8, 2c+9); n-tile n covers dims 16 * (0..7) + n.
+      const std::uint32_t a[4] = {pv[0], pv[1], pv[2], pv[3]};
+      const uint2 v0 = load_shared<uint2>(stage + value_offset[0]);
+      const uint2 v1 = load_shared<uint2>(stage + value_offset[1]);
+      const uint2 v2 = load_shared<uint2>(stage + value_offset[2]);
+      const uint2 v3 = load_shared<uint2>(stage + value_offset[3]);
+#pragma unroll
+      for (int hw = 0; hw < 2; ++hw) {
+        const std::uint32_t low_a = hw ? v0.y : v0.x, low_b = hw ? v1.y : v1.x;
+        const std::uint32_t high_a = hw ? v2.y : v2.x, high_b = hw ? v3.y : v3.x;
+#pragma unroll
+        for (int bp = 0; bp < 2; ++bp) {
+          const std::uint32_t selector = bp ? 0x7632u : 0x5410u;
+          const std::uint32_t low = __byte_perm(low_a, low_b, selector);
+          const std::uint32_t high = __byte_perm(high_a, high_b, selector);
+          const int n = 8 * hw + 4 * bp;
+          mma_bf16(acc[n + 0], a, value_operand<0>(low), value_operand<0>(high));
+          mma_bf16(acc[n + 1], a, value_operand<1>(low), value_operand<1>(high));
+          mma_bf16(acc[n + 2], a, value_operand<2>(low), value_operand<2>(high));
+          mma_bf16(acc[n + 3], a, value_operand<3>(low), value_operand<3>(high));
+        }
+      }
+      mma_bf16(acc[16], a, 0x3f803f80u, 0x3f803f80u);  // sum_t P'_t in every column
+      __syncwarp();  // the stage is refilled by the next iteration's issue
+    }
+    cp_async_wait<0>();
+
+    // ---- 3. merge the warps -----------------------------------------------------
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float tile_max = -INFINITY;
+      row_sum[half] += __shfl_xor_sync(kFullMask, row_sum[half], 1);
+      row_sum[half] += __shfl_xor_sync(kFullMask, row_sum[half], 2);
+      zero_sum[half] += __shfl_xor_sync(kFullMask, zero_sum[half], 1);
+      zero_sum[half] += __shfl_xor_sync(kFullMask, zero_sum[half], 2);
+    }
+    __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer
+    MergeStorage& merge = *reinterpret_cast<MergeStorage*>(shared);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int token = tile_token + 8 * j + 2 * c + e;
-          const float norm = e ? half_hi(current.norm[j]) : half_lo(current.norm[j]);
-          const float s = params.scale * norm * score[j][2 * half + e];
-          score[j][2 * half + e] = token < range.end ? s : -INFINITY;
-          tile_max = fmaxf(tile_max, score[j][2 * half + e]);
-        }
-      }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[half], tile_max);
-      const float alpha = __expf(row_max[half] - new_max);
-      row_max[half] = new_max;
-      float sum = 0.0f, scaled = 0.0f, zeros = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float scaled_pair[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int token = tile_token + 8 * j + 2 * c + e;
-          const bool valid = token < range.end;
-          const float p = valid ? __expf(score[j][2 * half + e] - new_max) : 0.0f;
-          const float vscale = e ? half_hi(current.vscale[j]) : half_lo(current.vscale[j]);
-          const float vzero = e ? half_hi(current.vzero[j]) : half_lo(current.vzero[j]);
-          scaled_pair[e] = valid ? round_to_bf16(16.0f * p * vscale) : 0.0f;
-          sum += p;
-          scaled += scaled_pair[e];
-          zeros += valid ? p * vzero : 0.0f;
-        }
-        // A operand of P V: a0 = (row g, tokens 2c..), a1 = (row g+8, ...), a2/a3 the same for tokens 8+2c...
-        pv_operand[2 * j + half] = pack_bf16(scaled_pair[0], scaled_pair[1]);
-      }
-      row_sum[half] = row_sum[half] * alpha + sum;
-      scaled_sum[half] = scaled_sum[half] * alpha + scaled;
-      zero_sum[half] = zero_sum[half] * alpha + zeros;
+    for (int half = 0; half < 2; ++half) {
+      const int row = g + 8 * half;
+      const float correction = zero_sum[half] - acc[16][2 * half];
 #pragma unroll
       for (int n = 0; n < 16; ++n) {
-        acc[n][2 * half] *= alpha;
-        acc[n][2 * half + 1] *= alpha;
+        merge.out[warp][row][16 * (2 * c) + n] = acc[n][2 * half] + correction;
+        merge.out[warp][row][16 * (2 * c + 1) + n] = acc[n][2 * half + 1] + correction;
+      }
+      if (c == 0) {
+        merge.max[warp][row] = row_max[half];
+        merge.sum[warp][row] = row_sum[half];
       }
     }
-
-    // O += P' V', n-tile n covers dims 16 * (0..7) + n.
-    const std::uint32_t a[4] = {pv_operand[0], pv_operand[1], pv_operand[2], pv_operand[3]};
+    __syncthreads();
+    const int d = threadIdx.x;
+    for (int row = 0; row < group; ++row) {
+      float merged_max = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      mma_bf16(acc[n], a, value_operand(current.value[0], current.value[1], n),
-               value_operand(current.value[2], current.value[3], n));
+      for (int w = 0; w < kWarps; ++w) merged_max = fmaxf(merged_max, merge.max[w][row]);
+      float merged_sum = 0.0f, merged_out = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float weight = merge.max[w][row] == -INFINITY ? 0.0f : fast_exp2(merge.max[w][row] - merged_max);
+        merged_sum = fmaf(weight, merge.sum[w][row], merged_sum);
+        merged_out = fmaf(weight, merge.out[w][row][d], merged_out);
+      }
+      const std::int64_t index = (row_base + row) * num_partitions + partition;
+      p.part_out[index * kHeadDim + d] = merged_out / merged_sum;
+      if (d == 0) {
+        p.part_max[index] = merged_max * kLn2;  // natural-log units, as the spec's reducer expects
+        p.part_sum[index] = merged_sum;
+      }
     }
-    current = next;
   }
 
-  // Row statistics are partial per lane (each lane saw 4 of 16 tokens): reduce over the 4 lanes of a row.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll
-    for (int offset = 1; offset <= 2; offset <<= 1) {
-      row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], offset);
-      scaled_sum[half] += __shfl_xor_sync(0xffffffffu, scaled_sum[half], offset);
-      zero_sum[half] += __shfl_xor_sync(0xffffffffu, zero_sum[half], offset);
-    }
-  }
-  __syncthreads();  // the lookup table is dead; its storage becomes the merge buffer
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = g + 8 * half;
-    const float correction = zero_sum[half] - scaled_sum[half];
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      shared.merge.out[warp][row][16 * (2 * c) + n] = acc[n][2 * half] + correction;
-      shared.merge.out[warp][row][16 * (2 * c + 1) + n] = acc[n][2 * half + 1] + correction;
-    }
-    if (c == 0) {
-      shared.merge.max[warp][row] = row_max[half];
-      shared.merge.sum[warp][row] = row_sum[half];
-    }
+  // ---- 4. the last CTA of (sequence, kv head) reduces the partitions ---------
+  __shared__ bool is_last;
+  __threadfence();  // this CTA's partition results are visible before it arrives
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* arrival = params.arrivals + static_cast<std::int64_t>(batch) * num_kv_heads + head;
+    is_last = atomicAdd(arrival, 1u) == static_cast<unsigned>(num_partitions - 1);
+    if (is_last) *arrival = 0u;  // ready for the next launch (graph replay)
   }
   __syncthreads();
-
-  const int d = threadIdx.x;  // kThreads == kHeadDim
+  if (!is_last) return;
+  __threadfence();
+  const ReduceParams& r = params.reduce;
+  const int d = threadIdx.x;
   for (int row = 0; row < group; ++row) {
-    float merged_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) merged_max = fmaxf(merged_max, shared.merge.max[w][row]);
-    float merged_sum = 0.0f, merged_out = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float weight = shared.merge.max[w][row] == -INFINITY ? 0.0f : __expf(shared.merge.max[w][row] - merged_max);
-      merged_sum += weight * shared.merge.sum[w][row];
-      merged_out += weight * shared.merge.out[w][row][d];
+    const std::int64_t hq = std::int64_t(head) * group + row;
+    const std::int64_t base = (row_base + row) * num_partitions;
+    const float sink = r.sinks ? __ldg(r.sinks + hq) : -INFINITY;
+    float merged_max = sink;
+    for (int q = 0; q < num_partitions; ++q) merged_max = fmaxf(merged_max, __ldcg(p.part_max + base + q));
+    float numerator = 0.0f, denominator = 0.0f;
+    for (int q = 0; q < num_partitions; ++q) {
+      const float sum = __ldcg(p.part_sum + base + q);
+      if (sum == 0.0f) continue;  // empty partition
+      const float weight = sum * __expf(__ldcg(p.part_max + base + q) - merged_max);
+      numerator = fmaf(weight, __ldcg(p.part_out + (base + q) * kHeadDim + d), numerator);
+      denominator += weight;
     }
-    const std::int64_t index = (row_base + row) * num_partitions + partition;
-    params.part_out[index * kHeadDim + d] = merged_out / merged_sum;
-    if (d == 0) {
-      params.part_max[index] = merged_max;
-      params.part_sum[index] = merged_sum;
-    }
+    // No tokens: an all-zero row, sink or not (FORMAT.md: seq_len 0 gives zeros).
+    const float value = denominator == 0.0f ? 0.0f : numerator / (denominator + (r.sinks ? __expf(sink - merged_max) : 0.0f));
+    store_from_float(r.output, r.output_dtype, batch * r.output_stride_batch + hq * r.output_stride_head + d, value);
   }
 }
 
-static_assert(kThreads == kHeadDim, "the merge maps one thread to one output dim");
-
 }  // namespace hopper
 
-void launch_partitions_hopper(const PartitionParams& params, CUstream_st* stream) {
-  const dim3 grid(params.num_partitions, params.layout.num_kv_heads, params.batch);
-  hopper::partitions_kernel<<<grid, hopper::kThreads, 0, stream>>>(params);
+void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) {
+  static std::once_flag configured;
+  std::call_once(configured, [] {
+    TQ_CUDA_CHECK(cudaFuncSetAttribute(hopper::decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, hopper::kSharedBytes));
+  });
+  const dim3 grid(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
+  hopper::decode_kernel<<<grid, hopper::kThreads, hopper::kSharedBytes, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();
 }
 
 bool hopper_kernel_runnable() {
   cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, hopper::partitions_kernel) == cudaSuccess;
+  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel) == cudaSuccess;
 }
 
 }  // namespace tqdecode::cuda

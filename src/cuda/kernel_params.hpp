@@ -66,13 +66,23 @@ struct ReduceParams {
   int num_partitions;
 };
 
+/// The fused Hopper step: query rotation, partitions and reduction in one
+/// launch. The last CTA of each (sequence, kv head) to finish its partition
+/// (counted in `arrivals`, which it resets to 0) reduces the N partitions.
+struct FusedDecodeParams {
+  PartitionParams partitions;  ///< q_rot unused: each CTA rotates its own query heads
+  RotateParams rotate;         ///< query, dtype, strides, PiT
+  ReduceParams reduce;         ///< sinks and output; partition buffers as in `partitions`
+  unsigned* arrivals;          ///< [B * Hk], all zero between launches
+};
+
 void launch_rotate_queries(const RotateParams& params, CUstream_st* stream);
 void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream);
 
 /// Generic partition kernel: every preset, head dim, group size, block size.
 void launch_partitions_generic(const PartitionParams& params, CUstream_st* stream);
 
-/// Hopper partition kernel: turboquant_4bit_nc, D = 128 (sm_90).
-void launch_partitions_hopper(const PartitionParams& params, CUstream_st* stream);
+/// Hopper kernel, the whole decode step: turboquant_4bit_nc, D = 128 (sm_90).
+void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream);
 
 }  // namespace tqdecode::cuda

@@ -129,25 +129,26 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
   }
 
   const bool mse_keys = !call.layout.key_fp8();
-  cuda::launch_rotate_queries({call.query, call.query_dtype, call.q_stride_b(), call.q_stride_h(),
-                               mse_keys ? call.PiT : nullptr, buffers.q_rot, call.batch, call.num_q_heads,
-                               call.layout.head_dim},
-                              stream);
+  const cuda::RotateParams rotate{call.query, call.query_dtype, call.q_stride_b(), call.q_stride_h(),
+                                  mse_keys ? call.PiT : nullptr, buffers.q_rot, call.batch, call.num_q_heads,
+                                  call.layout.head_dim};
   const cuda::PartitionParams partitions{buffers.q_rot, call.cache, call.layout, call.num_blocks,
                                          call.block_table, call.table_stride(), call.max_blocks_per_seq,
                                          call.seq_lens, mse_keys ? call.centroids : nullptr, call.scale,
                                          call.batch, call.num_q_heads, plan.num_partitions,
                                          plan.partition_align, buffers.part_max, buffers.part_sum,
                                          buffers.part_out};
-  if (plan.path == DecodePath::hopper) {
-    cuda::launch_partitions_hopper(partitions, stream);
-  } else {
-    cuda::launch_partitions_generic(partitions, stream);
-  }
-  cuda::launch_reduce_partitions({buffers.part_max, buffers.part_sum, buffers.part_out, call.sinks, call.output,
+  const cuda::ReduceParams reduce{buffers.part_max, buffers.part_sum, buffers.part_out, call.sinks, call.output,
                                   call.query_dtype, call.out_stride_b(), call.out_stride_h(), call.batch,
-                                  call.num_q_heads, call.layout.head_dim, plan.num_partitions},
-                                 stream);
+                                  call.num_q_heads, call.layout.head_dim, plan.num_partitions};
+  if (plan.path == DecodePath::hopper) {
+    // One launch: rotation, partitions and reduction fused.
+    cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals}, stream);
+  } else {
+    cuda::launch_rotate_queries(rotate, stream);
+    cuda::launch_partitions_generic(partitions, stream);
+    cuda::launch_reduce_partitions(reduce, stream);
+  }
   return call.output;
 }
 

@@ -40,7 +40,8 @@ PooledBuffers allocate_buffers(const PoolSignature& signature, int bucket, int s
   const std::int64_t output_bytes = aligned(rows * head_dim * dtype_size(static_cast<DType>(dtype)));
   const std::int64_t stat_bytes = aligned(part_rows * 4);
   const std::int64_t part_out_bytes = aligned(part_rows * head_dim * 4);
-  buffers.bytes = q_rot_bytes + output_bytes + 2 * stat_bytes + part_out_bytes;
+  const std::int64_t arrival_bytes = aligned(std::int64_t(bucket) * num_kv_heads * 4);
+  buffers.bytes = q_rot_bytes + output_bytes + 2 * stat_bytes + part_out_bytes + arrival_bytes;
   TQ_CUDA_CHECK(cudaMalloc(&buffers.allocation, buffers.bytes));
   auto* base = static_cast<std::uint8_t*>(buffers.allocation);
   buffers.q_rot = reinterpret_cast<float*>(base);
@@ -48,6 +49,9 @@ PooledBuffers allocate_buffers(const PoolSignature& signature, int bucket, int s
   buffers.part_max = reinterpret_cast<float*>(base + q_rot_bytes + output_bytes);
   buffers.part_sum = reinterpret_cast<float*>(base + q_rot_bytes + output_bytes + stat_bytes);
   buffers.part_out = reinterpret_cast<float*>(base + q_rot_bytes + output_bytes + 2 * stat_bytes);
+  buffers.arrivals = reinterpret_cast<unsigned*>(base + q_rot_bytes + output_bytes + 2 * stat_bytes + part_out_bytes);
+  // Zeroed once here; afterwards the kernel leaves every counter at zero.
+  TQ_CUDA_CHECK(cudaMemset(buffers.arrivals, 0, arrival_bytes));
   return buffers;
 }
 

@@ -18,6 +18,7 @@ struct PooledBuffers {
   float* part_max = nullptr;  ///< [partition_rows, Hq]
   float* part_sum = nullptr;  ///< [partition_rows, Hq]
   float* part_out = nullptr;  ///< [partition_rows, Hq, D]
+  unsigned* arrivals = nullptr;  ///< [bucket, Hk] partition counters of the fused kernel, zero between launches
   int bucket_batch = 0;
   int partition_rows = 0;
   std::int64_t bytes = 0;
