@@ -129,12 +129,16 @@ struct IssuePlan {
   int meta_destination;
 };
 
-__device__ __forceinline__ void issue_tile(std::uint8_t* stage, const PartitionParams& p, const std::int32_t* table,
+// Physical block of a tile; loaded one tile before its copies are issued so the
+// copies never wait on this load.
+__device__ __forceinline__ std::int64_t tile_block(const std::int32_t* table, int tile, int block_shift) {
+  return __ldg(table + ((tile * kTileTokens) >> block_shift));
+}
+
+__device__ __forceinline__ void issue_tile(std::uint8_t* stage, const PartitionParams& p, std::int64_t physical,
                                            int tile, int block_shift, std::int64_t meta_base, const IssuePlan& plan,
                                            int lane) {
-  const int token0 = tile * kTileTokens;
-  const int slot0 = token0 & ((1 << block_shift) - 1);
-  const std::int64_t physical = __ldg(table + (token0 >> block_shift));
+  const int slot0 = (tile * kTileTokens) & ((1 << block_shift) - 1);
   const std::uint8_t* block = p.cache + physical * p.layout.block_stride;
   const std::uint8_t* records = block + static_cast<std::int64_t>(slot0) * p.layout.num_kv_heads * kRecordBytes;
 #pragma unroll
@@ -208,10 +212,13 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
         if (row < group) query_rows[row][threadIdx.x] = round_to_bf16(rotated[row]);
       }
     }
-    // Lookup table over the dead PiT staging.
-    for (int i = threadIdx.x; i < kLutBytes / 4; i += kThreads) {
-      const int byte = i >> 5;
-      reinterpret_cast<std::uint32_t*>(shared)[i] = pack_bf16(__ldg(p.centroids + (byte & 15)), __ldg(p.centroids + (byte >> 4)));
+    // Lookup table over the dead PiT staging; each thread writes whole 32-lane rows' worth of one entry.
+    {
+      const int lane_copy = threadIdx.x & 31;
+      for (int byte = threadIdx.x >> 5; byte < 256; byte += kWarps) {
+        reinterpret_cast<std::uint32_t*>(shared)[byte * 32 + lane_copy] =
+            pack_bf16(__ldg(p.centroids + (byte & 15)), __ldg(p.centroids + (byte >> 4)));
+      }
     }
     __syncthreads();
 
@@ -275,13 +282,21 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
     const int count = first_tile < end_tile ? (end_tile - first_tile + kWarps - 1) / kWarps : 0;
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < count) issue_tile(ring + s * kStageBytes, p, table, first_tile + s * kWarps, block_shift, meta_base, plan, lane);
+      if (s < count) {
+        const int tile = first_tile + s * kWarps;
+        issue_tile(ring + s * kStageBytes, p, tile_block(table, tile, block_shift), tile, block_shift, meta_base, plan, lane);
+      }
       cp_async_commit();
     }
+    const int first_ahead = first_tile + (kStages - 1) * kWarps;
+    std::int64_t next_block = kStages - 1 < count ? tile_block(table, first_ahead, block_shift) : 0;
     for (int k = 0; k < count; ++k) {
       const int ahead = k + kStages - 1;
       if (ahead < count) {
-        issue_tile(ring + (ahead % kStages) * kStageBytes, p, table, first_tile + ahead * kWarps, block_shift, meta_base, plan, lane);
+        const int tile = first_tile + ahead * kWarps;
+        const std::int64_t physical = next_block;
+        if (ahead + 1 < count) next_block = tile_block(table, tile + kWarps, block_shift);
+        issue_tile(ring + (ahead % kStages) * kStageBytes, p, physical, tile, block_shift, meta_base, plan, lane);
       }
       cp_async_commit();
       cp_async_wait<kStages - 1>();
@@ -454,24 +469,45 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
   __syncthreads();
   if (!is_last) return;
   __threadfence();
+  // All loads of a phase are independent, so each phase costs one round trip
+  // to L2 however many partitions there are.
   const ReduceParams& r = params.reduce;
+  float* weights = reinterpret_cast<float*>(shared);              // [group][N]: w_q / (sum w + sink)
+  float* maxima = weights + kRows * kMaxPartitions;               // [group][N]
+  for (int i = threadIdx.x; i < group * num_partitions; i += kThreads) {
+    const std::int64_t index = row_base * num_partitions + i;
+    maxima[i] = __ldcg(p.part_sum + index) == 0.0f ? -INFINITY : __ldcg(p.part_max + index);  // empty: (-inf, 0)
+    weights[i] = __ldcg(p.part_sum + index);
+  }
+  __syncthreads();
+  if (threadIdx.x < group) {
+    const int row = threadIdx.x;
+    const float sink = r.sinks ? __ldg(r.sinks + std::int64_t(head) * group + row) : -INFINITY;
+    float merged_max = sink;
+    for (int q = 0; q < num_partitions; ++q) merged_max = fmaxf(merged_max, maxima[row * num_partitions + q]);
+    float denominator = 0.0f;
+    for (int q = 0; q < num_partitions; ++q) {
+      const float m = maxima[row * num_partitions + q];
+      const float w = m == -INFINITY ? 0.0f : weights[row * num_partitions + q] * __expf(m - merged_max);
+      weights[row * num_partitions + q] = w;
+      denominator += w;
+    }
+    // No tokens: an all-zero row, sink or not (seq_len 0 gives zeros).
+    const float total = denominator + (r.sinks ? __expf(sink - merged_max) : 0.0f);
+    const float inverse = denominator == 0.0f ? 0.0f : 1.0f / total;
+    for (int q = 0; q < num_partitions; ++q) weights[row * num_partitions + q] *= inverse;
+  }
+  __syncthreads();
   const int d = threadIdx.x;
   for (int row = 0; row < group; ++row) {
-    const std::int64_t hq = std::int64_t(head) * group + row;
     const std::int64_t base = (row_base + row) * num_partitions;
-    const float sink = r.sinks ? __ldg(r.sinks + hq) : -INFINITY;
-    float merged_max = sink;
-    for (int q = 0; q < num_partitions; ++q) merged_max = fmaxf(merged_max, __ldcg(p.part_max + base + q));
-    float numerator = 0.0f, denominator = 0.0f;
+    float value = 0.0f;
+#pragma unroll 8
     for (int q = 0; q < num_partitions; ++q) {
-      const float sum = __ldcg(p.part_sum + base + q);
-      if (sum == 0.0f) continue;  // empty partition
-      const float weight = sum * __expf(__ldcg(p.part_max + base + q) - merged_max);
-      numerator = fmaf(weight, __ldcg(p.part_out + (base + q) * kHeadDim + d), numerator);
-      denominator += weight;
+      const float w = weights[row * num_partitions + q];
+      if (w != 0.0f) value = fmaf(w, __ldcg(p.part_out + (base + q) * kHeadDim + d), value);
     }
-    // No tokens: an all-zero row, sink or not (FORMAT.md: seq_len 0 gives zeros).
-    const float value = denominator == 0.0f ? 0.0f : numerator / (denominator + (r.sinks ? __expf(sink - merged_max) : 0.0f));
+    const std::int64_t hq = std::int64_t(head) * group + row;
     store_from_float(r.output, r.output_dtype, batch * r.output_stride_batch + hq * r.output_stride_head + d, value);
   }
 }
