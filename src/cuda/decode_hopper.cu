@@ -120,14 +120,21 @@ __device__ __forceinline__ std::uint32_t value_operand(std::uint32_t pair) {
   return ((pair >> 9) & kMask) | kOne;
 }
 
-// Per-lane cp.async plan for one tile: 4 record chunks per lane, plus one
-// metadata chunk for lanes 0..5.
+// Per-lane cp.async plan for one tile. Lane l copies chunk (l & 7) of tokens
+// (l >> 3) + 4k, k = 0..3, whose sources are `token_stride` bytes apart and
+// whose destinations repeat every two k with a 1024-byte step (the swizzle
+// depends on token & 7); lanes 0..5 also copy one 16-byte metadata chunk.
 struct IssuePlan {
-  int source[4];       // byte offset within (slot0's first record), per chunk
-  int destination[4];  // byte offset within the stage
-  int meta_source;     // byte offset of the field chunk relative to the field start of slot 0
-  int meta_destination;
+  int source;            // byte offset of chunk k = 0 from the tile's first record
+  int token_stride;      // 4 tokens of records: 4 * Hk * 128 bytes
+  std::uint32_t destination[2];  // shared offsets within a stage of chunks k = 0 and 1
+  int meta_source;       // byte offset of the field chunk from the field start of slot 0
+  std::uint32_t meta_destination;
 };
+
+__device__ __forceinline__ void cp_async_16(std::uint32_t shared_address, const std::uint8_t* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global) : "memory");
+}
 
 // Physical block of a tile; loaded one tile before its copies are issued so the
 // copies never wait on this load.
@@ -135,15 +142,17 @@ __device__ __forceinline__ std::int64_t tile_block(const std::int32_t* table, in
   return __ldg(table + ((tile * kTileTokens) >> block_shift));
 }
 
-__device__ __forceinline__ void issue_tile(std::uint8_t* stage, const PartitionParams& p, std::int64_t physical,
+__device__ __forceinline__ void issue_tile(std::uint32_t stage, const PartitionParams& p, std::int64_t physical,
                                            int tile, int block_shift, std::int64_t meta_base, const IssuePlan& plan,
                                            int lane) {
   const int slot0 = (tile * kTileTokens) & ((1 << block_shift) - 1);
   const std::uint8_t* block = p.cache + physical * p.layout.block_stride;
-  const std::uint8_t* records = block + static_cast<std::int64_t>(slot0) * p.layout.num_kv_heads * kRecordBytes;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) copy_to_shared<16>(stage + plan.destination[k], records + plan.source[k]);
-  if (lane < 2 * kFields) copy_to_shared<16>(stage + plan.meta_destination, block + meta_base + 2 * slot0 + plan.meta_source);
+  const std::uint8_t* source = block + (static_cast<std::int64_t>(slot0) * p.layout.num_kv_heads * kRecordBytes + plan.source);
+  cp_async_16(stage + plan.destination[0], source);
+  cp_async_16(stage + plan.destination[1], source + plan.token_stride);
+  cp_async_16(stage + plan.destination[0] + 1024, source + 2 * plan.token_stride);
+  cp_async_16(stage + plan.destination[1] + 1024, source + 3 * plan.token_stride);
+  if (lane < 2 * kFields) cp_async_16(stage + plan.meta_destination, block + meta_base + 2 * slot0 + plan.meta_source);
 }
 
 __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_constant__ FusedDecodeParams params) {
@@ -239,17 +248,24 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
     const int block_shift = 31 - __clz(p.layout.block_size);
     const std::int64_t meta_base = p.layout.metadata_region_offset();
     const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
-    std::uint8_t* ring = shared + kLutBytes + warp * kStages * kStageBytes;
-    const std::uint32_t lane_lut = static_cast<std::uint32_t>(lane) << 2;
+    const std::uint8_t* ring = shared + kLutBytes + warp * kStages * kStageBytes;
+    const std::uint32_t ring_address =
+        static_cast<std::uint32_t>(__cvta_generic_to_shared(ring));
+    // Opaque to the compiler, so (offset & 0x7f80) | lane_lut stays one LOP3.
+    std::uint32_t lane_lut;
+    asm("mov.b32 %0, %1;" : "=r"(lane_lut) : "r"(static_cast<std::uint32_t>(lane) << 2));
     const std::uint8_t* lut = shared;
 
     IssuePlan plan;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int token = 4 * k + (lane >> 3);
+    {
       const int chunk = lane & 7;
-      plan.source[k] = (token * num_kv_heads + head) * kRecordBytes + 16 * chunk;
-      plan.destination[k] = token * kRecordBytes + ((chunk ^ swizzle(token)) << 4);
+      plan.source = ((lane >> 3) * num_kv_heads + head) * kRecordBytes + 16 * chunk;
+      plan.token_stride = 4 * num_kv_heads * kRecordBytes;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int token = 4 * k + (lane >> 3);
+        plan.destination[k] = token * kRecordBytes + ((chunk ^ swizzle(token)) << 4);
+      }
     }
     {
       const int field = lane >> 1;
@@ -284,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < count) {
         const int tile = first_tile + s * kWarps;
-        issue_tile(ring + s * kStageBytes, p, tile_block(table, tile, block_shift), tile, block_shift, meta_base, plan, lane);
+        issue_tile(ring_address + s * kStageBytes, p, tile_block(table, tile, block_shift), tile, block_shift, meta_base, plan, lane);
       }
       cp_async_commit();
     }
@@ -296,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
         const int tile = first_tile + ahead * kWarps;
         const std::int64_t physical = next_block;
         if (ahead + 1 < count) next_block = tile_block(table, tile + kWarps, block_shift);
-        issue_tile(ring + (ahead % kStages) * kStageBytes, p, physical, tile, block_shift, meta_base, plan, lane);
+        issue_tile(ring_address + (ahead % kStages) * kStageBytes, p, physical, tile, block_shift, meta_base, plan, lane);
       }
       cp_async_commit();
       cp_async_wait<kStages - 1>();
@@ -306,10 +322,12 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
       const bool partial = tile_token + kTileTokens > range.end;
 
       // S = Q K^T for tokens 8j + (0..7).
-      float score[2][4];
+      // Two accumulator chains per n-tile (even and odd k-steps) halve the mma dependency chain.
+      float score[2][4], score_odd[2][4];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         score[j][0] = score[j][1] = score[j][2] = score[j][3] = 0.0f;
+        score_odd[j][0] = score_odd[j][1] = score_odd[j][2] = score_odd[j][3] = 0.0f;
         const uint4 key = load_shared<uint4>(stage + key_offset[j]);
         const std::uint32_t words[4] = {key.x, key.y, key.z, key.w};
 #pragma unroll
@@ -320,8 +338,10 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
           const std::uint32_t b2 = load_shared<std::uint32_t>(lut + (((word >> 9) & 0x7f80u) | lane_lut));
           const std::uint32_t b3 = load_shared<std::uint32_t>(lut + (((word >> 17) & 0x7f80u) | lane_lut));
           mma_bf16(score[j], qa[2 * w], b0, b1);
-          mma_bf16(score[j], qa[2 * w + 1], b2, b3);
+          mma_bf16(score_odd[j], qa[2 * w + 1], b2, b3);
         }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) score[j][e] += score_odd[j][e];
       }
 
       // Online softmax; lane holds rows g (e = 0, 1) and g + 8 (e = 2, 3) for tokens 8j + 2c + (e & 1).
