@@ -135,19 +135,7 @@ Scenario make_scenario(const ScenarioConfig& config) {
   if (config.sinks) s.sinks = comparable_sinks(s, rng);
 
   s.cache = random_bytes(std::size_t(s.num_blocks * s.layout.block_stride), config.seed ^ 0x6a756e6bull);
-  StoreArgs store;
-  store.layout = s.layout;
-  store.num_blocks = s.num_blocks;
-  store.cache = s.cache.data();
-  store.key = key_data.data();
-  store.value = value_data.data();
-  store.kv_dtype = config.kv_dtype;
-  store.num_tokens = total;
-  store.slot_mapping = s.slot_mapping.data();
-  store.Pi = s.constants.Pi.empty() ? nullptr : s.constants.Pi.data();
-  store.centroids = s.constants.centroids.empty() ? nullptr : s.constants.centroids.data();
-  store.num_centroids = static_cast<int>(s.constants.centroids.size());
-  store_cpu(store);
+  store_cpu(s.store_args(s.cache.data(), key_data.data(), value_data.data(), config.kv_dtype));
   if (!config.keep_unquantized) {
     s.keys = {};
     s.values = {};
@@ -174,6 +162,20 @@ DecodeArgs Scenario::host_args(void* output) const {
   args.sinks = sinks.empty() ? nullptr : sinks.data();
   args.output = output;
   return args;
+}
+
+StoreArgs Scenario::store_args(std::uint8_t* cache_bytes, const void* key, const void* value, DType kv_dtype) const {
+  return {.layout = layout,
+          .num_blocks = num_blocks,
+          .cache = cache_bytes,
+          .key = key,
+          .value = value,
+          .kv_dtype = kv_dtype,
+          .num_tokens = total_tokens(),
+          .slot_mapping = slot_mapping.data(),
+          .Pi = constants.Pi.empty() ? nullptr : constants.Pi.data(),
+          .centroids = constants.centroids.empty() ? nullptr : constants.centroids.data(),
+          .num_centroids = static_cast<int>(constants.centroids.size())};
 }
 
 std::vector<float> Scenario::exact_output() const {

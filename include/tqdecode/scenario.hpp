@@ -13,6 +13,7 @@
 #include "tqdecode/constants.hpp"
 #include "tqdecode/decode_args.hpp"
 #include "tqdecode/format.hpp"
+#include "tqdecode/store.hpp"
 
 namespace tqdecode {
 
@@ -61,6 +62,11 @@ struct Scenario {
 
   /// Decode arguments over this scenario's host memory writing `output`.
   DecodeArgs host_args(void* output = nullptr) const;
+
+  /// Store arguments that write this scenario's tokens (slot_mapping, its
+  /// constants, num_blocks) from `key` / `value` ([total tokens, Hk, D] of
+  /// `kv_dtype`) into `cache`: how make_scenario wrote `cache`.
+  StoreArgs store_args(std::uint8_t* cache, const void* key, const void* value, DType kv_dtype) const;
 
   /// Exact fp32 attention over the unquantized K/V: [B, Hq, D].
   std::vector<float> exact_output() const;

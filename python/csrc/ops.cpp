@@ -39,6 +39,7 @@ namespace tqdecode_torch {
 
 using at::Tensor;
 using OptionalTensor = std::optional<Tensor>;
+using tqdecode::fail;
 using tqdecode::require;
 
 // Runs an op body, turning the library's exceptions into the c10 exceptions
@@ -57,6 +58,15 @@ auto translating_errors(Body&& body) -> decltype(body()) {
 // ---- argument checks (each names the Python argument) ----------------------
 
 std::string dtype_text(at::ScalarType type) { return "torch." + c10::getDtypeNames(type).first; }
+
+// "[2, 8, 128]". Built with std::to_string, not iostreams: the binding's own
+// instantiations of the stream templates crashed inside a PyTorch process
+// whose libstdc++ differs from the build compiler's (seen on the H200 image).
+std::string shape_text(at::IntArrayRef sizes) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + std::to_string(sizes[i]);
+  return text + "]";
+}
 
 void check_dtype(const Tensor& tensor, const char* argument, at::ScalarType expected) {
   require(tensor.scalar_type() == expected, argument,
@@ -221,8 +231,9 @@ tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
 void set_output(tqdecode::DecodeArgs& args, const Tensor& out, const Tensor& query) {
   check_device(out, "out", query.device());
   check_dtype(out, "out", query.scalar_type());
-  require(out.sizes() == query.sizes(), "out",
-          "shape " + c10::str(out.sizes()) + " does not match the query shape " + c10::str(query.sizes()));
+  if (out.sizes() != query.sizes()) {
+    fail("out", "shape " + shape_text(out.sizes()) + " does not match the query shape " + shape_text(query.sizes()));
+  }
   require(out.stride(2) == 1, "out", "the head_dim dimension must have stride 1");
   args.output = out.data_ptr();
   args.output_stride_batch = out.stride(0);
@@ -287,8 +298,9 @@ tqdecode::StoreArgs store_args(const Tensor& key, const Tensor& value, const Ten
   check_contiguous(key, "key");
   check_device(value, "value", device);
   check_dtype(value, "value", key.scalar_type());
-  require(value.sizes() == key.sizes(), "value",
-          "shape " + c10::str(value.sizes()) + " does not match the key shape " + c10::str(key.sizes()));
+  if (value.sizes() != key.sizes()) {
+    fail("value", "shape " + shape_text(value.sizes()) + " does not match the key shape " + shape_text(key.sizes()));
+  }
   check_contiguous(value, "value");
   check_device(kv_cache, "kv_cache", device);
   const int head_dim = static_cast<int>(key.size(2));

@@ -41,13 +41,9 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // cache hashes the same before and after, junk and earlier stores included.
 TEST(StoreNonFinite, RefusesAndLeavesTheCacheUntouched) {
   for (Preset preset : kAllPresets) {
-    ScenarioConfig config;
-    config.preset = preset;
-    config.head_dim = 64;
-    config.num_kv_heads = 2;
-    config.num_q_heads = 2;
-    config.seq_lens = {50, 30};  // 80 tokens, 160 (token, head) pairs; the cache holds them already
-    const Scenario scenario = make_scenario(config);
+    // 80 tokens, 160 (token, head) pairs; the cache holds them already.
+    const Scenario scenario =
+        make_scenario({.preset = preset, .num_q_heads = 2, .num_kv_heads = 2, .head_dim = 64, .seq_lens = {50, 30}});
     const std::int64_t row = 2 * 64;
     for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
       for (const bool in_key : {true, false}) {
@@ -64,20 +60,8 @@ TEST(StoreNonFinite, RefusesAndLeavesTheCacheUntouched) {
             }
             std::vector<std::uint8_t> cache = scenario.cache;
             const std::uint64_t before = fnv1a(cache);
-            StoreArgs args;
-            args.layout = scenario.layout;
-            args.num_blocks = scenario.num_blocks;
-            args.cache = cache.data();
-            args.key = key_data.data();
-            args.value = value_data.data();
-            args.kv_dtype = dtype;
-            args.num_tokens = scenario.total_tokens();
-            args.slot_mapping = scenario.slot_mapping.data();
-            args.Pi = scenario.constants.Pi.empty() ? nullptr : scenario.constants.Pi.data();
-            args.centroids = scenario.constants.centroids.empty() ? nullptr : scenario.constants.centroids.data();
-            args.num_centroids = static_cast<int>(scenario.constants.centroids.size());
             try {
-              store_cpu(args);
+              store_cpu(scenario.store_args(cache.data(), key_data.data(), value_data.data(), dtype));
               ADD_FAILURE() << "no error";
             } catch (const Error& error) {
               EXPECT_EQ(error.argument(), in_key ? "key" : "value") << error.what();
@@ -146,16 +130,9 @@ void expect_rows(const Scenario& scenario, const Outputs& got, const Outputs& cl
   }
 }
 
-ScenarioConfig decode_config(Preset preset, DType query_dtype) {
-  ScenarioConfig config;
-  config.preset = preset;
-  config.head_dim = 64;
-  config.num_kv_heads = 2;
-  config.num_q_heads = 8;
-  config.seq_lens = {40, 0, 7};
-  config.sinks = true;
-  config.query_dtype = query_dtype;
-  return config;
+ScenarioConfig decode_config(Preset preset, DType query_dtype, bool sinks = true) {
+  return {.preset = preset, .num_q_heads = 8, .num_kv_heads = 2, .head_dim = 64, .seq_lens = {40, 0, 7},
+          .sinks = sinks, .query_dtype = query_dtype};
 }
 
 class NonFinite : public testing::TestWithParam<std::tuple<Preset, DType>> {};
@@ -163,28 +140,33 @@ class NonFinite : public testing::TestWithParam<std::tuple<Preset, DType>> {};
 // A NaN or an infinity anywhere in a query row makes that (sequence, query
 // head)'s output all NaN when the sequence has tokens, and all zero when it
 // has none; every other row is bit-for-bit what it is with a finite query.
+// With and without sinks (without, a reducer that drops NaN partitions from
+// its max would see no tokens and write zeros).
 TEST_P(NonFinite, QueryGivesNanRowsForThatHeadOnly) {
   const auto [preset, dtype] = GetParam();
-  const Scenario clean = make_scenario(decode_config(preset, dtype));
-  const Outputs expected = decode_all(clean);
-  const int Hq = 8, D = 64;
-  struct Poison {
-    int b, hq, d;
-    float value;
-  };
-  const Poison poisons[] = {{0, 1, 5, kNaN}, {2, 6, 0, kInf}, {2, 7, 63, -kInf}, {1, 3, 9, kNaN}};
-  Scenario poisoned = clean;
-  for (const Poison& p : poisons) {
-    store_from_float(poisoned.query_bits.data(), dtype, (std::int64_t(p.b) * Hq + p.hq) * D + p.d, p.value);
-  }
-  const Outputs got = decode_all(poisoned);
-  expect_rows(clean, got, expected, [&](int b, int hq) {
-    if (clean.seq_lens[b] == 0) return Expect::zero;
+  for (const bool sinks : {false, true}) {
+    SCOPED_TRACE(sinks ? "with sinks" : "without sinks");
+    const Scenario clean = make_scenario(decode_config(preset, dtype, sinks));
+    const Outputs expected = decode_all(clean);
+    const int Hq = 8, D = 64;
+    struct Poison {
+      int b, hq, d;
+      float value;
+    };
+    const Poison poisons[] = {{0, 1, 5, kNaN}, {2, 6, 0, kInf}, {2, 7, 63, -kInf}, {1, 3, 9, kNaN}};
+    Scenario poisoned = clean;
     for (const Poison& p : poisons) {
-      if (p.b == b && p.hq == hq) return Expect::nan;
+      store_from_float(poisoned.query_bits.data(), dtype, (std::int64_t(p.b) * Hq + p.hq) * D + p.d, p.value);
     }
-    return Expect::unchanged;
-  });
+    const Outputs got = decode_all(poisoned);
+    expect_rows(clean, got, expected, [&](int b, int hq) {
+      if (clean.seq_lens[b] == 0) return Expect::zero;
+      for (const Poison& p : poisons) {
+        if (p.b == b && p.hq == hq) return Expect::nan;
+      }
+      return Expect::unchanged;
+    });
+  }
 }
 
 // A NaN or +inf sink makes that head's rows NaN (zero for an empty
@@ -244,10 +226,8 @@ class SparseBytes {
 // 4 GiB (and past 2 GiB, where a 32-bit signed offset breaks): a scenario
 // moved to the top of a 4.3 GB cache decodes exactly as it does at the bottom.
 TEST(Offsets64, StoreAndDecodeReachBlocksPast4GiB) {
-  ScenarioConfig config;
-  config.seq_lens = {40, 17, 33};
-  config.sinks = true;
-  const Scenario scenario = make_scenario(config);  // 4-bit, D 128, Hk 8: 17152-byte blocks
+  // 4-bit, D 128, Hk 8: 17152-byte blocks.
+  const Scenario scenario = make_scenario({.seq_lens = {40, 17, 33}, .sinks = true});
   const std::int64_t stride = scenario.layout.block_stride;
   const std::int64_t shift = (std::int64_t(1) << 32) / stride + 1;  // first block wholly past 4 GiB
   const std::int64_t num_blocks = shift + scenario.num_blocks;
@@ -257,18 +237,10 @@ TEST(Offsets64, StoreAndDecodeReachBlocksPast4GiB) {
   const int bs = scenario.layout.block_size;
   std::vector<std::int64_t> slots = scenario.slot_mapping;
   for (std::int64_t& slot : slots) slot += shift * bs;
-  StoreArgs store;
-  store.layout = scenario.layout;
+  // fp32 K/V holding bf16 values: the same bytes as the scenario's bf16 store.
+  StoreArgs store = scenario.store_args(cache.data(), scenario.keys.data(), scenario.values.data(), DType::f32);
   store.num_blocks = num_blocks;
-  store.cache = cache.data();
-  store.key = scenario.keys.data();  // bf16-exact: the same bytes as the scenario's bf16 store
-  store.value = scenario.values.data();
-  store.kv_dtype = DType::f32;
-  store.num_tokens = scenario.total_tokens();
   store.slot_mapping = slots.data();
-  store.Pi = scenario.constants.Pi.data();
-  store.centroids = scenario.constants.centroids.data();
-  store.num_centroids = static_cast<int>(scenario.constants.centroids.size());
   store_cpu(store);
 
   // Every stored record and field is where the layout says, with the scenario's bytes.
@@ -341,12 +313,7 @@ TEST(OverflowGuards, MakeLayoutRejectsHugeValuesBeforeSizing) {
 // The partition step bounds its count and alignment so partition_range's int
 // arithmetic cannot overflow; out-of-range values are rejected by name.
 TEST(OverflowGuards, PartitionCountAndAlignmentAreBounded) {
-  ScenarioConfig config;
-  config.head_dim = 64;
-  config.num_kv_heads = 1;
-  config.num_q_heads = 1;
-  config.seq_lens = {5};
-  const Scenario scenario = make_scenario(config);
+  const Scenario scenario = make_scenario({.num_q_heads = 1, .num_kv_heads = 1, .head_dim = 64, .seq_lens = {5}});
   std::vector<float> max(1 << 17), sum(1 << 17), partial(64 << 17), out(64);
   const PartitionBuffers buffers{max.data(), sum.data(), partial.data()};
   auto argument_of = [&](int N, int align) {

@@ -3,12 +3,16 @@
 // supported values mostly, any int sometimes), a store (slot mapping, K/V
 // with NaN, infinities and huge values) and a decode (block table, seq_lens,
 // queries, sinks, strides, partition count), driven through the public API:
-// make_layout, store_cpu, decode_reference, decode_partitions_reference +
-// reduce_partitions_reference and decode_cpu. tqdecode::Error is the
-// expected answer to bad input; everything else is a finding:
+// make_layout, store_cpu, rotate_queries_reference, decode_reference,
+// decode_partitions_reference + reduce_partitions_reference and decode_cpu.
+// tqdecode::Error is the expected answer to bad input; everything else is a
+// finding:
 //   - any crash, ASan or UBSan report (the build aborts on either);
 //   - an Error that leaves the cache or an output buffer written;
-//   - a partition buffer element left unwritten by a successful call;
+//   - a successful store writing any byte but its slots' records and fields;
+//   - a decode reading a cache byte outside the blocks its used block-table
+//     entries name (ASan-poisoned while it runs), or writing output padding;
+//   - an output or partition buffer element left unwritten by a success;
 //   - decode_cpu and decode_reference disagreeing on validity or on bits;
 //   - the split-KV result differing from the direct one beyond rounding,
 //     where the inputs are realistic enough for rounding to be the only
@@ -20,6 +24,7 @@
 // bounded so one input runs in milliseconds; inputs asking for more are
 // skipped (never a finding).
 #include <fuzzer/FuzzedDataProvider.h>
+#include <sanitizer/asan_interface.h>
 
 #include <algorithm>
 #include <cmath>
@@ -297,6 +302,25 @@ void fuzz_store(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t 
   } catch (const Error&) {
     ++stats.stores_refused;
     check(cache == before, "store_cpu threw Error but wrote the cache");
+    return;
+  }
+  // A store writes the records and fields of its slots and no other byte.
+  std::vector<bool> written(cache.size(), false);
+  for (const std::int64_t slot : slots) {
+    if (slot < 0) continue;
+    const std::int64_t block = layout.block_offset(slot / layout.block_size);
+    const int in_block = static_cast<int>(slot % layout.block_size);
+    for (int h = 0; h < layout.num_kv_heads; ++h) {
+      const std::int64_t record = block + layout.record_offset(in_block, h);
+      std::fill(written.begin() + record, written.begin() + record + layout.record_bytes(), true);
+      for (int f = 0; f < layout.fields(); ++f) {
+        const std::int64_t field = block + layout.field_offset(in_block, h, f);
+        written[field] = written[field + 1] = true;
+      }
+    }
+  }
+  for (std::size_t i = 0; i < cache.size(); ++i) {
+    check(written[i] || cache[i] == before[i], "store_cpu wrote a byte outside its slots' records and fields");
   }
 }
 
@@ -401,6 +425,39 @@ void check_rows(const DecodeArgs& args, bool realistic, const std::vector<float>
   }
 }
 
+// While alive, every cache byte a valid decode of these arguments has no
+// business reading is ASan-poisoned: blocks no sequence's used block-table
+// entries name (junk entries past a sequence's end, spare blocks) and the
+// padding past the natural size of the named ones. A read there is a report.
+class PoisonUnreadBlocks {
+ public:
+  PoisonUnreadBlocks(const DecodeArgs& args, const std::vector<std::uint8_t>& cache) : cache_(cache) {
+    ASAN_POISON_MEMORY_REGION(cache.data(), cache.size());
+    const CacheLayout& layout = args.layout;
+    // Arguments the decode must reject read nothing at all: all stays poisoned.
+    if (args.block_table == nullptr || args.seq_lens == nullptr || !supported(layout) ||
+        layout.block_stride < layout.natural_block_bytes() ||
+        !bounded_product({args.num_blocks, layout.block_stride}, std::int64_t(cache.size()))) {
+      return;
+    }
+    const std::int64_t max_len = std::int64_t(std::max(args.max_blocks_per_seq, 0)) * layout.block_size;
+    for (int b = 0; b < args.batch; ++b) {
+      const std::int64_t length = std::clamp<std::int64_t>(args.seq_lens[b], 0, max_len);
+      for (std::int64_t j = 0; j < (length + layout.block_size - 1) / layout.block_size; ++j) {
+        const std::int64_t block = args.block_table[b * args.table_stride() + j];
+        if (block < 0 || block >= args.num_blocks) continue;
+        ASAN_UNPOISON_MEMORY_REGION(cache.data() + layout.block_offset(block), layout.natural_block_bytes());
+      }
+    }
+  }
+  ~PoisonUnreadBlocks() { ASAN_UNPOISON_MEMORY_REGION(cache_.data(), cache_.size()); }
+  PoisonUnreadBlocks(const PoisonUnreadBlocks&) = delete;
+  PoisonUnreadBlocks& operator=(const PoisonUnreadBlocks&) = delete;
+
+ private:
+  const std::vector<std::uint8_t>& cache_;
+};
+
 void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t num_blocks,
                  const std::vector<std::uint8_t>& cache) {
   DecodeArgs args;
@@ -481,6 +538,15 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
   }
   args.seq_lens = seq_lens.empty() ? nullptr : seq_lens.data();
 
+  // The rotation step alone (reads query and PiT only).
+  std::vector<float> q_rot(*out_elements, sentinel());
+  const bool rotate_ok = succeeds([&] { rotate_queries_reference(args, q_rot.empty() ? nullptr : q_rot.data()); });
+  check(rotate_ok ? std::none_of(q_rot.begin(), q_rot.end(), is_sentinel) : all_sentinel(q_rot),
+        "rotate_queries_reference wrote too little, or something on Error");
+
+  std::optional<PoisonUnreadBlocks> poison;  // until the decodes are done
+  poison.emplace(args, cache);
+
   // The direct decode.
   std::vector<float> direct(*out_elements, sentinel());
   const bool direct_ok = succeeds([&] { decode_reference(args, direct.empty() ? nullptr : direct.data()); });
@@ -499,9 +565,11 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
   const auto row_block = bounded_product({args.num_q_heads, cpu.out_stride_h()}, std::numeric_limits<std::int64_t>::max());
   const bool disjoint_rows = cpu.out_stride_h() >= D && row_block && cpu.out_stride_b() >= *row_block;
   if (cpu_ok && disjoint_rows && args.batch >= 1) {
+    std::vector<bool> element(*output_span, false);  // row elements; the rest is padding
     for (std::int64_t row = 0; row < *rows; ++row) {
       for (int d = 0; d < D; ++d) {
         const std::int64_t at = (row / args.num_q_heads) * cpu.out_stride_b() + (row % args.num_q_heads) * cpu.out_stride_h() + d;
+        element[at] = true;
         const float got = load_as_float(output.data(), args.query_dtype, at);
         const float want = direct[row * D + d];
         std::vector<std::uint8_t> rounded(4);
@@ -509,6 +577,10 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
         const float expected = load_as_float(rounded.data(), args.query_dtype, 0);
         check(std::isnan(got) ? std::isnan(expected) : got == expected, "decode_cpu differs from decode_reference");
       }
+    }
+    const int width = dtype_size(args.query_dtype);
+    for (std::size_t i = 0; i < output.size(); ++i) {
+      check(element[i / width] || output[i] == 0xa5, "decode_cpu wrote output padding");
     }
   }
 
@@ -531,6 +603,7 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
   for (const std::vector<float>* buffer : {&max, &sum, &partial}) {
     check(std::none_of(buffer->begin(), buffer->end(), is_sentinel), "a partition buffer element was not written");
   }
+  poison.reset();  // the reducer reads partition buffers only
   std::vector<float> reduced(*out_elements, sentinel());
   const bool reduce_ok =
       succeeds([&] { reduce_partitions_reference(args, num_partitions, buffers, reduced.empty() ? nullptr : reduced.data()); });
@@ -543,14 +616,6 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
 }
 
 }  // namespace
-
-// One OpenMP thread (when the library is built with OpenMP): the fuzzer
-// looks for memory and UB bugs, not races, and idle worker threads spinning
-// on a small machine would cost more than they save on inputs this small.
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  setenv("OMP_NUM_THREADS", "1", 0);
-  return 0;
-}
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzedDataProvider in(data, size);
