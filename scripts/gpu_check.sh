@@ -29,8 +29,11 @@ for tool in memcheck racecheck; do
     >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
 done
 if [ "$python_flag" = -DTQDECODE_PYTHON=ON ]; then
-  PYTHONPATH="$PWD/python" python3 -m pytest -p no:cacheprovider -q -rs python/tests >"$LOG_DIR/pytest.log" 2>&1 ||
-    PYTHONPATH="$PWD/python" python3 -m unittest discover -s python/tests >>"$LOG_DIR/pytest.log" 2>&1 || status=1
+  if python3 -c "import pytest" 2>/dev/null; then
+    PYTHONPATH="$PWD/python" python3 -m pytest -p no:cacheprovider -q -rs python/tests >"$LOG_DIR/pytest.log" 2>&1 || status=1
+  else
+    PYTHONPATH="$PWD/python" python3 -m unittest discover -s python/tests >"$LOG_DIR/pytest.log" 2>&1 || status=1
+  fi
 fi
 grep -hE "^\[  (PASSED|FAILED|SKIPPED) |tests? (passed|failed)|ERROR SUMMARY|passed|failed" "$LOG_DIR"/*.log | sort | uniq -c | head -40
 exit $status

@@ -398,8 +398,9 @@ class CudaTest(unittest.TestCase):
                     replayed = out.clone()
                     eager = decode(q, table, lens).clone()
                     self.assertTrue(torch.equal(replayed, eager), f"replay == eager at batch {batch}")
+                    cpu_kwargs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
                     cpu = tqdecode.turboquant_decode_attention(
-                        q.cpu(), cache.cpu(), table.cpu(), lens.cpu(), Pi.cpu(), centroids.cpu(), scale, **kwargs)
+                        q.cpu(), cache.cpu(), table.cpu(), lens.cpu(), Pi.cpu(), centroids.cpu(), scale, **cpu_kwargs)
                     self.assertGreater(errors(replayed, cpu)[0], 0.9999, f"replay vs CPU op at batch {batch}")
         finally:
             tqdecode.set_max_batch(0)
