@@ -39,12 +39,7 @@ void validate_decode_shapes(const DecodeArgs& args) {
           std::to_string(args.scale) + " is not finite; accepted: a finite softmax scale");
 
   const PresetInfo info = args.layout.info();
-  if (!info.key_fp8) {
-    const int levels = 1 << info.key_bits;
-    require(args.num_centroids == levels, "num_centroids",
-            std::to_string(args.num_centroids) + " does not match " + info.name + "; accepted: " +
-                std::to_string(levels) + " (2^" + std::to_string(info.key_bits) + ")");
-  }
+  validate_codebook_size(args.layout, args.num_centroids);
 
   // With batch 0 the call is a no-op, so engines may pass empty tensors.
   if (args.batch == 0) return;

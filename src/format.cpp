@@ -80,6 +80,15 @@ CacheLayout make_layout(Preset preset, int head_dim, int block_size, int num_kv_
   return layout;
 }
 
+void validate_codebook_size(const CacheLayout& layout, int num_centroids) {
+  const PresetInfo info = layout.info();
+  if (info.key_fp8) return;
+  const int levels = 1 << info.key_bits;
+  require(num_centroids == levels, "num_centroids",
+          std::to_string(num_centroids) + " does not match " + info.name + "; accepted: " + std::to_string(levels) +
+              " (2^" + std::to_string(info.key_bits) + ")");
+}
+
 void validate_group_size(int num_q_heads, int num_kv_heads) {
   require(num_kv_heads >= 1, "num_kv_heads", std::to_string(num_kv_heads) + " must be >= 1");
   require(num_q_heads >= 1 && num_q_heads % num_kv_heads == 0, "num_q_heads",

@@ -105,6 +105,10 @@ CacheLayout make_layout(Preset preset, int head_dim, int block_size, int num_kv_
 /// Re-validates a layout built by hand (same checks as make_layout).
 void validate_layout(const CacheLayout& layout);
 
+/// Validates the number of codebook levels for the layout's preset
+/// (2^key_bits for MSE keys; anything for fp8 keys, which use none).
+void validate_codebook_size(const CacheLayout& layout, int num_centroids);
+
 /// Validates a query-heads-per-kv-head group size (1 to kMaxGroupSize).
 void validate_group_size(int num_q_heads, int num_kv_heads);
 

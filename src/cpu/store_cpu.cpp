@@ -205,12 +205,7 @@ void validate_store_shapes(const StoreArgs& args) {
   require(args.kv_dtype == DType::f32 || args.kv_dtype == DType::f16 || args.kv_dtype == DType::bf16, "kv_dtype",
           "value " + std::to_string(static_cast<int>(args.kv_dtype)) + " is not a dtype; accepted: float32, float16, bfloat16");
   const PresetInfo info = args.layout.info();
-  if (!info.key_fp8) {
-    const int levels = 1 << info.key_bits;
-    require(args.num_centroids == levels, "num_centroids",
-            std::to_string(args.num_centroids) + " does not match " + info.name + "; accepted: " +
-                std::to_string(levels) + " (2^" + std::to_string(info.key_bits) + ")");
-  }
+  validate_codebook_size(args.layout, args.num_centroids);
   if (args.num_tokens == 0) return;
   require_pointer(args.cache, "cache");
   require_pointer(args.key, "key");

@@ -14,8 +14,11 @@
 #include "tqdecode/error.hpp"
 #include "tqdecode/random.hpp"
 #include "tqdecode/rotation.hpp"
+#include "expect_error.hpp"
 
 namespace {
+
+using tqdecode::test::expect_error_naming;
 
 using tqdecode::CoordinateDensity;
 
@@ -23,16 +26,6 @@ constexpr std::array<int, 3> kTestedHeadDims = {64, 128, 256};
 constexpr std::array<CoordinateDensity, 2> kDensities = {CoordinateDensity::sphere, CoordinateDensity::gaussian};
 // TurboQuant (arXiv 2504.19874): unit-vector MSE at 1..4 bits per coordinate.
 constexpr std::array<double, 4> kPublishedUnitVectorMse = {0.3634, 0.1175, 0.0345, 0.0095};
-
-template <class Call>
-void expect_error_naming(const std::string& argument, Call&& call) {
-  try {
-    call();
-    ADD_FAILURE() << "expected tqdecode::Error naming " << argument;
-  } catch (const tqdecode::Error& error) {
-    EXPECT_EQ(error.argument(), argument) << error.what();
-  }
-}
 
 // Unnormalized density, written directly (no substitution, no log space) so
 // the check does not share the library's integration scheme.

@@ -13,22 +13,15 @@
 #include "tqdecode/error.hpp"
 #include "tqdecode/random.hpp"
 #include "tqdecode/rotation.hpp"
+#include "expect_error.hpp"
 
 namespace {
+
+using tqdecode::test::expect_error_naming;
 
 using tqdecode::RotationKind;
 
 constexpr std::array<RotationKind, 2> kKinds = {RotationKind::hadamard, RotationKind::dense};
-
-template <class Call>
-void expect_error_naming(const std::string& argument, Call&& call) {
-  try {
-    call();
-    ADD_FAILURE() << "expected tqdecode::Error naming " << argument;
-  } catch (const tqdecode::Error& error) {
-    EXPECT_EQ(error.argument(), argument) << error.what();
-  }
-}
 
 std::string kind_name(RotationKind kind) { return kind == RotationKind::hadamard ? "hadamard" : "dense"; }
 

@@ -12,9 +12,12 @@
 #include "tqdecode/error.hpp"
 #include "tqdecode/reference.hpp"
 #include "tqdecode/scenario.hpp"
+#include "expect_error.hpp"
 
 namespace tqdecode::test {
 namespace {
+
+using tqdecode::test::expect_error_naming;
 
 // 4-bit, D = 64, block 16, Hk = 2, Hq = 4; seq_lens {5, 20} use 1 and 2 of
 // 4 table columns, the rest hold -1 or out-of-range junk.
@@ -41,16 +44,6 @@ struct BadDecode {
   const char* argument;
   bool content;  ///< caught by validate_decode_host_contents only
 };
-
-template <typename Call>
-void expect_error(Call&& call, const std::string& argument) {
-  try {
-    call();
-    ADD_FAILURE() << "no error, expected one naming " << argument;
-  } catch (const Error& error) {
-    EXPECT_EQ(error.argument(), argument) << error.what();
-  }
-}
 
 TEST(DecodeValidation, EveryBadInputNamesTheArgumentAndWritesNothing) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -107,10 +100,10 @@ TEST(DecodeValidation, EveryBadInputNamesTheArgumentAndWritesNothing) {
     if (bad.content) {
       EXPECT_NO_THROW(validate_decode_shapes(args));
     } else {
-      expect_error([&] { validate_decode_shapes(args); }, bad.argument);
+      expect_error_naming(bad.argument, [&] { validate_decode_shapes(args); });
     }
-    expect_error([&] { validate_decode_host_contents(args); }, bad.argument);
-    expect_error([&] { decode_cpu(args); }, bad.argument);
+    expect_error_naming(bad.argument, [&] { validate_decode_host_contents(args); });
+    expect_error_naming(bad.argument, [&] { decode_cpu(args); });
     EXPECT_EQ(inputs.output, std::vector<std::uint16_t>(inputs.output.size(), kSentinel)) << "output was written";
   }
 }
@@ -161,31 +154,30 @@ TEST(DecodeValidation, ReferenceStepsValidateTheirArguments) {
   std::vector<std::int32_t> bad_lens = {5, -2};
   DecodeArgs bad = args;
   bad.seq_lens = bad_lens.data();
-  expect_error([&] { decode_reference(bad, out.data()); }, "seq_lens[1]");
-  expect_error([&] { decode_partitions_reference(bad, N, 16, buffers); }, "seq_lens[1]");
+  expect_error_naming("seq_lens[1]", [&] { decode_reference(bad, out.data()); });
+  expect_error_naming("seq_lens[1]", [&] { decode_partitions_reference(bad, N, 16, buffers); });
   bad = args;
   bad.scale = std::numeric_limits<float>::infinity();
-  expect_error([&] { reduce_partitions_reference(bad, N, buffers, out.data()); }, "scale");
-  expect_error([&] { rotate_queries_reference(bad, out.data()); }, "scale");
+  expect_error_naming("scale", [&] { reduce_partitions_reference(bad, N, buffers, out.data()); });
+  expect_error_naming("scale", [&] { rotate_queries_reference(bad, out.data()); });
 
-  expect_error([&] { decode_reference(args, nullptr); }, "output");
-  expect_error([&] { decode_partitions_reference(args, 0, 16, buffers); }, "num_partitions");
-  expect_error([&] { decode_partitions_reference(args, N, 0, buffers); }, "align");
-  expect_error([&] { decode_partitions_reference(args, N, 16, {nullptr, sum.data(), partial.data()}); }, "partitions.max");
-  expect_error([&] { decode_partitions_reference(args, N, 16, {max.data(), nullptr, partial.data()}); }, "partitions.sum");
-  expect_error([&] { decode_partitions_reference(args, N, 16, {max.data(), sum.data(), nullptr}); }, "partitions.out");
-  expect_error([&] { reduce_partitions_reference(args, 0, buffers, out.data()); }, "num_partitions");
-  expect_error([&] { reduce_partitions_reference(args, N, {max.data(), sum.data(), nullptr}, out.data()); },
-               "partitions.out");
+  expect_error_naming("output", [&] { decode_reference(args, nullptr); });
+  expect_error_naming("num_partitions", [&] { decode_partitions_reference(args, 0, 16, buffers); });
+  expect_error_naming("align", [&] { decode_partitions_reference(args, N, 0, buffers); });
+  expect_error_naming("partitions.max", [&] { decode_partitions_reference(args, N, 16, {nullptr, sum.data(), partial.data()}); });
+  expect_error_naming("partitions.sum", [&] { decode_partitions_reference(args, N, 16, {max.data(), nullptr, partial.data()}); });
+  expect_error_naming("partitions.out", [&] { decode_partitions_reference(args, N, 16, {max.data(), sum.data(), nullptr}); });
+  expect_error_naming("num_partitions", [&] { reduce_partitions_reference(args, 0, buffers, out.data()); });
+  expect_error_naming("partitions.out", [&] { reduce_partitions_reference(args, N, {max.data(), sum.data(), nullptr}, out.data()); });
   for (const std::vector<float>* buffer : {&max, &sum, &partial, &out}) {
     EXPECT_EQ(*buffer, std::vector<float>(buffer->size(), sentinel)) << "a buffer was written";
   }
 
   float exact_out[64];
-  expect_error([&] {
+  expect_error_naming("num_q_heads", [&] {
     exact_attention(scenario.query.data(), scenario.keys.data(), scenario.values.data(),
                     scenario.token_offsets.data(), 2, 4, 3, 64, scenario.scale, nullptr, exact_out);
-  }, "num_q_heads");
+  });
 }
 
 }  // namespace
