@@ -117,12 +117,12 @@ class CoordinateModel {
 };
 
 void validate_head_dim(int head_dim) {
-  require(head_dim >= kMinHeadDim, "head_dim",
+  TQ_REQUIRE(head_dim >= kMinHeadDim, "head_dim",
           std::to_string(head_dim) + " is not supported; accepted: >= " + std::to_string(kMinHeadDim));
 }
 
 void validate_density(CoordinateDensity density) {
-  require(density == CoordinateDensity::sphere || density == CoordinateDensity::gaussian, "density",
+  TQ_REQUIRE(density == CoordinateDensity::sphere || density == CoordinateDensity::gaussian, "density",
           "unknown density value " + std::to_string(static_cast<int>(density)) +
               "; accepted: sphere, gaussian");
 }
@@ -177,7 +177,7 @@ std::vector<float> compute_lloyd_max_centroids(int bits, int head_dim, Coordinat
 }  // namespace
 
 const std::vector<float>& lloyd_max_centroids(int bits, int head_dim, CoordinateDensity density) {
-  require(bits >= kMinBits && bits <= kMaxBits, "bits",
+  TQ_REQUIRE(bits >= kMinBits && bits <= kMaxBits, "bits",
           std::to_string(bits) + " is not supported; accepted: " + std::to_string(kMinBits) + " to " +
               std::to_string(kMaxBits));
   validate_head_dim(head_dim);
@@ -200,8 +200,8 @@ const std::vector<float>& lloyd_max_centroids(int bits, int head_dim, Coordinate
 }
 
 double lloyd_max_unit_vector_mse(const std::vector<float>& centroids, int head_dim, CoordinateDensity density) {
-  require(!centroids.empty(), "centroids", "is empty; accepted: at least one level");
-  require(std::is_sorted(centroids.begin(), centroids.end()), "centroids",
+  TQ_REQUIRE(!centroids.empty(), "centroids", "is empty; accepted: at least one level");
+  TQ_REQUIRE(std::is_sorted(centroids.begin(), centroids.end()), "centroids",
           "levels are not sorted in ascending order");
   validate_head_dim(head_dim);
   validate_density(density);
@@ -227,7 +227,7 @@ double lloyd_max_unit_vector_mse(const std::vector<float>& centroids, int head_d
 }
 
 int nearest_centroid(const float* centroids, int count, float x) {
-  require(centroids != nullptr && count >= 1, "count",
+  TQ_REQUIRE(centroids != nullptr && count >= 1, "count",
           std::to_string(count) + " centroids given; accepted: >= 1 with a non-null table");
   // The reference rule: fp32 distances, strict '<' so a tie keeps the lower index.
   int best = 0;

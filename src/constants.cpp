@@ -14,12 +14,12 @@ ModelConstants make_model_constants(Preset preset, int head_dim, std::uint64_t s
     for (Preset known : kAllPresets) names += (names.empty() ? "" : ", ") + std::string(preset_info(known).name);
     fail("preset", "unknown preset value " + std::to_string(static_cast<int>(preset)) + "; accepted: " + names);
   }
-  require(std::find(kHeadDims.begin(), kHeadDims.end(), head_dim) != kHeadDims.end(), "head_dim",
+  TQ_REQUIRE(std::find(kHeadDims.begin(), kHeadDims.end(), head_dim) != kHeadDims.end(), "head_dim",
           std::to_string(head_dim) + " is not supported; accepted: " + accepted_list(kHeadDims));
   // Checked here even for fp8 keys, which use neither, so a bad value never passes silently.
-  require(rotation == RotationKind::hadamard || rotation == RotationKind::dense, "rotation",
+  TQ_REQUIRE(rotation == RotationKind::hadamard || rotation == RotationKind::dense, "rotation",
           "unknown rotation kind " + std::to_string(static_cast<int>(rotation)) + "; accepted: hadamard, dense");
-  require(density == CoordinateDensity::sphere || density == CoordinateDensity::gaussian, "density",
+  TQ_REQUIRE(density == CoordinateDensity::sphere || density == CoordinateDensity::gaussian, "density",
           "unknown density value " + std::to_string(static_cast<int>(density)) + "; accepted: sphere, gaussian");
 
   ModelConstants constants{preset, head_dim, {}, {}, {}};

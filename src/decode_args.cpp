@@ -10,32 +10,32 @@ namespace tqdecode {
 namespace {
 
 void require_non_negative_stride(std::int64_t stride, const char* argument) {
-  require(stride >= 0, argument,
+  TQ_REQUIRE(stride >= 0, argument,
           std::to_string(stride) + " is negative; accepted: 0 (contiguous) or a positive element stride");
 }
 
 void require_pointer(const void* pointer, const char* argument) {
-  require(pointer != nullptr, argument, "is null; a tensor is required when batch > 0");
+  TQ_REQUIRE(pointer != nullptr, argument, "is null; a tensor is required when batch > 0");
 }
 
 }  // namespace
 
-void validate_decode_shapes(const DecodeArgs& args) {
-  require(args.batch >= 0, "batch", std::to_string(args.batch) + " is negative; accepted: >= 0");
+void validate_decode_shapes(const DecodeArgs& args, bool output_required) {
+  TQ_REQUIRE(args.batch >= 0, "batch", std::to_string(args.batch) + " is negative; accepted: >= 0");
   validate_layout(args.layout);
   validate_group_size(args.num_q_heads, args.layout.num_kv_heads);
-  require(args.query_dtype == DType::bf16 || args.query_dtype == DType::f16, "query_dtype",
+  TQ_REQUIRE(args.query_dtype == DType::bf16 || args.query_dtype == DType::f16, "query_dtype",
           std::string(dtype_name(args.query_dtype)) + " is not supported; accepted: bfloat16, float16");
-  require(args.num_blocks >= 1, "num_blocks",
+  TQ_REQUIRE(args.num_blocks >= 1, "num_blocks",
           std::to_string(args.num_blocks) + " is out of range; accepted: >= 1");
-  require(args.max_blocks_per_seq >= 1, "max_blocks_per_seq",
+  TQ_REQUIRE(args.max_blocks_per_seq >= 1, "max_blocks_per_seq",
           std::to_string(args.max_blocks_per_seq) + " is out of range; accepted: >= 1");
   require_non_negative_stride(args.query_stride_batch, "query_stride_batch");
   require_non_negative_stride(args.query_stride_head, "query_stride_head");
   require_non_negative_stride(args.block_table_stride, "block_table_stride");
   require_non_negative_stride(args.output_stride_batch, "output_stride_batch");
   require_non_negative_stride(args.output_stride_head, "output_stride_head");
-  require(std::isfinite(args.scale), "scale",
+  TQ_REQUIRE(std::isfinite(args.scale), "scale",
           std::to_string(args.scale) + " is not finite; accepted: a finite softmax scale");
 
   const PresetInfo info = args.layout.info();
@@ -47,7 +47,7 @@ void validate_decode_shapes(const DecodeArgs& args) {
   require_pointer(args.cache, "cache");
   require_pointer(args.block_table, "block_table");
   require_pointer(args.seq_lens, "seq_lens");
-  require_pointer(args.output, "output");
+  if (output_required) require_pointer(args.output, "output");
   if (!info.key_fp8) {
     require_pointer(args.centroids, "centroids");
     require_pointer(args.PiT, "PiT");

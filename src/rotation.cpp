@@ -73,11 +73,11 @@ std::vector<float> dense_orthogonal(int dim, std::uint64_t seed) {
 }  // namespace
 
 std::vector<float> make_rotation(RotationKind kind, int head_dim, std::uint64_t seed) {
-  require(head_dim >= 1 && head_dim <= kMaxRotationDim, "head_dim",
+  TQ_REQUIRE(head_dim >= 1 && head_dim <= kMaxRotationDim, "head_dim",
           std::to_string(head_dim) + " is out of range; accepted: 1 to " + std::to_string(kMaxRotationDim));
   switch (kind) {
     case RotationKind::hadamard:
-      require(std::has_single_bit(static_cast<unsigned>(head_dim)), "head_dim",
+      TQ_REQUIRE(std::has_single_bit(static_cast<unsigned>(head_dim)), "head_dim",
               std::to_string(head_dim) + " is not a power of two, which the Hadamard rotation needs; "
                                          "accepted: 1, 2, 4, ..., 1024 (or use the dense rotation)");
       return randomized_hadamard(head_dim, seed);
@@ -88,7 +88,7 @@ std::vector<float> make_rotation(RotationKind kind, int head_dim, std::uint64_t 
 }
 
 std::vector<float> transpose_square(const std::vector<float>& matrix, int n) {
-  require(n >= 0 && matrix.size() == static_cast<std::size_t>(n) * static_cast<std::size_t>(n), "matrix",
+  TQ_REQUIRE(n >= 0 && matrix.size() == static_cast<std::size_t>(n) * static_cast<std::size_t>(n), "matrix",
           "has " + std::to_string(matrix.size()) + " elements; accepted: n * n for n = " + std::to_string(n));
   const auto size = static_cast<std::size_t>(n);
   std::vector<float> transposed(matrix.size());

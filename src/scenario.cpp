@@ -108,7 +108,7 @@ Scenario make_scenario(const ScenarioConfig& config) {
   const int Hk = config.num_kv_heads;
   const int batch = static_cast<int>(config.seq_lens.size());
   validate_group_size(config.num_q_heads, Hk);
-  require(config.query_dtype == DType::bf16 || config.query_dtype == DType::f16, "query_dtype",
+  TQ_REQUIRE(config.query_dtype == DType::bf16 || config.query_dtype == DType::f16, "query_dtype",
           std::string(dtype_name(config.query_dtype)) + " is not supported; accepted: bfloat16, float16");
   s.layout = make_layout(config.preset, D, config.block_size, Hk);
   s.layout.block_stride += config.block_stride_padding;
@@ -179,7 +179,7 @@ StoreArgs Scenario::store_args(std::uint8_t* cache_bytes, const void* key, const
 }
 
 std::vector<float> Scenario::exact_output() const {
-  require(!keys.empty() || total_tokens() == 0, "scenario", "built with keep_unquantized = false");
+  TQ_REQUIRE(!keys.empty() || total_tokens() == 0, "scenario", "built with keep_unquantized = false");
   std::vector<float> out(query.size());
   exact_attention(query.data(), keys.data(), values.data(), token_offsets.data(), batch(), config.num_q_heads,
                   config.num_kv_heads, config.head_dim, scale, sinks.empty() ? nullptr : sinks.data(), out.data());
@@ -286,7 +286,7 @@ double peak_relative_error(const std::vector<float>& actual, const std::vector<f
 }
 
 ErrorStats compare_outputs(const std::vector<float>& actual, const std::vector<float>& expected) {
-  require(actual.size() == expected.size(), "actual",
+  TQ_REQUIRE(actual.size() == expected.size(), "actual",
           "size " + std::to_string(actual.size()) + " differs from expected size " + std::to_string(expected.size()));
   const Peaks p = peaks(actual, expected);
   return {cosine_similarity(actual, expected), relative_l2(actual, expected), p.max_abs_diff,

@@ -60,7 +60,7 @@ const char* kUsage =
 int parse_int(std::string_view flag, const char* text) {
   char* end = nullptr;
   const long value = std::strtol(text, &end, 10);
-  require(text[0] != '\0' && *end == '\0' && value >= 0 && value <= (1L << 30), std::string(flag),
+  TQ_REQUIRE(text[0] != '\0' && *end == '\0' && value >= 0 && value <= (1L << 30), std::string(flag),
           "'" + std::string(text) + "' is not a non-negative integer");
   return static_cast<int>(value);
 }
@@ -73,7 +73,7 @@ DemoOptions parse_demo_options(int argc, char** argv) {
       options.cpu = true;
       continue;
     }
-    require(i + 1 < argc, std::string(flag), "needs a value (see tqdecode --help)");
+    TQ_REQUIRE(i + 1 < argc, std::string(flag), "needs a value (see tqdecode --help)");
     const char* value = argv[++i];
     if (flag == "--batch") options.batch = parse_int(flag, value);
     else if (flag == "--context") options.context = parse_int(flag, value);
@@ -84,8 +84,8 @@ DemoOptions parse_demo_options(int argc, char** argv) {
     else if (flag == "--seed") options.seed = static_cast<std::uint64_t>(parse_int(flag, value));
     else fail(std::string(flag), "unknown option (see tqdecode --help)");
   }
-  require(options.batch >= 1, "--batch", "must be >= 1");
-  require(options.context >= 1, "--context", "must be >= 1");
+  TQ_REQUIRE(options.batch >= 1, "--batch", "must be >= 1");
+  TQ_REQUIRE(options.context >= 1, "--context", "must be >= 1");
   return options;
 }
 

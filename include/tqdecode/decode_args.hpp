@@ -48,8 +48,10 @@ struct DecodeArgs {
 };
 
 /// Checks shapes, dtypes, strides, layout, codebook size and null pointers;
-/// reads no tensor memory. Throws Error naming the argument.
-void validate_decode_shapes(const DecodeArgs& args);
+/// reads no tensor memory. Throws Error naming the argument. With
+/// `output_required` false a null output passes (the CUDA launcher then
+/// writes its pooled output).
+void validate_decode_shapes(const DecodeArgs& args, bool output_required = true);
 
 /// Also checks tensor contents that live in host memory: every seq_len in
 /// [0, max_blocks_per_seq * block_size] and every block-table entry a

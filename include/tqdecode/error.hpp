@@ -31,9 +31,13 @@ class CudaError : public std::runtime_error {
 /// Throws Error for `argument` with `message`.
 [[noreturn]] void fail(std::string_view argument, const std::string& message);
 
-/// Throws Error unless `ok`.
-inline void require(bool ok, std::string_view argument, const std::string& message) {
-  if (!ok) fail(argument, message);
-}
-
 }  // namespace tqdecode
+
+/// Throws tqdecode::Error for `argument` unless `condition`. A macro so the
+/// message is built only on failure: argument checks run on every decode
+/// call, and building their messages eagerly cost a dozen string
+/// allocations per call.
+#define TQ_REQUIRE(condition, argument, message)                        \
+  do {                                                                  \
+    if (!(condition)) ::tqdecode::fail((argument), (message));          \
+  } while (false)

@@ -40,7 +40,6 @@ namespace tqdecode_torch {
 using at::Tensor;
 using OptionalTensor = std::optional<Tensor>;
 using tqdecode::fail;
-using tqdecode::require;
 
 // Runs an op body, turning the library's exceptions into the c10 exceptions
 // that torch maps to Python ValueError / RuntimeError.
@@ -69,35 +68,35 @@ std::string shape_text(at::IntArrayRef sizes) {
 }
 
 void check_dtype(const Tensor& tensor, const char* argument, at::ScalarType expected) {
-  require(tensor.scalar_type() == expected, argument,
+  TQ_REQUIRE(tensor.scalar_type() == expected, argument,
           "dtype " + dtype_text(tensor.scalar_type()) + " is not supported; accepted: " + dtype_text(expected));
 }
 
 void check_dim(const Tensor& tensor, const char* argument, int64_t dim, const char* shape) {
-  require(tensor.dim() == dim, argument,
+  TQ_REQUIRE(tensor.dim() == dim, argument,
           "has " + std::to_string(tensor.dim()) + " dimensions; expected " + std::to_string(dim) + ": " + shape);
 }
 
 void check_size(const Tensor& tensor, const char* argument, int64_t dim, int64_t expected, const char* what) {
-  require(tensor.size(dim) == expected, argument,
+  TQ_REQUIRE(tensor.size(dim) == expected, argument,
           "size " + std::to_string(tensor.size(dim)) + " in dimension " + std::to_string(dim) + " does not match " +
               what + " = " + std::to_string(expected));
 }
 
 void check_device(const Tensor& tensor, const char* argument, const at::Device& device) {
-  require(tensor.device() == device, argument,
+  TQ_REQUIRE(tensor.device() == device, argument,
           "is on " + tensor.device().str() + "; every tensor of the call must be on " + device.str());
 }
 
 void check_contiguous(const Tensor& tensor, const char* argument) {
-  require(tensor.is_contiguous(), argument, "must be contiguous");
+  TQ_REQUIRE(tensor.is_contiguous(), argument, "must be contiguous");
 }
 
 
 // An fp32 model constant (centroids, Pi, PiT) that MSE presets need.
 const Tensor& required_constant(const OptionalTensor& tensor, const char* argument, const tqdecode::CacheLayout& layout,
                                 const at::Device& device) {
-  require(tensor.has_value(), argument,
+  TQ_REQUIRE(tensor.has_value(), argument,
           std::string("is required by preset ") + layout.info().name + " (MSE keys)");
   check_device(*tensor, argument, device);
   check_dtype(*tensor, argument, at::kFloat);
@@ -122,18 +121,18 @@ void check_codebook(const Tensor& centroids, const tqdecode::CacheLayout& layout
 tqdecode::CacheLayout cache_layout_of(const Tensor& kv_cache, tqdecode::Preset preset, int head_dim) {
   check_dtype(kv_cache, "kv_cache", at::kByte);
   check_dim(kv_cache, "kv_cache", 4, "[num_blocks, block_size, num_kv_heads, slot_bytes]");
-  require(kv_cache.size(0) >= 1, "kv_cache", "has no blocks");
-  require(kv_cache.stride(3) == 1 && kv_cache.stride(2) == kv_cache.size(3) &&
+  TQ_REQUIRE(kv_cache.size(0) >= 1, "kv_cache", "has no blocks");
+  TQ_REQUIRE(kv_cache.stride(3) == 1 && kv_cache.stride(2) == kv_cache.size(3) &&
               kv_cache.stride(1) == kv_cache.size(2) * kv_cache.size(3),
           "kv_cache", "a block [block_size, num_kv_heads, slot_bytes] must be contiguous; only stride(0) may be padded");
   tqdecode::CacheLayout layout = tqdecode::make_layout(preset, head_dim, static_cast<int>(kv_cache.size(1)),
                                                        static_cast<int>(kv_cache.size(2)));
   const int64_t block_bytes = kv_cache.size(1) * kv_cache.size(2) * kv_cache.size(3);
-  require(block_bytes >= layout.natural_block_bytes(), "kv_cache",
+  TQ_REQUIRE(block_bytes >= layout.natural_block_bytes(), "kv_cache",
           "slot_bytes " + std::to_string(kv_cache.size(3)) + " is smaller than the " +
               std::to_string(layout.bytes_per_token_head()) + " bytes per (token, kv head) of " + layout.info().name +
               " with head_dim " + std::to_string(head_dim));
-  require(kv_cache.stride(0) >= block_bytes, "kv_cache",
+  TQ_REQUIRE(kv_cache.stride(0) >= block_bytes, "kv_cache",
           "stride(0) " + std::to_string(kv_cache.stride(0)) + " is smaller than a block of " +
               std::to_string(block_bytes) + " bytes: blocks would overlap");
   layout.block_stride = kv_cache.stride(0);
@@ -164,20 +163,20 @@ struct DecodeInputs {
 tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
   const Tensor& query = in.query;
   const at::Device device = query.device();
-  require(query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kHalf, "query",
+  TQ_REQUIRE(query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kHalf, "query",
           "dtype " + dtype_text(query.scalar_type()) + " is not supported; accepted: torch.bfloat16, torch.float16");
   check_dim(query, "query", 3, "[batch, num_q_heads, head_dim]");
-  require(query.stride(2) == 1, "query", "the head_dim dimension must have stride 1");
+  TQ_REQUIRE(query.stride(2) == 1, "query", "the head_dim dimension must have stride 1");
   check_device(in.kv_cache, "kv_cache", device);
 
   const tqdecode::Preset preset = tqdecode::preset_from_parameters(
       static_cast<int>(in.mse_bits), static_cast<int>(in.value_quant_bits), in.key_fp8, in.norm_correction);
   const int head_dim = static_cast<int>(query.size(2));
   const tqdecode::CacheLayout layout = cache_layout_of(in.kv_cache, preset, head_dim);
-  require(in.key_packed_size == layout.key_bytes(), "key_packed_size",
+  TQ_REQUIRE(in.key_packed_size == layout.key_bytes(), "key_packed_size",
           std::to_string(in.key_packed_size) + " does not match " + layout.info().name + " with head_dim " +
               std::to_string(head_dim) + "; accepted: " + std::to_string(layout.key_bytes()));
-  require(in.value_packed_size == layout.value_bytes(), "value_packed_size",
+  TQ_REQUIRE(in.value_packed_size == layout.value_bytes(), "value_packed_size",
           std::to_string(in.value_packed_size) + " does not match " + layout.info().name + " with head_dim " +
               std::to_string(head_dim) + "; accepted: " + std::to_string(layout.value_bytes()));
 
@@ -186,7 +185,7 @@ tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
   check_dtype(in.block_table, "block_table", at::kInt);
   check_dim(in.block_table, "block_table", 2, "[batch, max_blocks_per_seq]");
   check_size(in.block_table, "block_table", 0, batch, "the batch size query.shape[0]");
-  require(in.block_table.stride(1) == 1, "block_table", "rows must be contiguous (stride(1) == 1)");
+  TQ_REQUIRE(in.block_table.stride(1) == 1, "block_table", "rows must be contiguous (stride(1) == 1)");
   check_device(in.seq_lens, "seq_lens", device);
   check_dtype(in.seq_lens, "seq_lens", at::kInt);
   check_dim(in.seq_lens, "seq_lens", 1, "[batch]");
@@ -234,7 +233,7 @@ void set_output(tqdecode::DecodeArgs& args, const Tensor& out, const Tensor& que
   if (out.sizes() != query.sizes()) {
     fail("out", "shape " + shape_text(out.sizes()) + " does not match the query shape " + shape_text(query.sizes()));
   }
-  require(out.stride(2) == 1, "out", "the head_dim dimension must have stride 1");
+  TQ_REQUIRE(out.stride(2) == 1, "out", "the head_dim dimension must have stride 1");
   args.output = out.data_ptr();
   args.output_stride_batch = out.stride(0);
   args.output_stride_head = out.stride(1);
@@ -290,7 +289,7 @@ tqdecode::StoreArgs store_args(const Tensor& key, const Tensor& value, const Ten
                                std::string_view preset_name) {
   const at::Device device = key.device();
   const tqdecode::Preset preset = tqdecode::parse_preset(preset_name, "preset");
-  require(key.scalar_type() == at::kFloat || key.scalar_type() == at::kHalf || key.scalar_type() == at::kBFloat16,
+  TQ_REQUIRE(key.scalar_type() == at::kFloat || key.scalar_type() == at::kHalf || key.scalar_type() == at::kBFloat16,
           "key",
           "dtype " + dtype_text(key.scalar_type()) +
               " is not supported; accepted: torch.float32, torch.float16, torch.bfloat16");
@@ -346,7 +345,7 @@ void store_cpu(const Tensor& key, const Tensor& value, Tensor& kv_cache, const T
 std::tuple<Tensor, Tensor, Tensor> make_model_constants(std::string_view preset, int64_t head_dim, int64_t seed,
                                                         std::string_view rotation) {
   return translating_errors([&] {
-    require(rotation == "hadamard" || rotation == "dense", "rotation",
+    TQ_REQUIRE(rotation == "hadamard" || rotation == "dense", "rotation",
             "'" + std::string(rotation) + "' is not a rotation; accepted: hadamard, dense");
     const tqdecode::ModelConstants constants = tqdecode::make_model_constants(
         tqdecode::parse_preset(preset, "preset"), static_cast<int>(head_dim), static_cast<std::uint64_t>(seed),
@@ -394,7 +393,7 @@ class Workspaces {
   // pools are released (once no call uses them), like a pool growth: pooled
   // outputs returned earlier and CUDA graphs captured earlier become invalid.
   void set_max_batch(int64_t max_batch) {
-    require(max_batch >= 0 && max_batch <= (1 << 20), "max_batch",
+    TQ_REQUIRE(max_batch >= 0 && max_batch <= (1 << 20), "max_batch",
             std::to_string(max_batch) + " is out of range; accepted: 0 (TQDECODE_MAX_BATCH, else 512) to 1048576");
     std::lock_guard<std::mutex> lock(mutex_);
     if (max_batch == max_batch_) return;

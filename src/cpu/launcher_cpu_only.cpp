@@ -22,8 +22,8 @@ bool cuda_available() { return false; }
 bool is_available() { return false; }
 
 LaunchPlan plan_decode(const DecodeArgs& args, PathRequest request) {
-  validate_decode_shapes(args);
-  require(request == PathRequest::automatic || request == PathRequest::cpu_reference, "path",
+  validate_decode_shapes(args, /*output_required=*/false);
+  TQ_REQUIRE(request == PathRequest::automatic || request == PathRequest::cpu_reference, "path",
           "this build has no CUDA; accepted: automatic, cpu_reference");
   return {DecodePath::cpu_reference, "this build has no CUDA", 1, 1};
 }

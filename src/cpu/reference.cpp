@@ -168,12 +168,12 @@ constexpr int kMaxPartitions = 1 << 16;
 constexpr int kMaxAlign = 1 << 16;
 
 void validate_partition_buffers(const DecodeArgs& args, int num_partitions, const PartitionBuffers& partitions) {
-  require(num_partitions >= 1 && num_partitions <= kMaxPartitions, "num_partitions",
+  TQ_REQUIRE(num_partitions >= 1 && num_partitions <= kMaxPartitions, "num_partitions",
           std::to_string(num_partitions) + " is out of range; accepted: 1 to " + std::to_string(kMaxPartitions));
   if (args.batch <= 0) return;  // nothing to write (a negative batch is reported by the shape checks)
-  require(partitions.max != nullptr, "partitions.max", "is null; a [B, Hq, N] buffer is required");
-  require(partitions.sum != nullptr, "partitions.sum", "is null; a [B, Hq, N] buffer is required");
-  require(partitions.out != nullptr, "partitions.out", "is null; a [B, Hq, N, D] buffer is required");
+  TQ_REQUIRE(partitions.max != nullptr, "partitions.max", "is null; a [B, Hq, N] buffer is required");
+  TQ_REQUIRE(partitions.sum != nullptr, "partitions.sum", "is null; a [B, Hq, N] buffer is required");
+  TQ_REQUIRE(partitions.out != nullptr, "partitions.out", "is null; a [B, Hq, N, D] buffer is required");
 }
 
 }  // namespace
@@ -192,7 +192,7 @@ void decode_partitions_reference(const DecodeArgs& args, int num_partitions, int
                                  const PartitionBuffers& partitions) {
   validate_partition_buffers(args, num_partitions, partitions);
   validate_decode_host_contents(writing_to(args, partitions.out));
-  require(align >= 1 && align <= kMaxAlign, "align",
+  TQ_REQUIRE(align >= 1 && align <= kMaxAlign, "align",
           std::to_string(align) + " is out of range; accepted: 1 to " + std::to_string(kMaxAlign));
   for (int b = 0; b < args.batch; ++b) {
     if (args.seq_lens[b] > std::numeric_limits<std::int32_t>::max() - kMaxPartitions - kMaxAlign) {
@@ -286,8 +286,8 @@ void decode_cpu(const DecodeArgs& args) {
 void exact_attention(const float* query, const float* keys, const float* values, const std::int64_t* token_offsets,
                      int batch, int num_q_heads, int num_kv_heads, int head_dim, float scale, const float* sinks,
                      float* out) {
-  require(batch >= 0, "batch", std::to_string(batch) + " is negative; accepted: >= 0");
-  require(head_dim >= 1, "head_dim", std::to_string(head_dim) + " is out of range; accepted: >= 1");
+  TQ_REQUIRE(batch >= 0, "batch", std::to_string(batch) + " is negative; accepted: >= 0");
+  TQ_REQUIRE(head_dim >= 1, "head_dim", std::to_string(head_dim) + " is out of range; accepted: >= 1");
   validate_group_size(num_q_heads, num_kv_heads);
   const int group = num_q_heads / num_kv_heads;
   const int D = head_dim;

@@ -64,7 +64,7 @@ ValueQuantParams encode_value(const float* value, int head_dim, int bits, std::u
 namespace {
 
 void require_pointer(const void* pointer, const char* argument) {
-  require(pointer != nullptr, argument, "is null; a tensor is required when num_tokens > 0");
+  TQ_REQUIRE(pointer != nullptr, argument, "is null; a tensor is required when num_tokens > 0");
 }
 
 // Below this many (token, head) pairs a parallel region costs more than it
@@ -200,9 +200,9 @@ void write_half(std::uint8_t* at, std::uint16_t bits) {  // little-endian, any a
 
 void validate_store_shapes(const StoreArgs& args) {
   validate_layout(args.layout);
-  require(args.num_blocks >= 1, "num_blocks", std::to_string(args.num_blocks) + " is out of range; accepted: >= 1");
-  require(args.num_tokens >= 0, "num_tokens", std::to_string(args.num_tokens) + " is negative; accepted: >= 0");
-  require(args.kv_dtype == DType::f32 || args.kv_dtype == DType::f16 || args.kv_dtype == DType::bf16, "kv_dtype",
+  TQ_REQUIRE(args.num_blocks >= 1, "num_blocks", std::to_string(args.num_blocks) + " is out of range; accepted: >= 1");
+  TQ_REQUIRE(args.num_tokens >= 0, "num_tokens", std::to_string(args.num_tokens) + " is negative; accepted: >= 0");
+  TQ_REQUIRE(args.kv_dtype == DType::f32 || args.kv_dtype == DType::f16 || args.kv_dtype == DType::bf16, "kv_dtype",
           "value " + std::to_string(static_cast<int>(args.kv_dtype)) + " is not a dtype; accepted: float32, float16, bfloat16");
   const PresetInfo info = args.layout.info();
   validate_codebook_size(args.layout, args.num_centroids);

@@ -46,16 +46,16 @@ void dispatch_head_dim(const PartitionParams& params, cudaStream_t stream, int g
 void launch_partitions_generic(const PartitionParams& params, CUstream_st* stream) {
   validate_layout(params.layout);
   validate_group_size(params.num_q_heads, params.layout.num_kv_heads);
-  require(params.num_partitions >= 1, "num_partitions",
+  TQ_REQUIRE(params.num_partitions >= 1, "num_partitions",
           std::to_string(params.num_partitions) + " is out of range; accepted: >= 1");
-  require(params.partition_align >= 1, "partition_align",
+  TQ_REQUIRE(params.partition_align >= 1, "partition_align",
           std::to_string(params.partition_align) + " is out of range; accepted: >= 1");
-  require(params.max_blocks_per_seq >= 1, "max_blocks_per_seq",
+  TQ_REQUIRE(params.max_blocks_per_seq >= 1, "max_blocks_per_seq",
           std::to_string(params.max_blocks_per_seq) + " is out of range; accepted: >= 1");
-  require(params.batch >= 0 && params.batch <= 65535, "batch",
+  TQ_REQUIRE(params.batch >= 0 && params.batch <= 65535, "batch",
           std::to_string(params.batch) + " is out of range for the generic kernel; accepted: 0 to 65535");
   const bool key_fp8 = params.layout.key_fp8();
-  require(key_fp8 || params.centroids != nullptr, "centroids", "is null; MSE presets need the codebook");
+  TQ_REQUIRE(key_fp8 || params.centroids != nullptr, "centroids", "is null; MSE presets need the codebook");
   if (params.batch == 0) return;
 
   const int group = params.num_q_heads / params.layout.num_kv_heads;

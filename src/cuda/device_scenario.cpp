@@ -91,8 +91,8 @@ std::vector<float> DeviceScenario::output() const {
 }
 
 void DeviceScenario::upload_lengths(const std::vector<std::int32_t>& seq_lens, const std::vector<std::int32_t>& block_table) {
-  require(seq_lens.size() == scenario_.seq_lens.size(), "seq_lens", "size differs from the scenario's batch");
-  require(block_table.size() == scenario_.block_table.size(), "block_table", "size differs from the scenario's table");
+  TQ_REQUIRE(seq_lens.size() == scenario_.seq_lens.size(), "seq_lens", "size differs from the scenario's batch");
+  TQ_REQUIRE(block_table.size() == scenario_.block_table.size(), "block_table", "size differs from the scenario's table");
   TQ_CUDA_CHECK(cudaMemcpy(buffers_->seq_lens, seq_lens.data(), seq_lens.size() * 4, cudaMemcpyHostToDevice));
   TQ_CUDA_CHECK(cudaMemcpy(buffers_->block_table, block_table.data(), block_table.size() * 4, cudaMemcpyHostToDevice));
 }

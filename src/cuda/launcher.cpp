@@ -47,7 +47,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   std::string reason;
   switch (request) {
     case PathRequest::hopper:
-      require(not_hopper.empty(), "path", "the Hopper kernel cannot serve this call: " + not_hopper);
+      TQ_REQUIRE(not_hopper.empty(), "path", "the Hopper kernel cannot serve this call: " + not_hopper);
       path = DecodePath::hopper;
       reason = "requested";
       break;
@@ -80,10 +80,10 @@ bool is_available() {
 }
 
 LaunchPlan plan_decode(const DecodeArgs& args, PathRequest request) {
-  validate_decode_shapes(args);
+  validate_decode_shapes(args, /*output_required=*/false);
   if (request == PathRequest::cpu_reference) return {DecodePath::cpu_reference, "requested", 1, 1};
   if (!device_present()) {
-    require(request == PathRequest::automatic, "path", "no CUDA device is present; accepted: automatic, cpu_reference");
+    TQ_REQUIRE(request == PathRequest::automatic, "path", "no CUDA device is present; accepted: automatic, cpu_reference");
     return {DecodePath::cpu_reference, "no CUDA device is present", 1, 1};
   }
   const cuda::DeviceInfo& device = cuda::current_device_info();
@@ -106,15 +106,14 @@ PathChoice choose_decode_path(const DecodeArgs& args, PathRequest request) {
 
 void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* stream, PathRequest request) {
   if (args.batch == 0) {
-    validate_decode_shapes(args);
+    validate_decode_shapes(args, /*output_required=*/false);
     return args.output;
   }
   DecodeArgs call = args;
   const bool pooled_output = call.output == nullptr;
-  if (pooled_output) call.output = reinterpret_cast<void*>(std::uintptr_t{1});  // placeholder for validation
   const LaunchPlan plan = plan_decode(call, request);
   if (plan.path == DecodePath::cpu_reference) {
-    require(!pooled_output, "output", "the CPU path needs a caller-provided output");
+    TQ_REQUIRE(!pooled_output, "output", "the CPU path needs a caller-provided output");
     decode_cpu(call);
     return call.output;
   }

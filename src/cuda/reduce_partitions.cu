@@ -162,9 +162,9 @@ void launch_reduce(const ReduceParams& params, cudaStream_t stream) {
 }  // namespace
 
 void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream) {
-  require(params.output_dtype == DType::bf16 || params.output_dtype == DType::f16, "output_dtype",
+  TQ_REQUIRE(params.output_dtype == DType::bf16 || params.output_dtype == DType::f16, "output_dtype",
           std::string(dtype_name(params.output_dtype)) + " is not supported; accepted: bfloat16, float16");
-  require(params.num_partitions >= 1, "num_partitions",
+  TQ_REQUIRE(params.num_partitions >= 1, "num_partitions",
           std::to_string(params.num_partitions) + " is out of range; accepted: >= 1");
   if (params.batch == 0 || params.num_q_heads == 0) return;
   // Strides follow DecodeArgs: in elements, 0 meaning contiguous [B, Hq, D].

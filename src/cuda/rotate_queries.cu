@@ -90,7 +90,7 @@ void launch_rotate(const RotateParams& params, cudaStream_t stream) {
 }  // namespace
 
 void launch_rotate_queries(const RotateParams& params, CUstream_st* stream) {
-  require(params.query_dtype == DType::bf16 || params.query_dtype == DType::f16, "query_dtype",
+  TQ_REQUIRE(params.query_dtype == DType::bf16 || params.query_dtype == DType::f16, "query_dtype",
           std::string(dtype_name(params.query_dtype)) + " is not supported; accepted: bfloat16, float16");
   if (params.batch == 0 || params.num_q_heads == 0) return;
   // Strides follow DecodeArgs: in elements, 0 meaning contiguous [B, Hq, D].

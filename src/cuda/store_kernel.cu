@@ -331,7 +331,7 @@ void launch_encode(const StoreKernelParams& params, cudaStream_t stream) {
   using S = StoreShape<P, D>;
   const std::int64_t vectors = params.num_tokens * params.layout.num_kv_heads;
   const std::int64_t blocks = (vectors + S::kVectors - 1) / S::kVectors;
-  require(blocks <= 0x7fffffff, "num_tokens", std::to_string(params.num_tokens) + " is too large for one store");
+  TQ_REQUIRE(blocks <= 0x7fffffff, "num_tokens", std::to_string(params.num_tokens) + " is too large for one store");
   store_encode_kernel<P, D, false><<<static_cast<unsigned>(blocks), S::kThreads, 0, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();
   store_encode_kernel<P, D, true><<<static_cast<unsigned>(blocks), S::kThreads, 0, stream>>>(params);
@@ -367,7 +367,7 @@ int* internal_status_word() {
   static std::array<int*, kMaxDevices> words{};
   int device = 0;
   TQ_CUDA_CHECK(cudaGetDevice(&device));
-  require(device < kMaxDevices, "device_status",
+  TQ_REQUIRE(device < kMaxDevices, "device_status",
           "is null and device " + std::to_string(device) + " has no internal status word; pass one");
   const std::lock_guard<std::mutex> lock(mutex);
   if (words[device] == nullptr) TQ_CUDA_CHECK(cudaMalloc(&words[device], sizeof(int)));

@@ -22,7 +22,7 @@ int max_batch_from_environment() {
   if (text == nullptr || *text == '\0') return kDefaultMaxBatch;
   char* end = nullptr;
   const long value = std::strtol(text, &end, 10);
-  require(*end == '\0' && value >= 1 && value <= (1 << 20), "TQDECODE_MAX_BATCH",
+  TQ_REQUIRE(*end == '\0' && value >= 1 && value <= (1 << 20), "TQDECODE_MAX_BATCH",
           "'" + std::string(text) + "' is not an integer in 1..1048576");
   return static_cast<int>(value);
 }
@@ -84,7 +84,7 @@ DecodeWorkspace::Impl::~Impl() {
 
 DecodeWorkspace::DecodeWorkspace(int max_batch)
     : impl_(std::make_unique<Impl>()) {
-  require(max_batch >= 0, "max_batch", std::to_string(max_batch) + " is negative; accepted: 0 (default) or >= 1");
+  TQ_REQUIRE(max_batch >= 0, "max_batch", std::to_string(max_batch) + " is negative; accepted: 0 (default) or >= 1");
   impl_->max_batch = max_batch > 0 ? max_batch : max_batch_from_environment();
 }
 
