@@ -1,14 +1,19 @@
-// Helpers for the GPU tests: skip without a device, and an RAII device
-// buffer with host upload / download.
+// Helpers for the GPU tests: skip without a device, an RAII device buffer
+// with host upload / download, and the GPU-against-reference tolerance.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "tqdecode/scenario.hpp"
 
 namespace tqdecode::test {
 
@@ -82,6 +87,56 @@ class DeviceBuffer {
   T* data_ = nullptr;
   std::size_t count_ = 0;
 };
+
+/// Why a GPU output is not close enough to the CPU reference on the same
+/// cache bytes, or empty when it is. GPU and reference differ by bf16 operand
+/// rounding (centroids, P' in the tensor-core kernel), summation order and
+/// the bf16/fp16 output rounding. Every element must be finite (outputs are
+/// poisoned with NaN first, so this also catches an element not written).
+inline std::string closeness_failure(const std::vector<float>& actual, const std::vector<float>& expected,
+                                     ErrorStats* measured = nullptr) {
+  if (actual.size() != expected.size()) {
+    return "size " + std::to_string(actual.size()) + ", expected " + std::to_string(expected.size());
+  }
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    if (!std::isfinite(actual[i])) return "element " + std::to_string(i) + " not written or not finite";
+  }
+  const ErrorStats error = compare_outputs(actual, expected);
+  if (measured != nullptr) *measured = error;
+  double peak = 0;
+  for (float value : expected) peak = std::max(peak, static_cast<double>(std::abs(value)));
+  if (!(error.cosine > 0.9999)) return "cosine " + std::to_string(error.cosine) + " <= 0.9999";
+  if (!(error.relative_l2 < 1e-2)) return "relative L2 " + std::to_string(error.relative_l2) + " >= 1e-2";
+  if (!(error.max_abs < 2e-2 * std::max(1.0, peak))) {
+    return "max abs error " + std::to_string(error.max_abs) + " >= 2e-2 * max(1, peak " + std::to_string(peak) + ")";
+  }
+  return {};
+}
+
+/// closeness_failure as a test expectation, printing the measured error.
+inline void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, const std::string& what) {
+  ErrorStats error{};
+  const std::string failure = closeness_failure(actual, expected, &error);
+  std::printf("[ measure  ] %-40s cosine %.7f  rel_l2 %.2e  max_abs %.2e\n", what.c_str(), error.cosine,
+              error.relative_l2, error.max_abs);
+  EXPECT_TRUE(failure.empty()) << what << ": " << failure;
+}
+
+/// The first element of a seq_len-0 row of `output` ([B, Hq, D]) that is not
+/// zero, described, or empty when all those rows are zero.
+inline std::string zero_row_failure(const std::vector<float>& output, const Scenario& scenario) {
+  const std::size_t row = std::size_t(scenario.config.num_q_heads) * scenario.config.head_dim;
+  for (int b = 0; b < scenario.batch(); ++b) {
+    if (scenario.seq_lens[b] != 0) continue;
+    for (std::size_t i = 0; i < row; ++i) {
+      if (output[b * row + i] != 0.0f) {
+        return "sequence " + std::to_string(b) + " has length 0 but element " + std::to_string(i) + " is " +
+               std::to_string(output[b * row + i]);
+      }
+    }
+  }
+  return {};
+}
 
 }  // namespace tqdecode::test
 

@@ -19,6 +19,8 @@
 namespace tqdecode {
 namespace {
 
+using test::expect_close;
+
 struct DecodeCase {
   std::string name;
   Preset preset;
@@ -91,29 +93,9 @@ std::vector<float> reference_output(const Scenario& scenario) {
   return out;
 }
 
-// GPU and reference differ by bf16 operand rounding (centroids, P' in the
-// tensor-core kernel), summation order and the bf16/fp16 output rounding.
-void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, const std::string& what) {
-  ASSERT_EQ(actual.size(), expected.size());
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(actual[i])) << what << ": element " << i << " not written or not finite";
-  }
-  const ErrorStats error = compare_outputs(actual, expected);
-  double peak = 0;
-  for (float value : expected) peak = std::max(peak, static_cast<double>(std::abs(value)));
-  std::printf("[ measure  ] %-40s cosine %.7f  rel_l2 %.2e  max_abs %.2e (peak %.2f)\n", what.c_str(), error.cosine,
-              error.relative_l2, error.max_abs, peak);
-  EXPECT_GT(error.cosine, 0.9999) << what;
-  EXPECT_LT(error.relative_l2, 1e-2) << what;
-  EXPECT_LT(error.max_abs, 2e-2 * std::max(1.0, peak)) << what;
-}
-
 void expect_zero_rows(const std::vector<float>& output, const Scenario& scenario) {
-  const std::size_t row = std::size_t(scenario.config.num_q_heads) * scenario.config.head_dim;
-  for (int b = 0; b < scenario.batch(); ++b) {
-    if (scenario.seq_lens[b] != 0) continue;
-    for (std::size_t i = 0; i < row; ++i) ASSERT_EQ(output[b * row + i], 0.0f) << "sequence " << b << " has length 0";
-  }
+  const std::string failure = test::zero_row_failure(output, scenario);
+  EXPECT_TRUE(failure.empty()) << failure;
 }
 
 class DecodeGpu : public ::testing::TestWithParam<DecodeCase> {};

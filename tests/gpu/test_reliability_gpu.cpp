@@ -1,0 +1,447 @@
+// GPU reliability: a differential run of random configurations against the
+// CPU reference, a cache over 4 GiB holding a 512K-token sequence, and
+// concurrent decodes from several streams and host threads.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu/gpu_test_support.hpp"
+#include "tqdecode/decode.hpp"
+#include "tqdecode/device_scenario.hpp"
+#include "tqdecode/random.hpp"
+#include "tqdecode/reference.hpp"
+#include "tqdecode/scenario.hpp"
+
+namespace tqdecode {
+namespace {
+
+using test::check_cuda;
+using test::closeness_failure;
+using test::DeviceBuffer;
+using test::expect_close;
+
+std::vector<float> reference_output(const Scenario& scenario) {
+  std::vector<float> out(scenario.query.size());
+  decode_reference(scenario.host_args(nullptr), out.data());
+  return out;
+}
+
+/// Number of elements whose bit patterns differ (a NaN equals only the same NaN).
+std::size_t bitwise_mismatches(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return std::max(a.size(), b.size());
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) mismatches += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return mismatches;
+}
+
+// ---------------------------------------------------------------------------
+// 1. Differential run.
+
+constexpr std::uint64_t kDifferentialBaseSeed = 0x7d1ff0000ull;  // config i uses seed base + i
+constexpr int kDefaultDifferentialConfigs = 1000;
+constexpr int kMaxTokensPerConfig = 6000;  // bounds the CPU store and reference, which dominate the run time
+constexpr int kMaxQueryHeads = 64;
+
+/// TQDECODE_DIFF_CONFIGS, else the default; 0 when the variable is not a positive integer.
+int differential_config_count() {
+  const char* text = std::getenv("TQDECODE_DIFF_CONFIGS");
+  if (text == nullptr) return kDefaultDifferentialConfigs;
+  char* end = nullptr;
+  const long count = std::strtol(text, &end, 10);
+  return (*end == '\0' && count > 0 && count <= 1000000) ? static_cast<int>(count) : 0;
+}
+
+/// One random configuration, entirely determined by `seed`.
+ScenarioConfig random_config(std::uint64_t seed) {
+  Rng rng(seed);
+  ScenarioConfig config;
+  config.preset = kAllPresets[rng.below(kAllPresets.size())];
+  config.head_dim = kHeadDims[rng.below(kHeadDims.size())];
+  const int group_size = 1 + static_cast<int>(rng.below(kMaxGroupSize));
+  config.num_kv_heads = std::min(1 + static_cast<int>(rng.below(8)), kMaxQueryHeads / group_size);
+  config.num_q_heads = group_size * config.num_kv_heads;
+  config.block_size = kBlockSizes[rng.below(kBlockSizes.size())];
+  const int batch = 1 + static_cast<int>(rng.below(8));
+  // Mixed lengths: some empty, some within the first two blocks (edges of a
+  // block and of a tile), the rest anywhere up to 3000 within the token budget.
+  const int max_length = std::min(3000, kMaxTokensPerConfig / batch);
+  for (int i = 0; i < batch; ++i) {
+    const std::uint64_t kind = rng.below(10);
+    const int length = kind == 0   ? 0
+                       : kind <= 3 ? 1 + static_cast<int>(rng.below(2 * config.block_size))
+                                   : static_cast<int>(rng.below(max_length + 1));
+    config.seq_lens.push_back(length);
+  }
+  const std::int64_t paddings[] = {0, 16, 48};
+  config.block_stride_padding = paddings[rng.below(3)];
+  config.sinks = rng.below(2) == 1;
+  config.query_dtype = rng.below(2) == 1 ? DType::f16 : DType::bf16;
+  config.seed = seed;
+  config.keep_unquantized = false;
+  return config;
+}
+
+std::string describe(const ScenarioConfig& config) {
+  std::ostringstream text;
+  text << preset_info(config.preset).name << " Hq=" << config.num_q_heads << " Hk=" << config.num_kv_heads
+       << " D=" << config.head_dim << " block_size=" << config.block_size
+       << " padding=" << config.block_stride_padding << " sinks=" << (config.sinks ? "on" : "off")
+       << " dtype=" << (config.query_dtype == DType::f16 ? "fp16" : "bf16") << " seq_lens={";
+  for (std::size_t i = 0; i < config.seq_lens.size(); ++i) text << (i ? "," : "") << config.seq_lens[i];
+  text << "}";
+  return text.str();
+}
+
+TEST(ReliabilityGpuDifferential, RandomConfigurationsMatchTheCpuReference) {
+  TQ_SKIP_WITHOUT_GPU();
+  const int count = differential_config_count();
+  ASSERT_GT(count, 0) << "TQDECODE_DIFF_CONFIGS must be a positive integer";
+  DecodeWorkspace workspace(8);
+  struct Tally {
+    int passed = 0;
+    int run = 0;
+  };
+  std::map<DecodePath, Tally> tallies;
+  for (int index = 0; index < count; ++index) {
+    const std::uint64_t seed = kDifferentialBaseSeed + static_cast<std::uint64_t>(index);
+    const ScenarioConfig config = random_config(seed);
+    DecodePath path = DecodePath::cpu_reference;  // tallied as such if the setup throws first
+    std::string failure;
+    try {
+      const Scenario scenario = make_scenario(config);
+      DeviceScenario device(scenario);
+      path = choose_decode_path(device.args()).path;
+      device.poison_output();
+      decode(device.args(), workspace);
+      const std::vector<float> actual = device.output();
+      failure = closeness_failure(actual, reference_output(scenario));
+      if (failure.empty()) failure = test::zero_row_failure(actual, scenario);
+    } catch (const std::exception& error) {
+      failure = std::string("threw: ") + error.what();
+    }
+    Tally& tally = tallies[path];
+    ++tally.run;
+    if (failure.empty()) {
+      ++tally.passed;
+    } else {
+      ADD_FAILURE() << "config " << index << " (seed 0x" << std::hex << seed << std::dec << ", path "
+                    << decode_path_name(path) << "): " << describe(config) << ": " << failure;
+    }
+  }
+  for (const auto& [path, tally] : tallies) {
+    std::printf("[ paths    ] %-13s %d of %d configurations passed\n", decode_path_name(path), tally.passed, tally.run);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 2. A cache over 4 GiB holding one sequence of 512K + 3 tokens.
+//
+// The long sequence is the small scenario's n tokens repeated R times. Without
+// a sink, out = sum_t e^(s_t - m) v_t / sum_t e^(s_t - m); R exact copies of
+// the tokens multiply both sums by R (and leave the max m unchanged), so the
+// output equals the small scenario's. A sink would add e^(sink - m) to the
+// denominator only, once, breaking the equality: the scenario has none.
+
+constexpr int kRepeatedLength = 2929;  // 29 * 101
+constexpr int kRepeats = 179;          // 2929 * 179 = 524291 = 512K + 3
+constexpr std::int64_t kFourGiB = std::int64_t(1) << 32;
+constexpr std::int64_t kLargeCacheBytes = kFourGiB + (std::int64_t(512) << 20);
+
+/// Copies the record and metadata fields of every head of `from_slot` in
+/// block `from` to `to_slot` in block `to` (same layout).
+void copy_token(const std::uint8_t* from, int from_slot, std::uint8_t* to, int to_slot, const CacheLayout& layout) {
+  for (int head = 0; head < layout.num_kv_heads; ++head) {
+    std::memcpy(to + layout.record_offset(to_slot, head), from + layout.record_offset(from_slot, head),
+                layout.record_bytes());
+    for (int field = 0; field < layout.fields(); ++field) {
+      std::memcpy(to + layout.field_offset(to_slot, head, field), from + layout.field_offset(from_slot, head, field), 2);
+    }
+  }
+}
+
+TEST(ReliabilityGpuLargeCache, SequenceOf512KTokensInACacheOver4GiB) {
+  TQ_SKIP_WITHOUT_GPU();
+  ScenarioConfig config;
+  config.preset = Preset::turboquant_4bit_nc;
+  config.num_q_heads = 8;
+  config.num_kv_heads = 1;
+  config.head_dim = 128;
+  config.block_size = 16;
+  config.seq_lens = {kRepeatedLength};
+  config.keep_unquantized = false;
+  const Scenario small = make_scenario(config);
+  const std::vector<float> expected = reference_output(small);
+  const CacheLayout& layout = small.layout;
+  const std::int64_t stride = layout.block_stride;
+
+  const std::int64_t total_tokens = std::int64_t(kRepeatedLength) * kRepeats;
+  const int used_blocks = static_cast<int>((total_tokens + layout.block_size - 1) / layout.block_size);
+  const std::int64_t num_blocks = kLargeCacheBytes / stride;
+  DeviceBuffer<std::uint8_t> cache;
+  try {
+    cache = DeviceBuffer<std::uint8_t>(static_cast<std::size_t>(num_blocks * stride));
+  } catch (const std::runtime_error& error) {
+    cudaGetLastError();
+    GTEST_SKIP() << "could not allocate a " << num_blocks * stride << "-byte device cache: " << error.what();
+  }
+
+  // The long sequence's blocks, composed on the host: logical token t holds
+  // the small scenario's token t mod n. Unused slots stay 0xff (NaN fields).
+  std::vector<std::uint8_t> blocks(static_cast<std::size_t>(used_blocks * stride), 0xff);
+  for (std::int64_t t = 0; t < total_tokens; ++t) {
+    const int source = static_cast<int>(t % kRepeatedLength);
+    const std::uint8_t* from = small.cache.data() + small.block_table[source / layout.block_size] * stride;
+    copy_token(from, source % layout.block_size, blocks.data() + (t / layout.block_size) * stride,
+               static_cast<int>(t % layout.block_size), layout);
+  }
+  // Logical block j lives in physical block j * step: spread over the whole
+  // allocation, the last ones past 4 GiB. Everything else is 0xff junk, so a
+  // truncated 32-bit offset reads NaN metadata and shows in the output.
+  const std::int64_t step = num_blocks / used_blocks;
+  check_cuda(cudaMemset(cache.get(), 0xff, cache.bytes()), "cudaMemset");
+  check_cuda(cudaMemcpy2D(cache.get(), step * stride, blocks.data(), stride, stride, used_blocks,
+                          cudaMemcpyHostToDevice),
+             "cudaMemcpy2D");
+  std::vector<std::int32_t> table(used_blocks);
+  int blocks_past_4gib = 0;
+  for (int j = 0; j < used_blocks; ++j) {
+    table[j] = static_cast<std::int32_t>(j * step);
+    blocks_past_4gib += j * step * stride >= kFourGiB;
+  }
+  ASSERT_GT(blocks_past_4gib, 0);
+  std::printf("[ geometry ] %lld tokens, %d blocks over a %lld-byte cache, %d of them past 4 GiB\n",
+              static_cast<long long>(total_tokens), used_blocks, static_cast<long long>(num_blocks * stride),
+              blocks_past_4gib);
+  const DeviceBuffer<std::int32_t> device_table(table);
+  const DeviceBuffer<std::int32_t> device_lengths(std::vector<std::int32_t>{static_cast<std::int32_t>(total_tokens)});
+
+  DeviceScenario device(small);
+  DecodeArgs args = device.args();
+  args.cache = cache.get();
+  args.num_blocks = num_blocks;
+  args.block_table = device_table.get();
+  args.max_blocks_per_seq = used_blocks;
+  args.block_table_stride = 0;
+  args.seq_lens = device_lengths.get();
+  DecodeWorkspace workspace(1);
+  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
+    const DecodePath path = choose_decode_path(args, request).path;
+    device.poison_output();
+    decode(args, workspace, nullptr, request);
+    expect_close(device.output(), expected, std::string("512K tokens past 4 GiB, ") + decode_path_name(path));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 3. Concurrency.
+
+constexpr int kConcurrentStreams = 4;
+constexpr int kRounds = 5;
+constexpr int kDecodesPerRound = 3;
+
+/// Per stream: a scenario (its own seed; presets alternate between the Hopper
+/// kernel's and the generic kernel's), its device copy, workspace and stream.
+struct StreamSetup {
+  Scenario scenario;
+  std::unique_ptr<DeviceScenario> device;
+  std::unique_ptr<DecodeWorkspace> workspace;
+  cudaStream_t stream = nullptr;
+  std::vector<float> serial;  ///< the output of a decode run alone
+
+  explicit StreamSetup(int index) {
+    ScenarioConfig config;
+    config.preset = kAllPresets[index % kAllPresets.size()];
+    config.num_q_heads = 32;
+    config.num_kv_heads = 8;
+    config.head_dim = 128;
+    config.seq_lens = {3000, 1, 700, 2222, 0, 1500};
+    config.sinks = index % 2 == 1;
+    config.seed = 1000 + static_cast<std::uint64_t>(index);
+    config.keep_unquantized = false;
+    scenario = make_scenario(config);
+    device = std::make_unique<DeviceScenario>(scenario);
+    workspace = std::make_unique<DecodeWorkspace>(scenario.batch());
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    device->poison_output();
+    check_cuda(cudaDeviceSynchronize(), "poison");
+    decode(device->args(), *workspace, stream);
+    check_cuda(cudaStreamSynchronize(stream), "serial decode");
+    serial = device->output();
+  }
+  ~StreamSetup() { cudaStreamDestroy(stream); }
+  StreamSetup(const StreamSetup&) = delete;
+  StreamSetup& operator=(const StreamSetup&) = delete;
+};
+
+/// The setups, each with its serial output computed one at a time.
+std::vector<std::unique_ptr<StreamSetup>> make_stream_setups() {
+  std::vector<std::unique_ptr<StreamSetup>> setups;
+  for (int i = 0; i < kConcurrentStreams; ++i) setups.push_back(std::make_unique<StreamSetup>(i));
+  return setups;
+}
+
+TEST(ReliabilityGpuConcurrency, StreamsWithOwnWorkspacesMatchSerialDecodesBitwise) {
+  TQ_SKIP_WITHOUT_GPU();
+  const auto setups = make_stream_setups();
+  for (const auto& setup : setups) expect_close(setup->serial, reference_output(setup->scenario), "serial decode");
+  for (int round = 0; round < kRounds; ++round) {
+    for (const auto& setup : setups) setup->device->poison_output();
+    check_cuda(cudaDeviceSynchronize(), "poison");  // the memsets run on the legacy stream
+    // Interleaved launches so the streams' kernels overlap on the device.
+    for (int repeat = 0; repeat < kDecodesPerRound; ++repeat) {
+      for (const auto& setup : setups) decode(setup->device->args(), *setup->workspace, setup->stream);
+    }
+    for (int i = 0; i < kConcurrentStreams; ++i) {
+      EXPECT_EQ(bitwise_mismatches(setups[i]->device->output(), setups[i]->serial), 0u)
+          << "round " << round << ", stream " << i;
+    }
+  }
+}
+
+TEST(ReliabilityGpuConcurrency, HostThreadsWithOwnStreamsMatchSerialDecodesBitwise) {
+  TQ_SKIP_WITHOUT_GPU();
+  const auto setups = make_stream_setups();
+  std::vector<std::vector<std::vector<float>>> outputs(kConcurrentStreams);  // [thread][round]
+  std::vector<std::exception_ptr> errors(kConcurrentStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kConcurrentStreams; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        StreamSetup& setup = *setups[i];
+        for (int round = 0; round < kRounds; ++round) {
+          setup.device->poison_output();
+          check_cuda(cudaDeviceSynchronize(), "poison");
+          for (int repeat = 0; repeat < kDecodesPerRound; ++repeat) {
+            decode(setup.device->args(), *setup.workspace, setup.stream);
+          }
+          check_cuda(cudaStreamSynchronize(setup.stream), "decode");
+          outputs[i].push_back(setup.device->output());
+        }
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int i = 0; i < kConcurrentStreams; ++i) {
+    if (errors[i]) std::rethrow_exception(errors[i]);
+    ASSERT_EQ(outputs[i].size(), static_cast<std::size_t>(kRounds));
+    for (int round = 0; round < kRounds; ++round) {
+      EXPECT_EQ(bitwise_mismatches(outputs[i][round], setups[i]->serial), 0u) << "thread " << i << ", round " << round;
+    }
+  }
+}
+
+/// Decode arguments of many shape signatures (every preset, head size and
+/// block size, several batches and groups) over one scenario's device
+/// pointers: planning reads shapes only, never the tensors.
+std::vector<DecodeArgs> planning_shapes(const DecodeArgs& base) {
+  std::vector<DecodeArgs> shapes;
+  for (const Preset preset : kAllPresets) {
+    for (const int head_dim : kHeadDims) {
+      for (const int block_size : kBlockSizes) {
+        for (const int batch : {1, 7, 64}) {
+          for (const int num_kv_heads : {1, 8}) {
+            for (const int group_size : {1, 4}) {
+              DecodeArgs args = base;
+              args.layout = make_layout(preset, head_dim, block_size, num_kv_heads);
+              args.num_centroids = preset_info(preset).key_fp8 ? 0 : 1 << preset_info(preset).key_bits;
+              args.batch = batch;
+              args.num_q_heads = group_size * num_kv_heads;
+              args.max_blocks_per_seq = 4096 / block_size;
+              args.query_stride_batch = args.query_stride_head = 0;
+              args.output_stride_batch = args.output_stride_head = 0;
+              args.block_table_stride = 0;
+              shapes.push_back(args);
+            }
+          }
+        }
+      }
+    }
+  }
+  return shapes;
+}
+
+bool same_plan(const LaunchPlan& a, const LaunchPlan& b) {
+  return a.path == b.path && a.reason == b.reason && a.num_partitions == b.num_partitions &&
+         a.partition_align == b.partition_align;
+}
+
+TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {
+  TQ_SKIP_WITHOUT_GPU();
+  ScenarioConfig config;
+  config.seq_lens = {16};
+  config.keep_unquantized = false;
+  const Scenario scenario = make_scenario(config);
+  const DeviceScenario device(scenario);
+  const std::vector<DecodeArgs> shapes = planning_shapes(device.args());
+  const PathRequest requests[] = {PathRequest::automatic, PathRequest::cuda_generic};
+  constexpr int kPasses = 3;
+
+  // Every thread plans every (shape, request) in its own order, so first
+  // insertions into the plan cache race with lookups from the other threads.
+  using Answers = std::vector<LaunchPlan>;  // [shape * 2 + request]
+  std::vector<Answers> answers(kConcurrentStreams, Answers(shapes.size() * 2));
+  std::vector<std::vector<PathChoice>> choices(kConcurrentStreams, std::vector<PathChoice>(shapes.size()));
+  std::vector<std::exception_ptr> errors(kConcurrentStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kConcurrentStreams; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        const std::size_t start = shapes.size() * i / kConcurrentStreams;
+        for (int pass = 0; pass < kPasses; ++pass) {
+          for (std::size_t k = 0; k < shapes.size(); ++k) {
+            const std::size_t shape = (start + k) % shapes.size();
+            for (int r = 0; r < 2; ++r) answers[i][shape * 2 + r] = plan_decode(shapes[shape], requests[r]);
+            choices[i][shape] = choose_decode_path(shapes[shape]);
+          }
+        }
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+
+  const bool hopper_device = is_available();
+  for (std::size_t shape = 0; shape < shapes.size(); ++shape) {
+    const DecodeArgs& args = shapes[shape];
+    const LaunchPlan& automatic = answers[0][shape * 2];
+    const LaunchPlan& generic = answers[0][shape * 2 + 1];
+    const bool hopper = hopper_device && args.layout.preset == Preset::turboquant_4bit_nc && args.layout.head_dim == 128;
+    SCOPED_TRACE(std::string(preset_info(args.layout.preset).name) + " D=" + std::to_string(args.layout.head_dim) +
+                 " block_size=" + std::to_string(args.layout.block_size) + " B=" + std::to_string(args.batch) +
+                 " Hk=" + std::to_string(args.layout.num_kv_heads) + " Hq=" + std::to_string(args.num_q_heads));
+    EXPECT_EQ(automatic.path, hopper ? DecodePath::hopper : DecodePath::cuda_generic) << automatic.reason;
+    EXPECT_EQ(generic.path, DecodePath::cuda_generic);
+    EXPECT_GE(automatic.num_partitions, 1);
+    EXPECT_LE(automatic.num_partitions, 32);
+    EXPECT_EQ(automatic.num_partitions, generic.num_partitions);
+    for (int i = 0; i < kConcurrentStreams; ++i) {
+      EXPECT_TRUE(same_plan(answers[i][shape * 2], automatic)) << "thread " << i;
+      EXPECT_TRUE(same_plan(answers[i][shape * 2 + 1], generic)) << "thread " << i;
+      EXPECT_EQ(choices[i][shape].path, automatic.path) << "thread " << i;
+      EXPECT_EQ(choices[i][shape].reason, automatic.reason) << "thread " << i;
+    }
+    // And a serial call now, from the cache, agrees.
+    EXPECT_TRUE(same_plan(plan_decode(args), automatic));
+  }
+}
+
+}  // namespace
+}  // namespace tqdecode
