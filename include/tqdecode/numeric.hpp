@@ -80,9 +80,6 @@ TQ_HOST_DEVICE float bf16_bits_to_float(std::uint16_t bf16) {
 /// Rounds through bf16 and back.
 TQ_HOST_DEVICE float round_to_bf16(float value) { return bf16_bits_to_float(float_to_bf16_bits(value)); }
 
-/// Rounds through fp16 and back.
-TQ_HOST_DEVICE float round_to_half(float value) { return half_bits_to_float(float_to_half_bits(value)); }
-
 /// fp32 -> fp8 e4m3 bits, round to nearest even, saturating at +-448; NaN -> 0x7f.
 TQ_HOST_DEVICE std::uint8_t float_to_fp8_e4m3_bits(float value) {
   const std::uint32_t x = float_bits(value);

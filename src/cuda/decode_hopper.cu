@@ -132,6 +132,8 @@ struct IssuePlan {
   std::uint32_t meta_destination;
 };
 
+// copy_to_shared<16> (device_utils.cuh) takes a generic pointer; the ring
+// keeps precomputed 32-bit shared addresses, which save its conversion per copy.
 __device__ __forceinline__ void cp_async_16(std::uint32_t shared_address, const std::uint8_t* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global) : "memory");
 }
