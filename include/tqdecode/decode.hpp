@@ -4,6 +4,7 @@
 // CUDA graphs in steady state.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -45,6 +46,36 @@ bool cuda_available();
 /// True when the fast Hopper kernel can run on the current device.
 bool is_available();
 
+/// What the device-side input checks (DecodeWorkspace::set_device_checks)
+/// found since the report was last read. Counts add up over every checked
+/// call (graph replays included); the `first_*` fields describe the
+/// lowest-indexed failure (by sequence, then block-table column) over those calls.
+struct DeviceCheckReport {
+  std::int64_t checked_calls = 0;      ///< decode calls whose inputs were checked on the device
+  std::int64_t failed_sequences = 0;   ///< sequences decoded as seq_len 0 (all-zero rows) because a check failed
+  std::int64_t bad_seq_lens = 0;       ///< of those, lengths outside [0, max_blocks_per_seq * block_size]
+  std::int64_t bad_block_entries = 0;  ///< entries an in-range length uses that are outside [0, num_blocks)
+
+  struct BadSeqLen {
+    int sequence = -1;  ///< -1: none
+    std::int32_t value = 0;
+  };
+  struct BadBlockEntry {
+    int sequence = -1;  ///< -1: none
+    int column = -1;    ///< block-table column (logical block) of the entry
+    std::int32_t value = 0;
+  };
+  BadSeqLen first_bad_seq_len;
+  BadBlockEntry first_bad_block_entry;
+
+  /// The lowest-indexed failing sequence, or -1 when every check passed.
+  int first_failed_sequence() const {
+    const int by_length = first_bad_seq_len.sequence, by_entry = first_bad_block_entry.sequence;
+    if (by_length < 0) return by_entry;
+    return by_entry < 0 ? by_length : std::min(by_length, by_entry);
+  }
+};
+
 /// Buffer pool (LAUNCHER.md "Workspace / buffer pool"): per shape signature
 /// one device allocation sized for `max_batch` rows, of which a call with
 /// batch B uses the first rows, so pointers are the same for every B and
@@ -60,6 +91,27 @@ class DecodeWorkspace {
   DecodeWorkspace& operator=(const DecodeWorkspace&) = delete;
 
   int max_batch() const;
+
+  /// Device-side input checks, off by default (on when the environment
+  /// variable TQDECODE_DEVICE_CHECKS is 1 when the workspace is made). When
+  /// on, every CUDA decode first runs a small kernel that checks each
+  /// seq_len against the block table's coverage [0, max_blocks_per_seq *
+  /// block_size] and each entry that length uses against [0, num_blocks);
+  /// a sequence that fails is decoded as seq_len 0 (an all-zero row, none of
+  /// its cache read) and recorded in device_check_report(). One extra launch
+  /// per call, no synchronisation: safe in CUDA graphs, where the setting at
+  /// capture time is the one replays keep. The CPU path always validates on
+  /// the host and throws Error instead.
+  void set_device_checks(bool enabled);
+  bool device_checks() const;
+
+  /// Reads and clears the report of this workspace's device-side checks on
+  /// the current device. Ordered on `stream` and waits for it only: checks
+  /// enqueued on it before the call are included (checks on other streams
+  /// must be complete), decodes enqueued after it start a new report. Throws
+  /// Error when `stream` is capturing a CUDA graph. Empty when no decode ran
+  /// on a device.
+  DeviceCheckReport device_check_report(CUstream_st* stream = nullptr);
 
   struct Entry {
     std::string signature;  ///< "Hk=8 Hq=64 D=128 dtype=bfloat16 device=0"

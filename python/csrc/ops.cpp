@@ -385,8 +385,19 @@ class Workspaces {
   std::shared_ptr<tqdecode::DecodeWorkspace> for_device(int device) {
     std::lock_guard<std::mutex> lock(mutex_);
     std::shared_ptr<tqdecode::DecodeWorkspace>& workspace = by_device_[device];
-    if (!workspace) workspace = std::make_shared<tqdecode::DecodeWorkspace>(max_batch_);
+    if (!workspace) {
+      workspace = std::make_shared<tqdecode::DecodeWorkspace>(max_batch_);
+      if (device_checks_) workspace->set_device_checks(*device_checks_);
+    }
     return workspace;
+  }
+
+  // Device-side input checks for every workspace, present and future
+  // (until set, each follows TQDECODE_DEVICE_CHECKS).
+  void set_device_checks(bool enabled) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_checks_ = enabled;
+    for (const auto& [device, workspace] : by_device_) workspace->set_device_checks(enabled);
   }
 
   // New pools get `max_batch` rows (0: TQDECODE_MAX_BATCH, else 512). Existing
@@ -422,6 +433,7 @@ class Workspaces {
  private:
   std::mutex mutex_;
   int max_batch_ = 0;
+  std::optional<bool> device_checks_;
   std::map<int, std::shared_ptr<tqdecode::DecodeWorkspace>> by_device_;
 };
 
@@ -441,6 +453,10 @@ pool_stats() {
 
 bool is_available() {
   return translating_errors([] { return tqdecode::is_available(); });
+}
+
+void set_device_checks(bool enabled) {
+  translating_errors([&] { workspaces().set_device_checks(enabled); });
 }
 
 // ---- CUDA kernels of the ops ---------------------------------------------------
@@ -508,6 +524,35 @@ void store_cuda(const Tensor& key, const Tensor& value, Tensor& kv_cache, const 
 
 #endif  // TQDECODE_WITH_CUDA
 
+// (checked_calls, failed_sequences, bad_seq_lens, bad_block_entries,
+//  first bad seq_len: sequence, value; first bad block-table entry:
+//  sequence, column, value) of `device`'s workspace, read and cleared on the
+//  device's current stream. Empty without a CUDA device or in a build
+//  without CUDA (the CPU op validates on the host instead).
+using CheckReportTuple = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+CheckReportTuple device_check_report([[maybe_unused]] int64_t device) {
+  return translating_errors([&] {
+    tqdecode::DeviceCheckReport report;
+#if defined(TQDECODE_WITH_CUDA)
+    if (tqdecode::cuda_available()) {
+      const at::Device cuda_device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+      const c10::cuda::CUDAGuard guard(cuda_device);
+      report = workspaces().for_device(static_cast<int>(device))->device_check_report(current_stream(cuda_device));
+    }
+#endif
+    return CheckReportTuple{report.checked_calls,
+                            report.failed_sequences,
+                            report.bad_seq_lens,
+                            report.bad_block_entries,
+                            report.first_bad_seq_len.sequence,
+                            report.first_bad_seq_len.value,
+                            report.first_bad_block_entry.sequence,
+                            report.first_bad_block_entry.column,
+                            report.first_bad_block_entry.value};
+  });
+}
+
 }  // namespace tqdecode_torch
 
 // Schemas. Mutated arguments are annotated (a!) so functionalization and
@@ -537,6 +582,11 @@ TORCH_LIBRARY(tqdecode, m) {
   m.def("is_available() -> bool");
   m.def("set_max_batch(int max_batch) -> ()");
   m.def("pool_stats() -> (int max_batch, str[] signatures, int[] bucket_batch, int[] partition_rows, int[] bytes)");
+  m.def("set_device_checks(bool enabled) -> ()");
+  m.def(
+      "device_check_report(int device) -> (int checked_calls, int failed_sequences, int bad_seq_lens, "
+      "int bad_block_entries, int bad_seq_len_sequence, int bad_seq_len_value, int bad_block_entry_sequence, "
+      "int bad_block_entry_column, int bad_block_entry_value)");
 }
 
 TORCH_LIBRARY_IMPL(tqdecode, CPU, m) {
@@ -563,4 +613,6 @@ TORCH_LIBRARY_IMPL(tqdecode, CompositeExplicitAutograd, m) {
   m.impl("is_available", &tqdecode_torch::is_available);
   m.impl("set_max_batch", &tqdecode_torch::set_max_batch);
   m.impl("pool_stats", &tqdecode_torch::pool_stats);
+  m.impl("set_device_checks", &tqdecode_torch::set_device_checks);
+  m.impl("device_check_report", &tqdecode_torch::device_check_report);
 }

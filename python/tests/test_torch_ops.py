@@ -354,6 +354,39 @@ class CudaTest(unittest.TestCase):
         if tqdecode.is_available():  # elsewhere the reason is the device, not the preset
             self.assertIn("turboquant_k3v4_nc", path.reason)
 
+    def test_device_checks_zero_bad_sequences_and_report_them(self):
+        case = make_case(CONFIGS[0])  # seq_lens (37, 0, 1, 160, 95), block size 16
+        args, kwargs = case.to("cuda").decode_args()
+        query, cache, block_table, seq_lens, Pi, centroids, scale = args
+        num_blocks, coverage = cache.shape[0], block_table.shape[1] * case.config.block_size
+        table, lens = block_table.clone(), seq_lens.clone()
+        table[0, 1] = num_blocks  # inside the 3 blocks of sequence 0's 37 tokens
+        lens[3] = coverage + 1
+        passed = lens.clone()  # what the checks let through: the failing sequences as empty ones
+        passed[[0, 3]] = 0
+        cpu_kwargs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        expected = tqdecode.turboquant_decode_attention(query.cpu(), cache.cpu(), table.cpu(), passed.cpu(), Pi.cpu(),
+                                                        centroids.cpu(), scale, **cpu_kwargs)
+        tqdecode.device_check_report()  # start from an empty report
+        tqdecode.set_device_checks(True)
+        try:
+            out = tqdecode.turboquant_decode_attention(query, cache, table, lens, Pi, centroids, scale, **kwargs).clone()
+            report = tqdecode.device_check_report()
+        finally:
+            tqdecode.set_device_checks(False)
+        self.assertTrue(bool(torch.all(out[[0, 3]] == 0)), "failing sequences give all-zero rows")
+        cosine, relative, peak = errors(out, expected)
+        print(f"checked decode vs CPU op: cosine {cosine:.7f}, relative L2 {relative:.2e}, max abs / peak {peak:.2e}")
+        self.assertGreater(cosine, 0.9999)
+        self.assertLess(relative, 1e-2)
+        self.assertLess(peak, 2e-2)
+        self.assertEqual(report, {
+            "checked_calls": 1, "failed_sequences": 2, "bad_seq_lens": 1, "bad_block_entries": 1,
+            "first_bad_seq_len": {"sequence": 3, "value": coverage + 1},
+            "first_bad_block_entry": {"sequence": 0, "column": 1, "value": num_blocks},
+        })
+        self.assertEqual(tqdecode.device_check_report()["checked_calls"], 0, "reading cleared the report")
+
     def test_cuda_graphs_share_one_pool_across_batch_sizes(self):
         config = Config("turboquant_4bit_nc", seq_lens=tuple(range(3, 3 + 41 * 24, 41)))
         case = make_case(config).to("cuda")
@@ -523,6 +556,18 @@ class BadArgumentsTest(unittest.TestCase):
             tqdecode.store(key, c.value, c.kv_cache.clone(), c.slot_mapping, c.Pi, c.centroids, c.config.preset)
         with self.assertRaisesRegex(ValueError, "tqdecode: preset"):
             tqdecode.store(c.key, c.value, c.kv_cache.clone(), c.slot_mapping, c.Pi, c.centroids, "int4")
+
+    def test_device_checks_leave_the_cpu_op_validating(self):
+        """Device-side checks are a GPU feature: the CPU op still raises, and nothing is reported."""
+        tqdecode.set_device_checks(True)
+        try:
+            too_long = self.case.seq_lens.clone()
+            too_long[3] = 10**6
+            self.assert_names(r"seq_lens\[3\]", seq_lens=too_long)
+            report = tqdecode.device_check_report()
+        finally:
+            tqdecode.set_device_checks(False)
+        self.assertEqual((report["failed_sequences"], report["first_bad_seq_len"]), (0, None))
 
     def test_ops_called_directly_check_in_cpp(self):
         """torch.ops.tqdecode.* skip the Python checks; the C++ ones raise the same ValueError."""

@@ -24,9 +24,11 @@ __all__ = [
     "allocate_cache",
     "cache_layout",
     "decode_path",
+    "device_check_report",
     "is_available",
     "make_model_constants",
     "pool_stats",
+    "set_device_checks",
     "set_max_batch",
     "store",
     "turboquant_decode_attention",
@@ -236,3 +238,48 @@ def pool_stats() -> dict:
         for signature, bucket, rows, size in zip(signatures, buckets, partition_rows, sizes)
     ]
     return {"max_batch": max_batch, "pools": pools, "total_bytes": sum(sizes)}
+
+
+def set_device_checks(enabled: bool) -> None:
+    """Device-side input checks of the CUDA decode: off by default (on when
+    the ``TQDECODE_DEVICE_CHECKS`` environment variable is ``1``).
+
+    When on, each CUDA decode first runs a small kernel that checks every
+    ``seq_lens[b]`` against the block table's coverage ``[0,
+    block_table.shape[1] * block_size]`` and every block-table entry that
+    length uses against ``[0, num_blocks)``. A sequence that fails reads
+    nothing and gets an all-zero output row; :func:`device_check_report`
+    says what failed. One extra launch per call and no synchronisation, so it
+    works in CUDA graphs (a graph keeps the setting it was captured with).
+    The CPU op always checks and raises ValueError instead.
+    """
+    ops.set_device_checks(bool(enabled))
+
+
+def device_check_report(device=None) -> dict:
+    """Reads and clears what the device-side checks found on ``device``
+    (default: the current CUDA device) since the last read, waiting for that
+    device's current stream; not callable during CUDA-graph capture.
+
+    ``{"checked_calls", "failed_sequences", "bad_seq_lens",
+    "bad_block_entries", "first_bad_seq_len", "first_bad_block_entry"}``:
+    counts over every checked call (graph replays included), and the
+    lowest-indexed failures, ``{"sequence", "value"}`` and ``{"sequence",
+    "column", "value"}``, or None.
+    """
+    if device is None:
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0  # no device: an empty report
+    else:
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    (checked_calls, failed_sequences, bad_seq_lens, bad_block_entries, length_sequence, length_value,
+     entry_sequence, entry_column, entry_value) = ops.device_check_report(index)
+    return {
+        "checked_calls": checked_calls,
+        "failed_sequences": failed_sequences,
+        "bad_seq_lens": bad_seq_lens,
+        "bad_block_entries": bad_block_entries,
+        "first_bad_seq_len": None if length_sequence < 0 else {"sequence": length_sequence, "value": length_value},
+        "first_bad_block_entry": None if entry_sequence < 0 else {
+            "sequence": entry_sequence, "column": entry_column, "value": entry_value},
+    }

@@ -1,22 +1,34 @@
 // The launcher of a build without CUDA: the CPU reference serves the same API.
 #if !defined(TQDECODE_WITH_CUDA)
 
-#include <cstdlib>
+#include <atomic>
 
+#include "../workspace_defaults.hpp"
 #include "tqdecode/decode.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/reference.hpp"
 
 namespace tqdecode {
 
+// No pools: the CPU path allocates per call. The settings are kept so code
+// written for the CUDA build runs unchanged.
 struct DecodeWorkspace::Impl {
-  int max_batch;
+  int max_batch = 0;
+  std::atomic<bool> device_checks{false};
 };
 
-DecodeWorkspace::DecodeWorkspace(int max_batch) : impl_(std::make_unique<Impl>(Impl{max_batch > 0 ? max_batch : 512})) {}
+DecodeWorkspace::DecodeWorkspace(int max_batch) : impl_(std::make_unique<Impl>()) {
+  impl_->max_batch = resolve_max_batch(max_batch);
+  impl_->device_checks = device_checks_from_environment();
+}
 DecodeWorkspace::~DecodeWorkspace() = default;
 int DecodeWorkspace::max_batch() const { return impl_->max_batch; }
 DecodeWorkspace::Stats DecodeWorkspace::stats() const { return {}; }
+void DecodeWorkspace::set_device_checks(bool enabled) { impl_->device_checks = enabled; }
+bool DecodeWorkspace::device_checks() const { return impl_->device_checks; }
+// Nothing runs on a device here: decode_cpu validates seq_lens and the block
+// table on the host and throws Error instead.
+DeviceCheckReport DecodeWorkspace::device_check_report(CUstream_st*) { return {}; }
 
 bool cuda_available() { return false; }
 bool is_available() { return false; }

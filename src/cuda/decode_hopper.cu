@@ -1,14 +1,19 @@
 // The Hopper kernel: the whole decode step for turboquant_4bit_nc, D = 128
 // (the headline profile) in one launch, built for sm_90a.
 //
-// Grid (partition, kv head, sequence), 4 warps per CTA. A CTA
+// Grid (partition, kv head, sequence), 8 warps per CTA, two CTAs per SM. A CTA
 // 1. rotates the query heads of its group (q_rot = bf16(q @ PiT), PiT staged
 //    in shared memory with cp.async);
 // 2. streams its token range in 16-token tiles, warps taking tiles round
 //    robin, each warp keeping kStages tiles in flight with cp.async into its
-//    own shared-memory ring, and runs S = Q K^T and O += P V on the tensor
-//    cores (mma.sync m16n8k16 bf16; the query group, up to 16 heads, is M,
-//    so every loaded key and value serves the whole group);
+//    own shared-memory ring, and runs the two products on the tensor cores
+//    (mma.sync m16n8k16) with the query heads as the 8-wide N side, so a
+//    group of 8 fills every mma and nothing is padded:
+//      S^T = K Q^T   (M = 16 tokens, K = head dims; bf16)
+//      O^T += V^T P'^T (M = 16 head dims, K = 16 tokens; fp16)
+//    The probabilities come out of the first product as an 8x8 (token, head)
+//    fragment per 8 tokens; one movmatrix transposes each into the second
+//    product's B operand;
 // 3. merges its warps and writes the partition's (max, sum, normalized out);
 // 4. if it is the last CTA of its (sequence, kv head) to finish, reduces the
 //    N partitions with the sink and writes the output (then resets the
@@ -17,18 +22,21 @@
 // Dequantization is arranged to cost less than the memory time:
 // - Keys: one shared-memory lookup turns a packed byte (two 4-bit indices)
 //   into a bf16 pair of centroids; the 256-entry table is replicated per lane
-//   (32 KB) so lookups never conflict. The key norm is folded into the score.
+//   (32 KB, shared by the 8 warps) so lookups never conflict. The key norm is
+//   folded into the score.
 // - The head-dim order inside a k-step is permuted (the query uses the same
 //   permutation) so each lane's key operand is 16 contiguous bytes.
-// - Values: nibble c becomes bf16(1 + c/16) by shift-and-mask (bf16 1.0 is
-//   0x3f80; c lands in mantissa bits 6..3); one byte permute serves four
-//   n-tiles. Scale and zero fold into the probabilities:
-//     sum_t p_t (c_t s_t + z_t) = sum_t P'_t (1 + c_t/16) - sum_t P'_t + sum_t p_t z_t
-//   with P'_t = bf16(16 p_t s_t). sum_t P'_t comes from one extra mma with
-//   an all-ones operand; sum_t p_t z_t is a per-row scalar.
-// - Output dims are permuted (dim = 16 n + n_tile) and restored in the merge.
+// - Values: one byte permute pairs the same byte of two tokens; its low
+//   nibbles become fp16 c exactly ((x & 0xf) | 0x6400 is 1024 + c, minus
+//   1024) and its high nibbles fp16 (1 + c/64) by one mask-and-or (c lands in
+//   mantissa bits 7..4). Scale and zero fold into the probabilities:
+//     sum_t p_t (c_t s_t + z_t) = sum_t P'_t c_t + sum_t p_t z_t,  P'_t = fp16(p_t s_t)
+//   and for high nibbles sum_t P'_t c_t = 64 (sum_t P'_t (1 + c_t/64) - sum_t P'_t),
+//   sum_t P'_t coming from one extra mma with an all-ones operand.
+// - Output dims are permuted (dims 16 g + 2 m + {0, 1} in m-tile m, rows g
+//   and g + 8) and restored in the merge.
 // - Softmax runs in base 2 (log2 e folded into the score scale) and rescales
-//   the accumulators only when some row's maximum grew.
+//   the accumulators only when some head's maximum grew.
 // Shared-memory tiles are XOR-swizzled by token so the 16- and 8-byte
 // operand loads are free of bank conflicts.
 #include <cuda_bf16.h>
@@ -41,6 +49,7 @@
 #include "cuda_check.hpp"
 #include "device_utils.cuh"
 #include "kernel_params.hpp"
+#include "partition_merge.cuh"
 #include "policy.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/partition.hpp"
@@ -50,32 +59,36 @@ namespace tqdecode::cuda {
 namespace hopper {
 
 constexpr int kHeadDim = 128;
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileTokens = 16;
-constexpr int kRows = 16;           // mma M: query heads of a group, zero-padded
+constexpr int kHeadsPerTile = 8;    // mma N
+constexpr int kMaxRows = 16;        // query heads of a group: one or two head tiles
+constexpr int kDimTiles = kHeadDim / 16;
 constexpr int kRecordBytes = 128;   // key + value data of one (slot, head)
 constexpr int kFields = 3;          // key norm, value scale, value zero
 constexpr int kStages = 4;          // tiles in flight per warp
 constexpr int kMetaOffset = kTileTokens * kRecordBytes;        // 2048
 constexpr int kStageBytes = kMetaOffset + 128;                 // records + 3 x 32 B of fp16 fields, padded
 constexpr int kLutBytes = 256 * 32 * 4;                        // byte -> bf16 pair, one copy per lane
-constexpr int kRingBytes = kWarps * kStages * kStageBytes;     // 34816
-constexpr int kMainBytes = kLutBytes + kRingBytes;             // 67584
+constexpr int kRingBytes = kWarps * kStages * kStageBytes;     // 69632
+constexpr int kMainBytes = kLutBytes + kRingBytes;             // 102400
 constexpr int kPiTBytes = kHeadDim * kHeadDim * 4;             // 65536, staged in the main region first
-constexpr int kQueryBytes = kRows * kHeadDim * 4;              // 8192
-constexpr int kSharedBytes = kMainBytes + kQueryBytes;         // 75776: three CTAs per SM
+constexpr int kQueryBytes = kMaxRows * kHeadDim * 4;           // 8192
+constexpr int kSharedBytes = kMainBytes + kQueryBytes;         // 110592: two CTAs per SM
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr std::uint32_t kHalfOnes = 0x3c003c00u;  // fp16 (1, 1)
+constexpr std::uint32_t kHalf1024 = 0x64006400u;  // fp16 (1024, 1024)
 
 static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
 static_assert(kPiTBytes <= kMainBytes, "PiT staging must fit the main region");
-static_assert(kThreads == kHeadDim, "one thread per head dim in rotation and merge");
+static_assert(kThreads == 2 * kHeadDim, "two threads per head dim in rotation and merge");
 
 struct MergeStorage {
-  float out[kWarps][kRows][kHeadDim];
-  float max[kWarps][kRows];
-  float sum[kWarps][kRows];
+  float out[kWarps][kMaxRows][kHeadDim];
+  float max[kWarps][kMaxRows];
+  float sum[kWarps][kMaxRows];
 };
 static_assert(sizeof(MergeStorage) <= kMainBytes, "merge buffer must fit the main region");
 
@@ -87,8 +100,14 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&pair);
 }
 
-__device__ __forceinline__ float2 half_pair(std::uint32_t bits) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+__device__ __forceinline__ std::uint32_t pack_f16(float lo, float hi) {
+  const __half2 pair = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&pair);
+}
+
+__device__ __forceinline__ std::uint32_t sub_f16x2(std::uint32_t a, std::uint32_t b) {
+  const __half2 difference = __hsub2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const std::uint32_t*>(&difference);
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -104,33 +123,56 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void mma_f16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Transpose of an 8x8 b16 matrix held as mma fragments (lane (g, c) holds
+// row g, columns 2c and 2c + 1).
+__device__ __forceinline__ std::uint32_t transpose_8x8(std::uint32_t fragment) {
+  std::uint32_t result;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(result) : "r"(fragment));
+  return result;
+}
+
 template <typename T>
 __device__ __forceinline__ T load_shared(const std::uint8_t* address) {
   return *reinterpret_cast<const T*>(address);
 }
 
-// Value operand for the four n-tiles whose nibbles sit in bytes (b, b+1) of
-// two tokens' words: (x >> shift) & mask puts nibble q at mantissa bits 6..3.
-template <int Quarter>
-__device__ __forceinline__ std::uint32_t value_operand(std::uint32_t pair) {
-  constexpr std::uint32_t kMask = 0x00780078u, kOne = 0x3f803f80u;
-  if constexpr (Quarter == 0) return ((pair << 3) & kMask) | kOne;
-  if constexpr (Quarter == 1) return ((pair >> 1) & kMask) | kOne;
-  if constexpr (Quarter == 2) return ((pair >> 5) & kMask) | kOne;
-  return ((pair >> 9) & kMask) | kOne;
-}
-
-// Per-lane cp.async plan for one tile. Lane l copies chunk (l & 7) of tokens
-// (l >> 3) + 4k, k = 0..3, whose sources are `token_stride` bytes apart and
-// whose destinations repeat every two k with a 1024-byte step (the swizzle
-// depends on token & 7); lanes 0..5 also copy one 16-byte metadata chunk.
+// Per-lane cp.async plan for one tile. Lane l copies half (l & 1) of token
+// (l >> 1)'s record: 64 contiguous source bytes whose four 16-byte chunks land
+// at 16-byte steps from `destination` (the swizzle only swaps the two 32-byte
+// pairs, so the sources are two runs of 32 bytes starting `pair_delta` apart);
+// lanes 0..5 also copy one 16-byte chunk of the fp16 fields. Offsets are
+// within a block (hopper_unsupported_reason requires block_stride < 2^31).
 struct IssuePlan {
-  int source;            // byte offset of chunk k = 0 from the tile's first record
-  int token_stride;      // 4 tokens of records: 4 * Hk * 128 bytes
-  std::uint32_t destination[2];  // shared offsets within a stage of chunks k = 0 and 1
-  int meta_source;       // byte offset of the field chunk from the field start of slot 0
+  int source;            // from the block start to the first run, for slot 0 of the tile
+  int pair_delta;        // second run minus first run: +32 or -32
+  int slot_stride;       // Hk * 128 bytes
+  std::uint32_t destination;  // within a stage
+  int meta_source;       // from the block start to the field chunk, for slot 0 of the tile
   std::uint32_t meta_destination;
 };
+
+__device__ __forceinline__ IssuePlan make_issue_plan(const PartitionParams& p, int head, int lane) {
+  IssuePlan plan;
+  const int token = lane >> 1;
+  const int half = lane & 1;
+  const int pairs_swapped = swizzle(token) & 2;  // chunk bit 1 flipped: the 32-byte pairs trade places
+  plan.slot_stride = p.layout.num_kv_heads * kRecordBytes;
+  plan.source = token * plan.slot_stride + head * kRecordBytes + 64 * half + 16 * pairs_swapped;
+  plan.pair_delta = pairs_swapped ? -32 : 32;
+  plan.destination = token * kRecordBytes + 16 * ((4 * half) ^ (swizzle(token) & 4));
+  const int field = lane >> 1;
+  plan.meta_source = static_cast<int>(p.layout.metadata_region_offset()) +
+                     2 * (head * kFields + field) * p.layout.block_size + 16 * half;
+  plan.meta_destination = kMetaOffset + 32 * field + 16 * half;
+  return plan;
+}
 
 // copy_to_shared<16> (device_utils.cuh) takes a generic pointer; the ring
 // keeps precomputed 32-bit shared addresses, which save its conversion per copy.
@@ -140,24 +182,40 @@ __device__ __forceinline__ void cp_async_16(std::uint32_t shared_address, const 
 
 // Physical block of a tile; loaded one tile before its copies are issued so the
 // copies never wait on this load.
-__device__ __forceinline__ std::int64_t tile_block(const std::int32_t* table, int tile, int block_shift) {
+__device__ __forceinline__ int tile_block(const std::int32_t* table, int tile, int block_shift) {
   return __ldg(table + ((tile * kTileTokens) >> block_shift));
 }
 
-__device__ __forceinline__ void issue_tile(std::uint32_t stage, const PartitionParams& p, std::int64_t physical,
-                                           int tile, int block_shift, std::int64_t meta_base, const IssuePlan& plan,
-                                           int lane) {
-  const int slot0 = (tile * kTileTokens) & ((1 << block_shift) - 1);
-  const std::uint8_t* block = p.cache + physical * p.layout.block_stride;
-  const std::uint8_t* source = block + (static_cast<std::int64_t>(slot0) * p.layout.num_kv_heads * kRecordBytes + plan.source);
-  cp_async_16(stage + plan.destination[0], source);
-  cp_async_16(stage + plan.destination[1], source + plan.token_stride);
-  cp_async_16(stage + plan.destination[0] + 1024, source + 2 * plan.token_stride);
-  cp_async_16(stage + plan.destination[1] + 1024, source + 3 * plan.token_stride);
-  if (lane < 2 * kFields) cp_async_16(stage + plan.meta_destination, block + meta_base + 2 * slot0 + plan.meta_source);
+__device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8_t* cache, std::int64_t block_stride,
+                                           int physical, int tile, int block_mask, const IssuePlan& plan, int lane) {
+  const int slot0 = (tile * kTileTokens) & block_mask;
+  const std::uint8_t* block = cache + physical * block_stride;
+  const std::uint8_t* first = block + (slot0 * plan.slot_stride + plan.source);
+  const std::uint8_t* second = first + plan.pair_delta;
+  cp_async_16(stage + plan.destination, first);
+  cp_async_16(stage + plan.destination + 16, first + 16);
+  cp_async_16(stage + plan.destination + 32, second);
+  cp_async_16(stage + plan.destination + 48, second + 16);
+  if (lane < 2 * kFields) cp_async_16(stage + plan.meta_destination, block + (2 * slot0 + plan.meta_source));
 }
 
-__global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_constant__ FusedDecodeParams params) {
+// (x & mask) | bits in one LOP3 (the compiler splits it when both are immediates).
+template <std::uint32_t Mask, std::uint32_t Bits>
+__device__ __forceinline__ std::uint32_t mask_or(std::uint32_t x) {
+  std::uint32_t result;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(result) : "r"(x), "n"(Mask), "n"(Bits));
+  return result;
+}
+
+// fp16 field `field` of token `token` in a stage.
+__device__ __forceinline__ float stage_field(const std::uint8_t* stage, int field, int token) {
+  return __half2float(load_shared<__half>(stage + kMetaOffset + 32 * field + 2 * token));
+}
+
+// HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
+template <int HeadTiles>
+__global__ void __launch_bounds__(kThreads, HeadTiles == 1 ? 2 : 1) decode_kernel(const __grid_constant__ FusedDecodeParams params) {
+  constexpr int kRows = HeadTiles * kHeadsPerTile;
   extern __shared__ __align__(128) std::uint8_t shared[];
   float (*query_rows)[kHeadDim] = reinterpret_cast<float (*)[kHeadDim]>(shared + kMainBytes);
   const PartitionParams& p = params.partitions;
@@ -166,6 +224,8 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
   const int batch = blockIdx.z;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
+  const int dim = threadIdx.x & (kHeadDim - 1);     // rotation, merge and reduction: one head dim per thread,
+  const int first_row = threadIdx.x / kHeadDim;     // rows first_row, first_row + 2, ...
   const int num_kv_heads = p.layout.num_kv_heads;
   const int group = p.num_q_heads / num_kv_heads;
   const int num_partitions = p.num_partitions;
@@ -174,10 +234,10 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
 
   if (range.begin >= range.end) {
     // NOTE: an empty partition writes the empty values and reads nothing else.
-    for (int row = 0; row < group; ++row) {
+    for (int row = first_row; row < group; row += 2) {
       const std::int64_t index = (row_base + row) * num_partitions + partition;
-      p.part_out[index * kHeadDim + threadIdx.x] = 0.0f;
-      if (threadIdx.x == 0) {
+      p.part_out[index * kHeadDim + dim] = 0.0f;
+      if (dim == 0) {
         p.part_max[index] = -INFINITY;
         p.part_sum[index] = 0.0f;
       }
@@ -187,68 +247,72 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
     const RotateParams& rq = params.rotate;
     for (int i = threadIdx.x; i < kPiTBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, reinterpret_cast<const std::uint8_t*>(rq.PiT) + 16 * i);
     cp_async_commit();
-    for (int row = 0; row < kRows; ++row) {
+    for (int row = first_row; row < kRows; row += 2) {
       float value = 0.0f;
       if (row < group) {
         const std::int64_t hq = std::int64_t(head) * group + row;
-        value = load_as_float(rq.query, rq.query_dtype, batch * rq.query_stride_batch + hq * rq.query_stride_head + threadIdx.x);
+        value = load_as_float(rq.query, rq.query_dtype, batch * rq.query_stride_batch + hq * rq.query_stride_head + dim);
       }
-      query_rows[row][threadIdx.x] = value;
+      query_rows[row][dim] = value;
     }
     cp_async_wait<0>();
     __syncthreads();
     {
+      constexpr int kRowsPerThread = kRows / 2;
       const float* pit = reinterpret_cast<const float*>(shared);
-      float rotated[kRows];
+      float rotated[kRowsPerThread];
 #pragma unroll
-      for (int row = 0; row < kRows; ++row) rotated[row] = 0.0f;
+      for (int r = 0; r < kRowsPerThread; ++r) rotated[r] = 0.0f;
       for (int i = 0; i < kHeadDim; i += 4) {
         float column[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) column[e] = pit[(i + e) * kHeadDim + threadIdx.x];
+        for (int e = 0; e < 4; ++e) column[e] = pit[(i + e) * kHeadDim + dim];
 #pragma unroll
-        for (int row = 0; row < kRows; ++row) {
+        for (int r = 0; r < kRowsPerThread; ++r) {
+          const int row = first_row + 2 * r;
           if (row < group) {
             const float4 q = *reinterpret_cast<const float4*>(&query_rows[row][i]);
-            rotated[row] = fmaf(q.x, column[0], rotated[row]);
-            rotated[row] = fmaf(q.y, column[1], rotated[row]);
-            rotated[row] = fmaf(q.z, column[2], rotated[row]);
-            rotated[row] = fmaf(q.w, column[3], rotated[row]);
+            rotated[r] = fmaf(q.x, column[0], rotated[r]);
+            rotated[r] = fmaf(q.y, column[1], rotated[r]);
+            rotated[r] = fmaf(q.z, column[2], rotated[r]);
+            rotated[r] = fmaf(q.w, column[3], rotated[r]);
           }
         }
       }
       __syncthreads();  // every thread has read query_rows and PiT
 #pragma unroll
-      for (int row = 0; row < kRows; ++row) {
-        if (row < group) query_rows[row][threadIdx.x] = round_to_bf16(rotated[row]);
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        const int row = first_row + 2 * r;
+        if (row < group) query_rows[row][dim] = round_to_bf16(rotated[r]);
       }
     }
-    // Lookup table over the dead PiT staging; each thread writes whole 32-lane rows' worth of one entry.
-    {
-      const int lane_copy = threadIdx.x & 31;
-      for (int byte = threadIdx.x >> 5; byte < 256; byte += kWarps) {
-        reinterpret_cast<std::uint32_t*>(shared)[byte * 32 + lane_copy] =
-            pack_bf16(__ldg(p.centroids + (byte & 15)), __ldg(p.centroids + (byte >> 4)));
-      }
+    // Lookup table over the dead PiT staging; each warp writes whole 32-lane rows.
+    for (int byte = warp; byte < 256; byte += kWarps) {
+      reinterpret_cast<std::uint32_t*>(shared)[byte * 32 + lane] =
+          pack_bf16(__ldg(p.centroids + (byte & 15)), __ldg(p.centroids + (byte >> 4)));
     }
     __syncthreads();
 
     const int c = lane & 3;
     const int g = lane >> 2;
-    // Query operand, permuted: k-step ks, lane (g, c) holds dims 32c + 4ks + {0,1} and {2,3}.
-    std::uint32_t qa[8][4];
+    // Query operand (B of S^T = K Q^T), permuted: k-step ks, lane (g, c)
+    // holds head g of the tile, dims 32c + 4ks + {0, 1} and {2, 3}.
+    std::uint32_t qb[HeadTiles][8][2];
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      const int d = 32 * c + 4 * ks;
-      qa[ks][0] = pack_bf16(query_rows[g][d], query_rows[g][d + 1]);
-      qa[ks][1] = pack_bf16(query_rows[g + 8][d], query_rows[g + 8][d + 1]);
-      qa[ks][2] = pack_bf16(query_rows[g][d + 2], query_rows[g][d + 3]);
-      qa[ks][3] = pack_bf16(query_rows[g + 8][d + 2], query_rows[g + 8][d + 3]);
+    for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        const float* q = query_rows[kHeadsPerTile * nt + g] + 32 * c + 4 * ks;
+        qb[nt][ks][0] = pack_bf16(q[0], q[1]);
+        qb[nt][ks][1] = pack_bf16(q[2], q[3]);
+      }
     }
 
     // ---- 2. stream the token range ------------------------------------------
     const int block_shift = 31 - __clz(p.layout.block_size);
-    const std::int64_t meta_base = p.layout.metadata_region_offset();
+    const int block_mask = p.layout.block_size - 1;
+    const std::uint8_t* cache = p.cache;
+    const std::int64_t block_stride = p.layout.block_stride;
     const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
     const std::uint8_t* ring = shared + kLutBytes + warp * kStages * kStageBytes;
     const std::uint32_t ring_address =
@@ -258,28 +322,14 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
     asm("mov.b32 %0, %1;" : "=r"(lane_lut) : "r"(static_cast<std::uint32_t>(lane) << 2));
     const std::uint8_t* lut = shared;
 
-    IssuePlan plan;
-    {
-      const int chunk = lane & 7;
-      plan.source = ((lane >> 3) * num_kv_heads + head) * kRecordBytes + 16 * chunk;
-      plan.token_stride = 4 * num_kv_heads * kRecordBytes;
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int token = 4 * k + (lane >> 3);
-        plan.destination[k] = token * kRecordBytes + ((chunk ^ swizzle(token)) << 4);
-      }
-    }
-    {
-      const int field = lane >> 1;
-      plan.meta_source = 2 * (head * kFields + field) * p.layout.block_size + 16 * (lane & 1);
-      plan.meta_destination = kMetaOffset + 32 * field + 16 * (lane & 1);
-    }
-    int key_offset[2], value_offset[4], meta_offset[2];
+    const IssuePlan plan = make_issue_plan(p, head, lane);
+    // Keys of tokens g and g + 8 (chunk c: dims 32c..32c+31); values of tokens
+    // 2c, 2c + 1, 2c + 8, 2c + 9 (bytes 8g..8g+7 of the value data).
+    int key_offset[2], value_offset[4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int token = 8 * j + g;
       key_offset[j] = token * kRecordBytes + ((c ^ swizzle(token)) << 4);
-      meta_offset[j] = kMetaOffset + 2 * (8 * j + 2 * c);
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -287,12 +337,21 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
       value_offset[k] = token * kRecordBytes + (((4 + (g >> 1)) ^ swizzle(token)) << 4) + 8 * (g & 1);
     }
 
-    float acc[17][4];
+    // O^T accumulators: dim tile m, rows g (dim 16g + 2m) and g + 8 (dim 16g + 2m + 1), heads 2c, 2c + 1.
+    float acc[HeadTiles][kDimTiles][4];
+    float pv_sum[HeadTiles][4];  // sum_t P'_t per head (columns 2c, 2c + 1; every row)
+    float row_max[HeadTiles][2], row_sum[HeadTiles][2], zero_sum[HeadTiles][2];  // heads 2c + e; max in base-2 units
 #pragma unroll
-    for (int n = 0; n < 17; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY};  // base-2 units
-    float row_sum[2] = {0.0f, 0.0f};
-    float zero_sum[2] = {0.0f, 0.0f};
+    for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+      for (int m = 0; m < kDimTiles; ++m) acc[nt][m][0] = acc[nt][m][1] = acc[nt][m][2] = acc[nt][m][3] = 0.0f;
+      pv_sum[nt][0] = pv_sum[nt][1] = pv_sum[nt][2] = pv_sum[nt][3] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        row_max[nt][e] = -INFINITY;
+        row_sum[nt][e] = zero_sum[nt][e] = 0.0f;
+      }
+    }
     const float score_scale = p.scale * kLog2e;
 
     const int first_tile = range.begin / kTileTokens + warp;
@@ -302,177 +361,208 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < count) {
         const int tile = first_tile + s * kWarps;
-        issue_tile(ring_address + s * kStageBytes, p, tile_block(table, tile, block_shift), tile, block_shift, meta_base, plan, lane);
+        issue_tile(ring_address + s * kStageBytes, cache, block_stride, tile_block(table, tile, block_shift), tile, block_mask, plan, lane);
       }
       cp_async_commit();
     }
     const int first_ahead = first_tile + (kStages - 1) * kWarps;
-    std::int64_t next_block = kStages - 1 < count ? tile_block(table, first_ahead, block_shift) : 0;
+    int next_block = kStages - 1 < count ? tile_block(table, first_ahead, block_shift) : 0;
     for (int k = 0; k < count; ++k) {
       const int ahead = k + kStages - 1;
       if (ahead < count) {
         const int tile = first_tile + ahead * kWarps;
-        const std::int64_t physical = next_block;
+        const int physical = next_block;
         if (ahead + 1 < count) next_block = tile_block(table, tile + kWarps, block_shift);
-        issue_tile(ring_address + (ahead % kStages) * kStageBytes, p, physical, tile, block_shift, meta_base, plan, lane);
+        issue_tile(ring_address + (ahead % kStages) * kStageBytes, cache, block_stride, physical, tile, block_mask, plan, lane);
       }
       cp_async_commit();
       cp_async_wait<kStages - 1>();
       __syncwarp();
       const std::uint8_t* stage = ring + (k % kStages) * kStageBytes;
       const int tile_token = (first_tile + k * kWarps) * kTileTokens;
-      const bool partial = tile_token + kTileTokens > range.end;
 
-      // S = Q K^T for tokens 8j + (0..7).
-      // Two accumulator chains per n-tile (even and odd k-steps) halve the mma dependency chain.
-      float score[2][4], score_odd[2][4];
+      // S^T = K Q^T: rows are tokens g and g + 8, columns heads 2c, 2c + 1.
+      // Two accumulator chains (even and odd k-steps) halve the mma dependency chain.
+      float score[HeadTiles][4], score_odd[HeadTiles][4];
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        score[j][0] = score[j][1] = score[j][2] = score[j][3] = 0.0f;
-        score_odd[j][0] = score_odd[j][1] = score_odd[j][2] = score_odd[j][3] = 0.0f;
-        const uint4 key = load_shared<uint4>(stage + key_offset[j]);
-        const std::uint32_t words[4] = {key.x, key.y, key.z, key.w};
+      for (int nt = 0; nt < HeadTiles; ++nt) {
+        score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;
+        score_odd[nt][0] = score_odd[nt][1] = score_odd[nt][2] = score_odd[nt][3] = 0.0f;
+      }
+      {
+        const uint4 key_g = load_shared<uint4>(stage + key_offset[0]);
+        const uint4 key_g8 = load_shared<uint4>(stage + key_offset[1]);
+        const std::uint32_t words_g[4] = {key_g.x, key_g.y, key_g.z, key_g.w};
+        const std::uint32_t words_g8[4] = {key_g8.x, key_g8.y, key_g8.z, key_g8.w};
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          const std::uint32_t word = words[w];
-          const std::uint32_t b0 = load_shared<std::uint32_t>(lut + (((word << 7) & 0x7f80u) | lane_lut));
-          const std::uint32_t b1 = load_shared<std::uint32_t>(lut + (((word >> 1) & 0x7f80u) | lane_lut));
-          const std::uint32_t b2 = load_shared<std::uint32_t>(lut + (((word >> 9) & 0x7f80u) | lane_lut));
-          const std::uint32_t b3 = load_shared<std::uint32_t>(lut + (((word >> 17) & 0x7f80u) | lane_lut));
-          mma_bf16(score[j], qa[2 * w], b0, b1);
-          mma_bf16(score_odd[j], qa[2 * w + 1], b2, b3);
-        }
+          // Byte b of word w holds dims 32c + 8w + 2b + {0, 1}: k-step 2w takes bytes 0, 1, k-step 2w + 1 bytes 2, 3.
+          const auto lookup = [&](std::uint32_t word, int shift) {
+            const std::uint32_t offset = (shift >= 0 ? (word << shift) : (word >> -shift)) & 0x7f80u;
+            return load_shared<std::uint32_t>(lut + (offset | lane_lut));
+          };
+          const std::uint32_t even[4] = {lookup(words_g[w], 7), lookup(words_g8[w], 7), lookup(words_g[w], -1),
+                                         lookup(words_g8[w], -1)};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) score[j][e] += score_odd[j][e];
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score[nt], even, qb[nt][2 * w][0], qb[nt][2 * w][1]);
+          const std::uint32_t odd[4] = {lookup(words_g[w], -9), lookup(words_g8[w], -9), lookup(words_g[w], -17),
+                                        lookup(words_g8[w], -17)};
+#pragma unroll
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score_odd[nt], odd, qb[nt][2 * w + 1][0], qb[nt][2 * w + 1][1]);
+        }
       }
 
-      // Online softmax; lane holds rows g (e = 0, 1) and g + 8 (e = 2, 3) for tokens 8j + 2c + (e & 1).
-      float scaled_value[2][2], value_zero[2][2];
+      // Per-token fields of tokens g and g + 8.
+      float norm_scale[2], value_scale[2], value_zero[2], score_bias[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const float2 norm = half_pair(load_shared<std::uint32_t>(stage + meta_offset[j]));
-        const float2 vscale = half_pair(load_shared<std::uint32_t>(stage + meta_offset[j] + 32));
-        const float2 vzero = half_pair(load_shared<std::uint32_t>(stage + meta_offset[j] + 64));
-        const float ns0 = norm.x * score_scale, ns1 = norm.y * score_scale;
-        score[j][0] *= ns0;
-        score[j][2] *= ns0;
-        score[j][1] *= ns1;
-        score[j][3] *= ns1;
-        scaled_value[j][0] = 16.0f * vscale.x;
-        scaled_value[j][1] = 16.0f * vscale.y;
-        value_zero[j][0] = vzero.x;
-        value_zero[j][1] = vzero.y;
-        if (partial) {
-          // Slots past the sequence end hold junk: exclude them by selection, never by multiplication.
+        norm_scale[j] = stage_field(stage, 0, 8 * j + g) * score_scale;
+        value_scale[j] = stage_field(stage, 1, 8 * j + g);
+        value_zero[j] = stage_field(stage, 2, 8 * j + g);
+      }
+      if (tile_token + kTileTokens > range.end) {
+        // Slots past the sequence end hold junk: exclude them by selection, never by
+        // multiplication (score = raw * 0 - inf, value fields 0).
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (tile_token + 8 * j + 2 * c + e >= range.end) {
-              score[j][e] = score[j][e + 2] = -INFINITY;
-              scaled_value[j][e] = value_zero[j][e] = 0.0f;
-            }
+        for (int j = 0; j < 2; ++j) {
+          if (tile_token + 8 * j + g >= range.end) {
+            norm_scale[j] = value_scale[j] = value_zero[j] = 0.0f;
+            score_bias[j] = -INFINITY;
           }
         }
       }
-      float alpha[2];
-      std::uint32_t pv[4];
+
+      // Online softmax per head, then P' = p * value scale as the B operand of O^T += V^T P'^T.
+      std::uint32_t pb[HeadTiles][2];
+      bool rescale = false;
+      float alpha[HeadTiles][2];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float tile_max = fmaxf(fmaxf(score[0][2 * half], score[0][2 * half + 1]), fmaxf(score[1][2 * half], score[1][2 * half + 1]));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
-        const float new_max = fmaxf(row_max[half], tile_max);
-        alpha[half] = fast_exp2(row_max[half] - new_max);
-        row_max[half] = new_max;
-        float sum = 0.0f, zeros = 0.0f;
+      for (int nt = 0; nt < HeadTiles; ++nt) {
+        float p_token[2][2];  // [token g / g + 8][head 2c + e]
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float p0 = fast_exp2(score[j][2 * half] - new_max);
-          const float p1 = fast_exp2(score[j][2 * half + 1] - new_max);
-          sum += p0 + p1;
-          zeros = fmaf(p0, value_zero[j][0], fmaf(p1, value_zero[j][1], zeros));
-          // A operand of P V: a0 = (row g, tokens 2c..), a1 = (row g+8, ...), a2/a3 the same for tokens 8+2c...
-          pv[2 * j + half] = pack_bf16(p0 * scaled_value[j][0], p1 * scaled_value[j][1]);
+        for (int e = 0; e < 2; ++e) {
+          float s[2];
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            s[j] = fmaf(score[nt][2 * j + e] + score_odd[nt][2 * j + e], norm_scale[j], score_bias[j]);
+          }
+          float tile_max = fmaxf(s[0], s[1]);
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 4));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 8));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 16));
+          const float new_max = fmaxf(row_max[nt][e], tile_max);
+          alpha[nt][e] = fast_exp2(row_max[nt][e] - new_max);
+          rescale |= alpha[nt][e] != 1.0f;
+          row_max[nt][e] = new_max;
+          const float p0 = fast_exp2(s[0] - new_max);
+          const float p1 = fast_exp2(s[1] - new_max);
+          row_sum[nt][e] = fmaf(row_sum[nt][e], alpha[nt][e], p0 + p1);
+          zero_sum[nt][e] = fmaf(zero_sum[nt][e], alpha[nt][e], fmaf(p0, value_zero[0], p1 * value_zero[1]));
+          p_token[0][e] = p0 * value_scale[0];
+          p_token[1][e] = p1 * value_scale[1];
         }
-        row_sum[half] = fmaf(row_sum[half], alpha[half], sum);
-        zero_sum[half] = fmaf(zero_sum[half], alpha[half], zeros);
+        // (token, head) fragments of tokens 0..7 and 8..15 -> (head, token): the B operand halves.
+        pb[nt][0] = transpose_8x8(pack_f16(p_token[0][0], p_token[0][1]));
+        pb[nt][1] = transpose_8x8(pack_f16(p_token[1][0], p_token[1][1]));
       }
-      if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+      if (__any_sync(kFullMask, rescale)) {
 #pragma unroll
-        for (int n = 0; n < 17; ++n) {
-          acc[n][0] *= alpha[0];
-          acc[n][1] *= alpha[0];
-          acc[n][2] *= alpha[1];
-          acc[n][3] *= alpha[1];
+        for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+          for (int m = 0; m < kDimTiles; ++m) {
+            acc[nt][m][0] *= alpha[nt][0];
+            acc[nt][m][1] *= alpha[nt][1];
+            acc[nt][m][2] *= alpha[nt][0];
+            acc[nt][m][3] *= alpha[nt][1];
+          }
+          pv_sum[nt][0] *= alpha[nt][0];
+          pv_sum[nt][1] *= alpha[nt][1];
+          pv_sum[nt][2] *= alpha[nt][0];
+          pv_sum[nt][3] *= alpha[nt][1];
         }
       }
 
-      // O += P' V'. Tokens (2c, 2c+1) and (2c+8, 2c+9); n-tile n covers dims 16 * (0..7) + n.
-      const std::uint32_t a[4] = {pv[0], pv[1], pv[2], pv[3]};
+      // O^T += V^T P'^T. Dim tile m uses byte m of each token's 8 bytes: low
+      // nibble dim 16g + 2m (row g, exact c), high nibble dim 16g + 2m + 1 (row g + 8, 1 + c/64).
       const uint2 v0 = load_shared<uint2>(stage + value_offset[0]);
       const uint2 v1 = load_shared<uint2>(stage + value_offset[1]);
       const uint2 v2 = load_shared<uint2>(stage + value_offset[2]);
       const uint2 v3 = load_shared<uint2>(stage + value_offset[3]);
 #pragma unroll
-      for (int hw = 0; hw < 2; ++hw) {
-        const std::uint32_t low_a = hw ? v0.y : v0.x, low_b = hw ? v1.y : v1.x;
-        const std::uint32_t high_a = hw ? v2.y : v2.x, high_b = hw ? v3.y : v3.x;
+      for (int m = 0; m < kDimTiles; ++m) {
+        const int b = m & 3;
+        const std::uint32_t selector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
+        const std::uint32_t first = __byte_perm(m < 4 ? v0.x : v0.y, m < 4 ? v1.x : v1.y, selector);   // tokens 2c, 2c + 1
+        const std::uint32_t second = __byte_perm(m < 4 ? v2.x : v2.y, m < 4 ? v3.x : v3.y, selector);  // tokens 2c + 8, 2c + 9
+        const std::uint32_t a[4] = {sub_f16x2(mask_or<0x000f000fu, kHalf1024>(first), kHalf1024),
+                                    mask_or<0x00f000f0u, kHalfOnes>(first),
+                                    sub_f16x2(mask_or<0x000f000fu, kHalf1024>(second), kHalf1024),
+                                    mask_or<0x00f000f0u, kHalfOnes>(second)};
 #pragma unroll
-        for (int bp = 0; bp < 2; ++bp) {
-          const std::uint32_t selector = bp ? 0x7632u : 0x5410u;
-          const std::uint32_t low = __byte_perm(low_a, low_b, selector);
-          const std::uint32_t high = __byte_perm(high_a, high_b, selector);
-          const int n = 8 * hw + 4 * bp;
-          mma_bf16(acc[n + 0], a, value_operand<0>(low), value_operand<0>(high));
-          mma_bf16(acc[n + 1], a, value_operand<1>(low), value_operand<1>(high));
-          mma_bf16(acc[n + 2], a, value_operand<2>(low), value_operand<2>(high));
-          mma_bf16(acc[n + 3], a, value_operand<3>(low), value_operand<3>(high));
-        }
+        for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(acc[nt][m], a, pb[nt][0], pb[nt][1]);
       }
-      mma_bf16(acc[16], a, 0x3f803f80u, 0x3f803f80u);  // sum_t P'_t in every column
+      {
+        const std::uint32_t ones[4] = {kHalfOnes, kHalfOnes, kHalfOnes, kHalfOnes};
+#pragma unroll
+        for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(pv_sum[nt], ones, pb[nt][0], pb[nt][1]);
+      }
       __syncwarp();  // the stage is refilled by the next iteration's issue
     }
     cp_async_wait<0>();
 
     // ---- 3. merge the warps -----------------------------------------------------
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      row_sum[half] += __shfl_xor_sync(kFullMask, row_sum[half], 1);
-      row_sum[half] += __shfl_xor_sync(kFullMask, row_sum[half], 2);
-      zero_sum[half] += __shfl_xor_sync(kFullMask, zero_sum[half], 1);
-      zero_sum[half] += __shfl_xor_sync(kFullMask, zero_sum[half], 2);
+    for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+#pragma unroll
+        for (int offset = 4; offset < 32; offset <<= 1) {
+          row_sum[nt][e] += __shfl_xor_sync(kFullMask, row_sum[nt][e], offset);
+          zero_sum[nt][e] += __shfl_xor_sync(kFullMask, zero_sum[nt][e], offset);
+        }
+      }
     }
     __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer
     MergeStorage& merge = *reinterpret_cast<MergeStorage*>(shared);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = g + 8 * half;
-      const float correction = zero_sum[half] - acc[16][2 * half];
+    for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
-      for (int n = 0; n < 16; ++n) {
-        merge.out[warp][row][16 * (2 * c) + n] = acc[n][2 * half] + correction;
-        merge.out[warp][row][16 * (2 * c + 1) + n] = acc[n][2 * half + 1] + correction;
-      }
-      if (c == 0) {
-        merge.max[warp][row] = row_max[half];
-        merge.sum[warp][row] = row_sum[half];
+      for (int e = 0; e < 2; ++e) {
+        const int row = kHeadsPerTile * nt + 2 * c + e;
+        float* out = merge.out[warp][row];
+#pragma unroll
+        for (int m = 0; m < kDimTiles; ++m) {
+          out[16 * g + 2 * m] = acc[nt][m][e] + zero_sum[nt][e];
+          out[16 * g + 2 * m + 1] = fmaf(acc[nt][m][2 + e] - pv_sum[nt][e], 64.0f, zero_sum[nt][e]);
+        }
+        if (g == 0) {
+          merge.max[warp][row] = row_max[nt][e];
+          merge.sum[warp][row] = row_sum[nt][e];
+        }
       }
     }
     __syncthreads();
-    const int d = threadIdx.x;
-    for (int row = 0; row < group; ++row) {
+    for (int row = first_row; row < group; row += 2) {
+      // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
+      // non-finite query) makes the partition NaN so the reduction keeps it.
       float merged_max = -INFINITY;
+      bool any_nan = false;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) merged_max = fmaxf(merged_max, merge.max[w][row]);
+      for (int w = 0; w < kWarps; ++w) {
+        merged_max = merge_max(merged_max, merge.max[w][row]);
+        any_nan |= partition_is_nan(merge.max[w][row], merge.sum[w][row]);
+      }
       float merged_sum = 0.0f, merged_out = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
         const float weight = merge.max[w][row] == -INFINITY ? 0.0f : fast_exp2(merge.max[w][row] - merged_max);
         merged_sum = fmaf(weight, merge.sum[w][row], merged_sum);
-        merged_out = fmaf(weight, merge.out[w][row][d], merged_out);
+        merged_out = fmaf(weight, merge.out[w][row][dim], merged_out);
       }
+      if (any_nan) merged_max = merged_sum = merged_out = __uint_as_float(0x7fc00000u);
       const std::int64_t index = (row_base + row) * num_partitions + partition;
-      p.part_out[index * kHeadDim + d] = merged_out / merged_sum;
-      if (d == 0) {
+      p.part_out[index * kHeadDim + dim] = merged_out / merged_sum;
+      if (dim == 0) {
         p.part_max[index] = merged_max * kLn2;  // natural-log units, as the spec's reducer expects
         p.part_sum[index] = merged_sum;
       }
@@ -493,62 +583,77 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel(const __grid_consta
   __threadfence();
   // All loads of a phase are independent, so each phase costs one round trip
   // to L2 however many partitions there are.
+  // The merge rule is partition_merge.cuh's, shared with the CUDA and CPU reducers.
   const ReduceParams& r = params.reduce;
-  float* weights = reinterpret_cast<float*>(shared);              // [group][N]: w_q / (sum w + sink)
-  float* maxima = weights + kRows * kMaxPartitions;               // [group][N]
+  float* weights = reinterpret_cast<float*>(shared);              // [group][N]: sums, then w_q / (sum w + sink)
+  float* maxima = weights + kMaxRows * kMaxPartitions;            // [group][N]
   for (int i = threadIdx.x; i < group * num_partitions; i += kThreads) {
     const std::int64_t index = row_base * num_partitions + i;
-    maxima[i] = __ldcg(p.part_sum + index) == 0.0f ? -INFINITY : __ldcg(p.part_max + index);  // empty: (-inf, 0)
+    maxima[i] = __ldcg(p.part_max + index);
     weights[i] = __ldcg(p.part_sum + index);
   }
   __syncthreads();
   if (threadIdx.x < group) {
     const int row = threadIdx.x;
-    const float sink = r.sinks ? __ldg(r.sinks + std::int64_t(head) * group + row) : -INFINITY;
-    float merged_max = sink;
-    for (int q = 0; q < num_partitions; ++q) merged_max = fmaxf(merged_max, maxima[row * num_partitions + q]);
+    float* row_weights = weights + row * num_partitions;
+    const float* row_maxima = maxima + row * num_partitions;
+    const bool has_sink = r.sinks != nullptr;
+    const float sink = has_sink ? __ldg(r.sinks + std::int64_t(head) * group + row) : -INFINITY;
+    float partitions_max = -INFINITY;
+    bool any_tokens = false, any_nan = false;
+    for (int q = 0; q < num_partitions; ++q) {
+      any_tokens |= partition_has_tokens(row_maxima[q], row_weights[q]);
+      any_nan |= partition_is_nan(row_maxima[q], row_weights[q]);
+      partitions_max = merge_max(partitions_max, row_maxima[q]);
+    }
+    const float merged_max = merge_max(sink, partitions_max);
     float denominator = 0.0f;
     for (int q = 0; q < num_partitions; ++q) {
-      const float m = maxima[row * num_partitions + q];
-      const float w = m == -INFINITY ? 0.0f : weights[row * num_partitions + q] * __expf(m - merged_max);
-      weights[row * num_partitions + q] = w;
-      denominator += w;
+      row_weights[q] = partition_weight(row_maxima[q], row_weights[q], merged_max);
+      denominator += row_weights[q];
     }
-    // No tokens: an all-zero row, sink or not (seq_len 0 gives zeros).
-    const float total = denominator + (r.sinks ? __expf(sink - merged_max) : 0.0f);
-    const float inverse = denominator == 0.0f ? 0.0f : 1.0f / total;
-    for (int q = 0; q < num_partitions; ++q) weights[row * num_partitions + q] *= inverse;
+    // No tokens: an all-zero row, sink or not; a NaN partition: a NaN row.
+    const float scale = !any_tokens ? 0.0f
+                        : any_nan   ? __uint_as_float(0x7fc00000u)
+                                    : 1.0f / (denominator + sink_weight(has_sink, sink, merged_max));
+    for (int q = 0; q < num_partitions; ++q) row_weights[q] = any_tokens ? row_weights[q] * scale : 0.0f;
   }
   __syncthreads();
-  const int d = threadIdx.x;
-  for (int row = 0; row < group; ++row) {
+  for (int row = first_row; row < group; row += 2) {
     const std::int64_t base = (row_base + row) * num_partitions;
     float value = 0.0f;
 #pragma unroll 8
     for (int q = 0; q < num_partitions; ++q) {
       const float w = weights[row * num_partitions + q];
-      if (w != 0.0f) value = fmaf(w, __ldcg(p.part_out + (base + q) * kHeadDim + d), value);
+      if (w != 0.0f) value = fmaf(w, __ldcg(p.part_out + (base + q) * kHeadDim + dim), value);
     }
     const std::int64_t hq = std::int64_t(head) * group + row;
-    store_from_float(r.output, r.output_dtype, batch * r.output_stride_batch + hq * r.output_stride_head + d, value);
+    store_from_float(r.output, r.output_dtype, batch * r.output_stride_batch + hq * r.output_stride_head + dim, value);
   }
+}
+
+template <int HeadTiles>
+void launch(const FusedDecodeParams& params, CUstream_st* stream) {
+  static std::once_flag configured;
+  std::call_once(configured, [] {
+    TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+  });
+  const dim3 grid(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
+  decode_kernel<HeadTiles><<<grid, kThreads, kSharedBytes, stream>>>(params);
+  TQ_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace hopper
 
 void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) {
-  static std::once_flag configured;
-  std::call_once(configured, [] {
-    TQ_CUDA_CHECK(cudaFuncSetAttribute(hopper::decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, hopper::kSharedBytes));
-  });
-  const dim3 grid(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
-  hopper::decode_kernel<<<grid, hopper::kThreads, hopper::kSharedBytes, stream>>>(params);
-  TQ_CUDA_CHECK_LAUNCH();
+  const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
+  if (group <= hopper::kHeadsPerTile) return hopper::launch<1>(params, stream);
+  hopper::launch<2>(params, stream);
 }
 
 bool hopper_kernel_runnable() {
   cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel) == cudaSuccess;
+  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1>) == cudaSuccess;
 }
 
 }  // namespace tqdecode::cuda

@@ -76,6 +76,41 @@ struct FusedDecodeParams {
   unsigned* arrivals;          ///< [B * Hk], all zero between launches
 };
 
+/// The device-side record behind DeviceCheckReport, one per pool. All zero
+/// means "nothing found"; the host reads and re-zeroes it. The `first_*`
+/// fields are written only under `lock`.
+struct DeviceCheckState {
+  unsigned long long checked_calls;
+  unsigned long long failed_sequences;
+  unsigned long long bad_seq_lens;
+  unsigned long long bad_block_entries;
+  int has_bad_seq_len;  ///< 0 until a length fails; then the two fields below hold the lowest sequence's
+  int bad_seq_len_sequence;
+  int bad_seq_len_value;
+  int has_bad_block_entry;  ///< 0 until an entry fails; then the three fields below hold the lowest (sequence, column)
+  int bad_block_entry_sequence;
+  int bad_block_entry_column;
+  int bad_block_entry_value;
+  unsigned lock;
+};
+
+/// Device-side input checks (DecodeWorkspace::set_device_checks): writes
+/// checked_seq_lens[b] = seq_lens[b], or 0 when the length is outside
+/// [0, max_blocks_per_seq * block_size] or an entry it uses is outside
+/// [0, num_blocks), and records the failures in `state`.
+struct CheckInputsParams {
+  const std::int32_t* seq_lens;
+  const std::int32_t* block_table;
+  std::int64_t block_table_stride;  ///< elements, resolved (not 0)
+  int max_blocks_per_seq;
+  int block_size;
+  std::int64_t num_blocks;
+  int batch;
+  std::int32_t* checked_seq_lens;  ///< [batch]
+  DeviceCheckState* state;
+};
+
+void launch_check_decode_inputs(const CheckInputsParams& params, CUstream_st* stream);
 void launch_rotate_queries(const RotateParams& params, CUstream_st* stream);
 void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream);
 

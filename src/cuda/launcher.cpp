@@ -127,13 +127,24 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
     call.output_stride_head = 0;
   }
 
+  // Device-side checks: the decode kernels read the checked copy of the
+  // lengths, in which a sequence with a bad length or block-table entry is 0.
+  const std::int32_t* seq_lens = call.seq_lens;
+  if (workspace.device_checks()) {
+    cuda::launch_check_decode_inputs({call.seq_lens, call.block_table, call.table_stride(), call.max_blocks_per_seq,
+                                      call.layout.block_size, call.num_blocks, call.batch, buffers.checked_seq_lens,
+                                      buffers.check_state},
+                                     stream);
+    seq_lens = buffers.checked_seq_lens;
+  }
+
   const bool mse_keys = !call.layout.key_fp8();
   const cuda::RotateParams rotate{call.query, call.query_dtype, call.q_stride_b(), call.q_stride_h(),
                                   mse_keys ? call.PiT : nullptr, buffers.q_rot, call.batch, call.num_q_heads,
                                   call.layout.head_dim};
   const cuda::PartitionParams partitions{buffers.q_rot, call.cache, call.layout, call.num_blocks,
                                          call.block_table, call.table_stride(), call.max_blocks_per_seq,
-                                         call.seq_lens, mse_keys ? call.centroids : nullptr, call.scale,
+                                         seq_lens, mse_keys ? call.centroids : nullptr, call.scale,
                                          call.batch, call.num_q_heads, plan.num_partitions,
                                          plan.partition_align, buffers.part_max, buffers.part_sum,
                                          buffers.part_out};

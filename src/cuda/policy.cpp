@@ -60,6 +60,9 @@ std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& 
   if (args.layout.block_stride % 16 != 0 || reinterpret_cast<std::uintptr_t>(args.cache) % 16 != 0) {
     return "cache pointer or block_stride not a multiple of 16 bytes (the Hopper kernel uses 16-byte loads)";
   }
+  if (args.layout.block_stride >= (std::int64_t{1} << 31)) {
+    return "block_stride of 2 GiB or more (the Hopper kernel keeps offsets within a block in 32 bits)";
+  }
   if (!hopper_kernel_runnable()) return "the Hopper kernel is not compiled for this device in this build";
   return {};
 }

@@ -6,6 +6,8 @@
 // broadcast one partition at a time and every lane accumulates its slice of
 // the D-wide partial outputs with 16- or 8-byte loads. Empty partitions
 // (max -inf, sum 0) get weight 0 and their partial output is never read.
+// Empty rows, NaN partitions and sinks follow partition_merge.cuh, the CPU
+// reducer's rule.
 
 #include <cuda_runtime.h>
 
@@ -15,6 +17,7 @@
 #include "cuda_check.hpp"
 #include "device_utils.cuh"
 #include "kernel_params.hpp"
+#include "partition_merge.cuh"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
 
@@ -85,34 +88,32 @@ __device__ __forceinline__ void reduce_partitions_body(const ReduceParams& p) {
   const bool has_sink = p.sinks != nullptr;
   const float sink = has_sink ? p.sinks[hq] : -INFINITY;
 
-  // M = max over non-empty partitions and the sink. A partition is empty when
-  // it holds exactly (-inf, 0); NaN anywhere (a non-finite query) makes the
-  // whole row NaN, as in the reference, instead of being dropped by fmaxf.
-  float max_all = sink;
+  // M: the partitions' maxima (a NaN one is not taken; rule 2 makes the row
+  // NaN), merged with the sink as the first value of std::max's fold, so a
+  // NaN sink makes M NaN.
+  float partitions_max = -INFINITY;
   bool any_tokens = false;
-  bool not_a_number = false;
+  bool any_nan = false;
   for (int i = lane; i < num_partitions; i += 32) {
     const float m = part_max[i];
     const float l = part_sum[i];
-    if (m == -INFINITY && l == 0.0f) continue;
-    any_tokens = true;
-    not_a_number |= isnan(m) || isnan(l);
-    max_all = fmaxf(max_all, m);
+    any_tokens |= partition_has_tokens(m, l);
+    any_nan |= partition_is_nan(m, l);
+    partitions_max = merge_max(partitions_max, m);
   }
-  max_all = warp_max(max_all);
+  const float max_all = merge_max(sink, warp_max(partitions_max));
   any_tokens = __any_sync(kFullMask, any_tokens);
-  not_a_number = __any_sync(kFullMask, not_a_number);
+  any_nan = __any_sync(kFullMask, any_nan);
 
   float acc[Shape::kChunks][Shape::kVec] = {};
   float scale = 0.0f;  // no tokens: an all-zero row, sink or not
-  if (any_tokens && not_a_number) {
+  if (any_tokens && any_nan) {
     scale = __uint_as_float(0x7fc00000u);
   } else if (any_tokens) {
     float denominator = 0.0f;
     for (int base = 0; base < num_partitions; base += 32) {
       const int i = base + lane;
-      // exp(-inf) = 0 gives empty partitions weight 0.
-      const float weight = i < num_partitions ? part_sum[i] * expf(part_max[i] - max_all) : 0.0f;
+      const float weight = i < num_partitions ? partition_weight(part_max[i], part_sum[i], max_all) : 0.0f;
       denominator += weight;
       const int count = min(32, num_partitions - base);
       for (int k = 0; k < count; ++k) {
@@ -128,8 +129,7 @@ __device__ __forceinline__ void reduce_partitions_body(const ReduceParams& p) {
         }
       }
     }
-    denominator = warp_sum(denominator);
-    if (has_sink) denominator += expf(sink - max_all);
+    denominator = warp_sum(denominator) + sink_weight(has_sink, sink, max_all);
     scale = 1.0f / denominator;
   }
 

@@ -3,9 +3,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "../workspace_defaults.hpp"
 #include "cuda_check.hpp"
 #include "policy.hpp"
 #include "tqdecode/error.hpp"
@@ -14,22 +16,13 @@ namespace tqdecode {
 
 namespace {
 
-constexpr int kDefaultMaxBatch = 512;
 constexpr std::int64_t kAlignment = 256;
-
-int max_batch_from_environment() {
-  const char* text = std::getenv("TQDECODE_MAX_BATCH");
-  if (text == nullptr || *text == '\0') return kDefaultMaxBatch;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  TQ_REQUIRE(*end == '\0' && value >= 1 && value <= (1 << 20), "TQDECODE_MAX_BATCH",
-          "'" + std::string(text) + "' is not an integer in 1..1048576");
-  return static_cast<int>(value);
-}
 
 std::int64_t aligned(std::int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
-PooledBuffers allocate_buffers(const PoolSignature& signature, int bucket, int sm_count) {
+/// A pool for `bucket` rows whose check report starts as `check_state`.
+PooledBuffers allocate_buffers(const PoolSignature& signature, int bucket, int sm_count,
+                               const cuda::DeviceCheckState& check_state) {
   const auto [device, num_kv_heads, num_q_heads, head_dim, dtype] = signature;
   PooledBuffers buffers;
   buffers.bucket_batch = bucket;
@@ -41,18 +34,52 @@ PooledBuffers allocate_buffers(const PoolSignature& signature, int bucket, int s
   const std::int64_t stat_bytes = aligned(part_rows * 4);
   const std::int64_t part_out_bytes = aligned(part_rows * head_dim * 4);
   const std::int64_t arrival_bytes = aligned(std::int64_t(bucket) * num_kv_heads * 4);
-  buffers.bytes = q_rot_bytes + output_bytes + 2 * stat_bytes + part_out_bytes + arrival_bytes;
+  const std::int64_t check_state_bytes = aligned(sizeof(cuda::DeviceCheckState));
+  const std::int64_t checked_seq_len_bytes = aligned(std::int64_t(bucket) * 4);
+  buffers.bytes = q_rot_bytes + output_bytes + 2 * stat_bytes + part_out_bytes + arrival_bytes + check_state_bytes +
+                  checked_seq_len_bytes;
   TQ_CUDA_CHECK(cudaMalloc(&buffers.allocation, buffers.bytes));
   auto* base = static_cast<std::uint8_t*>(buffers.allocation);
-  buffers.q_rot = reinterpret_cast<float*>(base);
-  buffers.output = base + q_rot_bytes;
-  buffers.part_max = reinterpret_cast<float*>(base + q_rot_bytes + output_bytes);
-  buffers.part_sum = reinterpret_cast<float*>(base + q_rot_bytes + output_bytes + stat_bytes);
-  buffers.part_out = reinterpret_cast<float*>(base + q_rot_bytes + output_bytes + 2 * stat_bytes);
-  buffers.arrivals = reinterpret_cast<unsigned*>(base + q_rot_bytes + output_bytes + 2 * stat_bytes + part_out_bytes);
-  // Zeroed once here; afterwards the kernel leaves every counter at zero.
+  std::int64_t offset = 0;
+  const auto carve = [&](std::int64_t bytes) {
+    std::uint8_t* start = base + offset;
+    offset += bytes;
+    return start;
+  };
+  buffers.q_rot = reinterpret_cast<float*>(carve(q_rot_bytes));
+  buffers.output = carve(output_bytes);
+  buffers.part_max = reinterpret_cast<float*>(carve(stat_bytes));
+  buffers.part_sum = reinterpret_cast<float*>(carve(stat_bytes));
+  buffers.part_out = reinterpret_cast<float*>(carve(part_out_bytes));
+  buffers.arrivals = reinterpret_cast<unsigned*>(carve(arrival_bytes));
+  buffers.check_state = reinterpret_cast<cuda::DeviceCheckState*>(carve(check_state_bytes));
+  buffers.checked_seq_lens = reinterpret_cast<std::int32_t*>(carve(checked_seq_len_bytes));
+  // Set once here; afterwards the fused kernel leaves every arrival counter
+  // at zero and only device_check_report() clears the report. Both copies run
+  // on the legacy stream, which non-blocking streams do not wait for: wait
+  // for them here, once per allocation.
   TQ_CUDA_CHECK(cudaMemset(buffers.arrivals, 0, arrival_bytes));
+  TQ_CUDA_CHECK(cudaMemcpy(buffers.check_state, &check_state, sizeof check_state, cudaMemcpyHostToDevice));
+  TQ_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   return buffers;
+}
+
+/// Adds one pool's check record to `report`: counts add up, the lowest failures win.
+void add_check_state(DeviceCheckReport& report, const cuda::DeviceCheckState& state) {
+  report.checked_calls += static_cast<std::int64_t>(state.checked_calls);
+  report.failed_sequences += static_cast<std::int64_t>(state.failed_sequences);
+  report.bad_seq_lens += static_cast<std::int64_t>(state.bad_seq_lens);
+  report.bad_block_entries += static_cast<std::int64_t>(state.bad_block_entries);
+  DeviceCheckReport::BadSeqLen& length = report.first_bad_seq_len;
+  if (state.has_bad_seq_len && (length.sequence < 0 || state.bad_seq_len_sequence < length.sequence)) {
+    length = {state.bad_seq_len_sequence, state.bad_seq_len_value};
+  }
+  DeviceCheckReport::BadBlockEntry& entry = report.first_bad_block_entry;
+  if (state.has_bad_block_entry &&
+      (entry.sequence < 0 || std::pair(state.bad_block_entry_sequence, state.bad_block_entry_column) <
+                                 std::pair(entry.sequence, entry.column))) {
+    entry = {state.bad_block_entry_sequence, state.bad_block_entry_column, state.bad_block_entry_value};
+  }
 }
 
 }  // namespace
@@ -62,6 +89,7 @@ const PooledBuffers& DecodeWorkspace::Impl::acquire(const PoolSignature& signatu
   auto found = pools.find(signature);
   if (found != pools.end() && batch <= found->second.bucket_batch) return found->second;
   int bucket = max_batch;
+  cuda::DeviceCheckState carried{};  // the check report survives a growth
   if (found != pools.end()) {
     bucket = batch;
     std::fprintf(stderr,
@@ -69,13 +97,15 @@ const PooledBuffers& DecodeWorkspace::Impl::acquire(const PoolSignature& signatu
                  "and CUDA graphs captured earlier now hold stale buffer pointers (raise max_batch or "
                  "TQDECODE_MAX_BATCH)\n",
                  batch, found->second.bucket_batch, bucket);
-    // cudaFree waits for the device, so work still using the old buffers finishes first.
+    // Work still using the old buffers (on any stream) finishes first.
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());
+    TQ_CUDA_CHECK(cudaMemcpy(&carried, found->second.check_state, sizeof carried, cudaMemcpyDeviceToHost));
     TQ_CUDA_CHECK(cudaFree(found->second.allocation));
     pools.erase(found);
   } else if (batch > bucket) {
     bucket = batch;
   }
-  return pools.emplace(signature, allocate_buffers(signature, bucket, sm_count)).first->second;
+  return pools.emplace(signature, allocate_buffers(signature, bucket, sm_count, carried)).first->second;
 }
 
 DecodeWorkspace::Impl::~Impl() {
@@ -84,13 +114,41 @@ DecodeWorkspace::Impl::~Impl() {
 
 DecodeWorkspace::DecodeWorkspace(int max_batch)
     : impl_(std::make_unique<Impl>()) {
-  TQ_REQUIRE(max_batch >= 0, "max_batch", std::to_string(max_batch) + " is negative; accepted: 0 (default) or >= 1");
-  impl_->max_batch = max_batch > 0 ? max_batch : max_batch_from_environment();
+  impl_->max_batch = resolve_max_batch(max_batch);
+  impl_->device_checks = device_checks_from_environment();
 }
 
 DecodeWorkspace::~DecodeWorkspace() = default;
 
 int DecodeWorkspace::max_batch() const { return impl_->max_batch; }
+
+void DecodeWorkspace::set_device_checks(bool enabled) { impl_->device_checks = enabled; }
+
+bool DecodeWorkspace::device_checks() const { return impl_->device_checks; }
+
+DeviceCheckReport DecodeWorkspace::device_check_report(CUstream_st* stream) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  DeviceCheckReport report;
+  if (impl_->pools.empty()) return report;  // no decode ran on a device: no CUDA call needed
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  TQ_REQUIRE(capture == cudaStreamCaptureStatusNone, "stream",
+             "is capturing a CUDA graph; read the device check report outside capture");
+  int device = 0;
+  TQ_CUDA_CHECK(cudaGetDevice(&device));
+  // Read, then clear, in the order of `stream`: checks enqueued on it before
+  // this call are counted, and decodes enqueued after it see the cleared record.
+  std::vector<cuda::DeviceCheckState> states;
+  for (const auto& [signature, buffers] : impl_->pools) {
+    if (std::get<0>(signature) != device) continue;
+    cuda::DeviceCheckState& state = states.emplace_back();
+    TQ_CUDA_CHECK(cudaMemcpyAsync(&state, buffers.check_state, sizeof state, cudaMemcpyDeviceToHost, stream));
+    TQ_CUDA_CHECK(cudaMemsetAsync(buffers.check_state, 0, sizeof state, stream));
+  }
+  TQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (const cuda::DeviceCheckState& state : states) add_check_state(report, state);
+  return report;
+}
 
 DecodeWorkspace::Stats DecodeWorkspace::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);

@@ -1,11 +1,13 @@
 // The buffer pool behind DecodeWorkspace (internal).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
 
+#include "kernel_params.hpp"
 #include "tqdecode/decode.hpp"
 
 namespace tqdecode {
@@ -19,6 +21,8 @@ struct PooledBuffers {
   float* part_sum = nullptr;  ///< [partition_rows, Hq]
   float* part_out = nullptr;  ///< [partition_rows, Hq, D]
   unsigned* arrivals = nullptr;  ///< [bucket, Hk] partition counters of the fused kernel, zero between launches
+  cuda::DeviceCheckState* check_state = nullptr;  ///< device-side check report of the calls using this pool
+  std::int32_t* checked_seq_lens = nullptr;       ///< [bucket] lengths after the device-side checks
   int bucket_batch = 0;
   int partition_rows = 0;
   std::int64_t bytes = 0;
@@ -30,6 +34,7 @@ using PoolSignature = std::tuple<int, int, int, int, int>;
 
 struct DecodeWorkspace::Impl {
   int max_batch;
+  std::atomic<bool> device_checks{false};
   mutable std::mutex mutex;
   std::map<PoolSignature, PooledBuffers> pools;
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -122,12 +123,14 @@ inline void expect_close(const std::vector<float>& actual, const std::vector<flo
   EXPECT_TRUE(failure.empty()) << what << ": " << failure;
 }
 
-/// The first element of a seq_len-0 row of `output` ([B, Hq, D]) that is not
-/// zero, described, or empty when all those rows are zero.
-inline std::string zero_row_failure(const std::vector<float>& output, const Scenario& scenario) {
+/// The first element that is not zero of a row of `output` ([B, Hq, D])
+/// whose length in `seq_lens` is 0, described, or empty when all those rows
+/// are zero.
+inline std::string zero_row_failure(const std::vector<float>& output, const Scenario& scenario,
+                                    const std::vector<std::int32_t>& seq_lens) {
   const std::size_t row = std::size_t(scenario.config.num_q_heads) * scenario.config.head_dim;
   for (int b = 0; b < scenario.batch(); ++b) {
-    if (scenario.seq_lens[b] != 0) continue;
+    if (seq_lens[b] != 0) continue;
     for (std::size_t i = 0; i < row; ++i) {
       if (output[b * row + i] != 0.0f) {
         return "sequence " + std::to_string(b) + " has length 0 but element " + std::to_string(i) + " is " +
@@ -136,6 +139,11 @@ inline std::string zero_row_failure(const std::vector<float>& output, const Scen
     }
   }
   return {};
+}
+
+/// zero_row_failure for the scenario's own lengths.
+inline std::string zero_row_failure(const std::vector<float>& output, const Scenario& scenario) {
+  return zero_row_failure(output, scenario, scenario.seq_lens);
 }
 
 }  // namespace tqdecode::test

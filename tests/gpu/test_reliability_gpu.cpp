@@ -1,15 +1,18 @@
 // GPU reliability: a differential run of random configurations against the
-// CPU reference, a cache over 4 GiB holding a 512K-token sequence, and
-// concurrent decodes from several streams and host threads.
+// CPU reference, a cache over 4 GiB holding a 512K-token sequence,
+// concurrent decodes from several streams and host threads, the device-side
+// input checks (eager and in CUDA graphs), and non-finite queries and sinks.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -18,8 +21,10 @@
 #include <vector>
 
 #include "gpu/gpu_test_support.hpp"
+#include "scoped_variable.hpp"
 #include "tqdecode/decode.hpp"
 #include "tqdecode/device_scenario.hpp"
+#include "tqdecode/numeric.hpp"
 #include "tqdecode/random.hpp"
 #include "tqdecode/reference.hpp"
 #include "tqdecode/scenario.hpp"
@@ -32,10 +37,19 @@ using test::closeness_failure;
 using test::DeviceBuffer;
 using test::expect_close;
 
-std::vector<float> reference_output(const Scenario& scenario) {
+/// decode_reference of the scenario's cache with these lengths and block table.
+std::vector<float> reference_output(const Scenario& scenario, const std::vector<std::int32_t>& seq_lens,
+                                    const std::vector<std::int32_t>& block_table) {
+  DecodeArgs args = scenario.host_args(nullptr);
+  args.seq_lens = seq_lens.data();
+  args.block_table = block_table.data();
   std::vector<float> out(scenario.query.size());
-  decode_reference(scenario.host_args(nullptr), out.data());
+  decode_reference(args, out.data());
   return out;
+}
+
+std::vector<float> reference_output(const Scenario& scenario) {
+  return reference_output(scenario, scenario.seq_lens, scenario.block_table);
 }
 
 /// Number of elements whose bit patterns differ (a NaN equals only the same NaN).
@@ -440,6 +454,319 @@ TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {
     }
     // And a serial call now, from the cache, agrees.
     EXPECT_TRUE(same_plan(plan_decode(args), automatic));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 4. Device-side input checks (DecodeWorkspace::set_device_checks).
+//
+// The longest sequence fills whole blocks, so pointing its spare block-table
+// columns at its own first blocks gives a valid length of exactly the
+// table's coverage. Next to it: bad inputs of each kind and valid sequences.
+
+constexpr PathRequest kGpuRequests[] = {PathRequest::automatic, PathRequest::cuda_generic};
+
+ScenarioConfig check_config() {
+  ScenarioConfig config;
+  config.num_q_heads = 16;
+  config.num_kv_heads = 4;
+  config.seq_lens = {304, 40, 200, 0, 77, 100, 129, 1};  // 304 = 19 whole blocks of 16
+  config.sinks = true;
+  config.keep_unquantized = false;
+  return config;
+}
+
+/// Inputs with bad lengths and entries, and what the checks let through.
+struct CheckedInputs {
+  std::vector<std::int32_t> seq_lens;     ///< as uploaded
+  std::vector<std::int32_t> block_table;  ///< as uploaded
+  std::vector<std::int32_t> passed_lens;  ///< as decoded: 0 for a sequence that fails
+};
+
+constexpr int kFailingSequences[] = {1, 2, 5, 6};
+
+/// Sequence 0: length exactly the coverage (valid). 1: entry num_blocks at
+/// column 1 (inside its 3 used columns). 2: INT32_MAX at column 5 and -7 at
+/// its last used column. 5: length one past the coverage. 6: length -4.
+/// 3 (length 0), 4 and 7 are untouched.
+CheckedInputs bad_inputs(const Scenario& scenario) {
+  const int columns = scenario.max_blocks_per_seq;
+  const int block_size = scenario.config.block_size;
+  const std::int32_t coverage = columns * block_size;
+  CheckedInputs inputs{scenario.seq_lens, scenario.block_table, {}};
+  const auto entry = [&](int sequence, int column) -> std::int32_t& {
+    return inputs.block_table[std::size_t(sequence) * columns + column];
+  };
+  const int full_blocks = scenario.seq_lens[0] / block_size;
+  for (int column = full_blocks; column < columns; ++column) entry(0, column) = entry(0, column - full_blocks);
+  inputs.seq_lens[0] = coverage;
+  entry(1, 1) = static_cast<std::int32_t>(scenario.num_blocks);
+  entry(2, 5) = std::numeric_limits<std::int32_t>::max();
+  entry(2, (scenario.seq_lens[2] - 1) / block_size) = -7;
+  inputs.seq_lens[5] = coverage + 1;
+  inputs.seq_lens[6] = -4;
+  inputs.passed_lens = inputs.seq_lens;
+  for (const int sequence : kFailingSequences) inputs.passed_lens[sequence] = 0;
+  return inputs;
+}
+
+/// What the report says after `failing_calls` decodes of bad_inputs among `checked_calls`.
+void expect_bad_inputs_reported(const DeviceCheckReport& report, const Scenario& scenario, std::int64_t failing_calls,
+                                std::int64_t checked_calls) {
+  EXPECT_EQ(report.checked_calls, checked_calls);
+  EXPECT_EQ(report.failed_sequences, 4 * failing_calls);
+  EXPECT_EQ(report.bad_seq_lens, 2 * failing_calls);
+  EXPECT_EQ(report.bad_block_entries, 3 * failing_calls);
+  EXPECT_EQ(report.first_bad_seq_len.sequence, 5);
+  EXPECT_EQ(report.first_bad_seq_len.value, scenario.max_blocks_per_seq * scenario.config.block_size + 1);
+  EXPECT_EQ(report.first_bad_block_entry.sequence, 1);
+  EXPECT_EQ(report.first_bad_block_entry.column, 1);
+  EXPECT_EQ(report.first_bad_block_entry.value, scenario.num_blocks);
+  EXPECT_EQ(report.first_failed_sequence(), 1);
+}
+
+void expect_no_failures(const DeviceCheckReport& report, std::int64_t checked_calls) {
+  EXPECT_EQ(report.checked_calls, checked_calls);
+  EXPECT_EQ(report.failed_sequences, 0);
+  EXPECT_EQ(report.bad_seq_lens, 0);
+  EXPECT_EQ(report.bad_block_entries, 0);
+  EXPECT_EQ(report.first_failed_sequence(), -1);
+}
+
+/// The failing sequences' rows are exactly zero and the others match the
+/// reference over the lengths the checks let through.
+void expect_checked_output(const std::vector<float>& actual, const Scenario& scenario, const CheckedInputs& inputs,
+                           const std::string& what) {
+  const std::string zero_rows = test::zero_row_failure(actual, scenario, inputs.passed_lens);
+  EXPECT_TRUE(zero_rows.empty()) << what << ": " << zero_rows;
+  expect_close(actual, reference_output(scenario, inputs.passed_lens, inputs.block_table), what);
+}
+
+void upload_and_poison(DeviceScenario& device, const std::vector<std::int32_t>& seq_lens,
+                       const std::vector<std::int32_t>& block_table) {
+  device.upload_lengths(seq_lens, block_table);
+  device.poison_output();
+  check_cuda(cudaDeviceSynchronize(), "upload");  // the copies run on the legacy stream
+}
+
+/// The check scenario on the device; the tests run once per GPU path.
+class ReliabilityGpuDeviceChecks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TQ_SKIP_WITHOUT_GPU();
+    device_ = std::make_unique<DeviceScenario>(scenario_);
+  }
+
+  /// Calls body(request, path name) for each GPU path, traced by the path.
+  template <typename Body>
+  void for_each_gpu_path(Body body) {
+    for (const PathRequest request : kGpuRequests) {
+      const std::string path = decode_path_name(choose_decode_path(device_->args(), request).path);
+      SCOPED_TRACE(path);
+      body(request, path);
+    }
+  }
+
+  const Scenario scenario_ = make_scenario(check_config());
+  const CheckedInputs inputs_ = bad_inputs(scenario_);
+  std::unique_ptr<DeviceScenario> device_;
+};
+
+TEST_F(ReliabilityGpuDeviceChecks, BadSequencesGiveZeroRowsAndAreReported) {
+  for_each_gpu_path([&](PathRequest request, const std::string& path) {
+    DecodeWorkspace workspace(scenario_.batch());
+    workspace.set_device_checks(true);
+    upload_and_poison(*device_, inputs_.seq_lens, inputs_.block_table);
+    decode(device_->args(), workspace, nullptr, request);
+    expect_checked_output(device_->output(), scenario_, inputs_, "bad inputs, checks on, " + path);
+    expect_bad_inputs_reported(workspace.device_check_report(), scenario_, 1, 1);
+    expect_no_failures(workspace.device_check_report(), 0);  // reading cleared it
+  });
+}
+
+TEST_F(ReliabilityGpuDeviceChecks, ValidInputsDecodeBitwiseAsWithoutChecks) {
+  for_each_gpu_path([&](PathRequest request, const std::string& path) {
+    DecodeWorkspace workspace(scenario_.batch());
+    workspace.set_device_checks(false);
+    decode(device_->args(), workspace, nullptr, request);
+    const std::vector<float> unchecked = device_->output();
+    expect_close(unchecked, reference_output(scenario_), "valid inputs, checks off, " + path);
+    workspace.set_device_checks(true);
+    device_->poison_output();
+    decode(device_->args(), workspace, nullptr, request);
+    EXPECT_EQ(bitwise_mismatches(device_->output(), unchecked), 0u);
+    expect_no_failures(workspace.device_check_report(), 1);
+  });
+}
+
+TEST_F(ReliabilityGpuDeviceChecks, OffByDefault) {
+  const test::ScopedVariable unset("TQDECODE_DEVICE_CHECKS", nullptr);
+  DecodeWorkspace workspace(scenario_.batch());
+  EXPECT_FALSE(workspace.device_checks());
+  decode(device_->args(), workspace);
+  expect_close(device_->output(), reference_output(scenario_), "checks off by default");
+  expect_no_failures(workspace.device_check_report(), 0);  // no check ran
+}
+
+// Captured with checks on and valid inputs; replayed with valid, then bad
+// inputs: each replay equals an eager checked decode of the same inputs, and
+// the report counts replays and eager calls alike.
+TEST_F(ReliabilityGpuDeviceChecks, WorkInsideCudaGraphCaptureAndReplay) {
+  for_each_gpu_path([&](PathRequest request, const std::string& path) {
+    DecodeWorkspace workspace(scenario_.batch());
+    workspace.set_device_checks(true);
+    cudaStream_t stream;
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    upload_and_poison(*device_, scenario_.seq_lens, scenario_.block_table);
+    const DecodeArgs args = device_->args();
+    decode(args, workspace, stream, request);  // warm-up: the pool allocates here, not during capture
+    expect_no_failures(workspace.device_check_report(stream), 1);
+
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    decode(args, workspace, stream, request);
+    check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+
+    const auto replay_and_eager = [&](const std::vector<std::int32_t>& seq_lens,
+                                      const std::vector<std::int32_t>& block_table) {
+      upload_and_poison(*device_, seq_lens, block_table);
+      check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+      check_cuda(cudaStreamSynchronize(stream), "replay");
+      const std::vector<float> replayed = device_->output();
+      device_->poison_output();
+      check_cuda(cudaDeviceSynchronize(), "poison");
+      decode(args, workspace, stream, request);
+      check_cuda(cudaStreamSynchronize(stream), "eager decode");
+      EXPECT_EQ(bitwise_mismatches(replayed, device_->output()), 0u) << "replay against eager";
+      return replayed;
+    };
+    expect_close(replay_and_eager(scenario_.seq_lens, scenario_.block_table), reference_output(scenario_),
+                 "graph replay, valid inputs, " + path);
+    expect_no_failures(workspace.device_check_report(stream), 2);
+    expect_checked_output(replay_and_eager(inputs_.seq_lens, inputs_.block_table), scenario_, inputs_,
+                          "graph replay, bad inputs, " + path);
+    expect_checked_output(replay_and_eager(inputs_.seq_lens, inputs_.block_table), scenario_, inputs_,
+                          "graph replay again, bad inputs, " + path);
+    expect_bad_inputs_reported(workspace.device_check_report(stream), scenario_, 4, 4);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// 5. Non-finite queries and sinks (the CPU rule of NonFinite.* in
+// tests/cpu/test_reliability.cpp): NaN rows for that head only, zeros for an
+// empty sequence, every other row bit for bit what it is with finite inputs.
+
+ScenarioConfig non_finite_config(Preset preset, bool sinks) {
+  ScenarioConfig config;
+  config.preset = preset;
+  config.num_q_heads = 8;
+  config.num_kv_heads = 2;
+  config.seq_lens = {40, 0, 7, 300};
+  config.sinks = sinks;
+  config.query_dtype = preset == Preset::turboquant_4bit_nc ? DType::bf16 : DType::f16;
+  config.keep_unquantized = false;
+  return config;
+}
+
+/// One decode of `scenario` by `request` into a poisoned output.
+std::vector<float> gpu_decode(const Scenario& scenario, PathRequest request) {
+  DeviceScenario device(scenario);
+  DecodeWorkspace workspace(scenario.batch());
+  decode(device.args(), workspace, nullptr, request);
+  return device.output();
+}
+
+std::string describe_path(const Scenario& scenario, PathRequest request) {
+  return decode_path_name(choose_decode_path(DeviceScenario(scenario).args(), request).path);
+}
+
+enum class RowExpect { nan, zero, unchanged };
+
+/// The first row of `actual` that is not as `expect_of(b, hq)` says
+/// (against `clean` for unchanged rows), described, or empty.
+template <typename ExpectOf>
+std::string row_failure(const std::vector<float>& actual, const std::vector<float>& clean, const Scenario& scenario,
+                        ExpectOf expect_of) {
+  const int Hq = scenario.config.num_q_heads, D = scenario.config.head_dim;
+  for (int b = 0; b < scenario.batch(); ++b) {
+    for (int hq = 0; hq < Hq; ++hq) {
+      const RowExpect expect = expect_of(b, hq);
+      const std::size_t first = (std::size_t(b) * Hq + hq) * D;
+      for (std::size_t i = first; i < first + D; ++i) {
+        const bool ok = expect == RowExpect::nan    ? std::isnan(actual[i])
+                        : expect == RowExpect::zero ? actual[i] == 0.0f
+                                                    : std::memcmp(&actual[i], &clean[i], sizeof(float)) == 0;
+        if (!ok) {
+          const char* wanted = expect == RowExpect::nan ? "NaN" : expect == RowExpect::zero ? "0" : "unchanged";
+          return "sequence " + std::to_string(b) + " head " + std::to_string(hq) + " element " +
+                 std::to_string(i - first) + " is " + std::to_string(actual[i]) + ", expected " + wanted;
+        }
+      }
+    }
+  }
+  return {};
+}
+
+TEST(ReliabilityGpuNonFinite, NanQueryGivesNanRowsForThatHeadOnly) {
+  TQ_SKIP_WITHOUT_GPU();
+  struct Poison {
+    int b, hq, d;
+  };
+  const Poison poisons[] = {{0, 1, 5}, {2, 6, 0}, {2, 7, 127}, {1, 3, 9}, {3, 0, 64}};  // sequence 1 is empty
+  for (const Preset preset : kAllPresets) {
+    for (const bool sinks : {false, true}) {
+      const Scenario clean = make_scenario(non_finite_config(preset, sinks));
+      Scenario poisoned = clean;
+      for (const Poison& p : poisons) {
+        store_from_float(poisoned.query_bits.data(), clean.config.query_dtype,
+                         (std::int64_t(p.b) * clean.config.num_q_heads + p.hq) * clean.config.head_dim + p.d,
+                         std::numeric_limits<float>::quiet_NaN());
+      }
+      for (const PathRequest request : kGpuRequests) {
+        const std::string what =
+            std::string(preset_info(preset).name) + (sinks ? " with sinks, " : ", ") + describe_path(clean, request);
+        const std::vector<float> expected = gpu_decode(clean, request);
+        expect_close(expected, reference_output(clean), what);
+        const std::string failure = row_failure(gpu_decode(poisoned, request), expected, clean, [&](int b, int hq) {
+          if (clean.seq_lens[b] == 0) return RowExpect::zero;
+          for (const Poison& p : poisons) {
+            if (p.b == b && p.hq == hq) return RowExpect::nan;
+          }
+          return RowExpect::unchanged;
+        });
+        EXPECT_TRUE(failure.empty()) << what << ": " << failure;
+      }
+    }
+  }
+}
+
+TEST(ReliabilityGpuNonFinite, NanOrInfiniteSinkGivesNanRowsForThatHeadOnly) {
+  TQ_SKIP_WITHOUT_GPU();
+  for (const Preset preset : kAllPresets) {
+    const Scenario clean = make_scenario(non_finite_config(preset, true));
+    Scenario poisoned = clean;
+    poisoned.sinks[2] = std::numeric_limits<float>::quiet_NaN();
+    poisoned.sinks[5] = std::numeric_limits<float>::infinity();
+    Scenario no_sink = clean;
+    no_sink.sinks.clear();
+    Scenario minus_infinity = clean;
+    minus_infinity.sinks.assign(minus_infinity.sinks.size(), -std::numeric_limits<float>::infinity());
+    for (const PathRequest request : kGpuRequests) {
+      const std::string what = std::string(preset_info(preset).name) + ", " + describe_path(clean, request);
+      const std::vector<float> expected = gpu_decode(clean, request);
+      const std::string failure = row_failure(gpu_decode(poisoned, request), expected, clean, [&](int b, int hq) {
+        if (clean.seq_lens[b] == 0) return RowExpect::zero;
+        return hq == 2 || hq == 5 ? RowExpect::nan : RowExpect::unchanged;
+      });
+      EXPECT_TRUE(failure.empty()) << what << ": " << failure;
+      // A sink of -inf is no sink.
+      EXPECT_EQ(bitwise_mismatches(gpu_decode(minus_infinity, request), gpu_decode(no_sink, request)), 0u) << what;
+    }
   }
 }
 

@@ -1,0 +1,43 @@
+// How the split-KV partitions of one (sequence, query head) merge into its
+// output row (FORMAT.md section 5), for every CUDA reducer: the rule of the
+// CPU reducer, reduce_partitions_reference (src/cpu/reference.cpp), step by
+// step, so the GPU and the CPU agree on empty and non-finite rows too.
+//
+// 1. A partition that covered no tokens holds exactly (max -inf, sum 0). A
+//    row whose partitions are all empty is all zeros, sink or not.
+// 2. A partition whose max or sum is NaN (a non-finite query) makes the
+//    whole row NaN; it is not left out as if it were empty.
+// 3. Otherwise M = max(sink, m_1, ..., m_N) as std::max folds it (a NaN sink
+//    makes M NaN, hence the row NaN); partition p weighs
+//    w_p = l_p exp(m_p - M) (0 for an empty partition) and the row is
+//    sum_p w_p o_p / (sum_p w_p + exp(sink - M)).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace tqdecode::cuda {
+
+/// Rule 1: the partition covered tokens (it is not exactly (-inf, 0)).
+__device__ __forceinline__ bool partition_has_tokens(float max, float sum) {
+  return !(max == -INFINITY && sum == 0.0f);
+}
+
+/// Rule 2: the partition makes its row NaN.
+__device__ __forceinline__ bool partition_is_nan(float max, float sum) { return isnan(max) || isnan(sum); }
+
+/// Rule 3's fold, std::max(merged, value): a NaN `merged` (the sink) stays
+/// NaN; a NaN `value` (a partition's max) is not taken, rule 2 covers it.
+/// Start from the sink, or -inf without one.
+__device__ __forceinline__ float merge_max(float merged, float value) { return merged < value ? value : merged; }
+
+/// Rule 3's weight of a partition against the merged max M.
+__device__ __forceinline__ float partition_weight(float max, float sum, float merged_max) {
+  return sum * expf(max - merged_max);  // empty: 0 * exp(-inf) = 0
+}
+
+/// Rule 3's sink term of the denominator (0 without a sink).
+__device__ __forceinline__ float sink_weight(bool has_sink, float sink, float merged_max) {
+  return has_sink ? expf(sink - merged_max) : 0.0f;
+}
+
+}  // namespace tqdecode::cuda
