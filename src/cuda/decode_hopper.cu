@@ -1,9 +1,11 @@
 // The Hopper kernel: the whole decode step for turboquant_4bit_nc, D = 128
 // (the headline profile) in one launch, built for sm_90a.
 //
-// Grid (partition, kv head, sequence), 8 warps per CTA, two CTAs per SM. A CTA
-// 1. rotates the query heads of its group (q_rot = bf16(q @ PiT), PiT staged
-//    in shared memory with cp.async);
+// Grid (partition, kv head, sequence), 8 warps per CTA, two CTAs per SM (one
+// for groups over 8). A CTA
+// 1. puts its first tiles in flight, then rotates the query heads of its
+//    group (q_rot = bf16(q @ PiT), PiT staged in shared memory with cp.async
+//    in two halves) and builds the key lookup table;
 // 2. streams its token range in 16-token tiles, warps taking tiles round
 //    robin, each warp keeping kStages tiles in flight with cp.async into its
 //    own shared-memory ring, and runs the two products on the tensor cores
@@ -16,8 +18,9 @@
 //    product's B operand;
 // 3. merges its warps and writes the partition's (max, sum, normalized out);
 // 4. if it is the last CTA of its (sequence, kv head) to finish, reduces the
-//    N partitions with the sink and writes the output (then resets the
-//    arrival counter, so CUDA-graph replays need no memset).
+//    N partitions with the sink (one warp per query head, one lane per
+//    partition) and writes the output (then resets the arrival counter, so
+//    CUDA-graph replays need no memset).
 //
 // Dequantization is arranged to cost less than the memory time:
 // - Keys: one shared-memory lookup turns a packed byte (two 4-bit indices)
@@ -73,16 +76,18 @@ constexpr int kStageBytes = kMetaOffset + 128;                 // records + 3 x 
 constexpr int kLutBytes = 256 * 32 * 4;                        // byte -> bf16 pair, one copy per lane
 constexpr int kRingBytes = kWarps * kStages * kStageBytes;     // 69632
 constexpr int kMainBytes = kLutBytes + kRingBytes;             // 102400
-constexpr int kPiTBytes = kHeadDim * kHeadDim * 4;             // 65536, staged in the main region first
+constexpr int kPiTBytes = kHeadDim * kHeadDim * 4;             // 65536
+constexpr int kPiTHalfBytes = kPiTBytes / 2;                   // staged in the lookup table's region
 constexpr int kQueryBytes = kMaxRows * kHeadDim * 4;           // 8192
-constexpr int kSharedBytes = kMainBytes + kQueryBytes;         // 110592: two CTAs per SM
+constexpr int kCentroidBytes = 16 * 4;
+constexpr int kSharedBytes = kMainBytes + kQueryBytes + kCentroidBytes;  // 110656: two CTAs per SM
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr std::uint32_t kHalfOnes = 0x3c003c00u;  // fp16 (1, 1)
 constexpr std::uint32_t kHalf1024 = 0x64006400u;  // fp16 (1024, 1024)
 
 static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
-static_assert(kPiTBytes <= kMainBytes, "PiT staging must fit the main region");
+static_assert(kPiTHalfBytes <= kLutBytes, "a PiT half must fit the lookup table's region");
 static_assert(kThreads == 2 * kHeadDim, "two threads per head dim in rotation and merge");
 
 struct MergeStorage {
@@ -218,6 +223,7 @@ __global__ void __launch_bounds__(kThreads, HeadTiles == 1 ? 2 : 1) decode_kerne
   constexpr int kRows = HeadTiles * kHeadsPerTile;
   extern __shared__ __align__(128) std::uint8_t shared[];
   float (*query_rows)[kHeadDim] = reinterpret_cast<float (*)[kHeadDim]>(shared + kMainBytes);
+  float* centroids = reinterpret_cast<float*>(shared + kMainBytes + kQueryBytes);
   const PartitionParams& p = params.partitions;
   const int partition = blockIdx.x;
   const int head = blockIdx.y;
@@ -243,10 +249,37 @@ __global__ void __launch_bounds__(kThreads, HeadTiles == 1 ? 2 : 1) decode_kerne
       }
     }
   } else {
-    // ---- 1. query rotation -------------------------------------------------
+    // ---- 1. first tiles in flight, query rotation, lookup table -------------
+    // The ring's first kStages - 1 tiles are issued before anything else so
+    // their HBM latency overlaps the prologue. PiT (64 KB) is staged in two
+    // 32 KB halves in the lookup table's region, which the ring does not touch.
+    const int block_shift = 31 - __clz(p.layout.block_size);
+    const int block_mask = p.layout.block_size - 1;
+    const std::uint8_t* cache = p.cache;
+    const std::int64_t block_stride = p.layout.block_stride;
+    const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
+    const std::uint8_t* ring = shared + kLutBytes + warp * kStages * kStageBytes;
+    const std::uint32_t ring_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(ring));
+    const IssuePlan plan = make_issue_plan(p, head, lane);
+    const int first_tile = range.begin / kTileTokens + warp;
+    const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
+    const int count = first_tile < end_tile ? (end_tile - first_tile + kWarps - 1) / kWarps : 0;
+
     const RotateParams& rq = params.rotate;
-    for (int i = threadIdx.x; i < kPiTBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, reinterpret_cast<const std::uint8_t*>(rq.PiT) + 16 * i);
-    cp_async_commit();
+    const auto stage_pit_half = [&](int half) {
+      const std::uint8_t* source = reinterpret_cast<const std::uint8_t*>(rq.PiT) + half * kPiTHalfBytes;
+      for (int i = threadIdx.x; i < kPiTHalfBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, source + 16 * i);
+      cp_async_commit();
+    };
+    stage_pit_half(0);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < count) {
+        const int tile = first_tile + s * kWarps;
+        issue_tile(ring_address + s * kStageBytes, cache, block_stride, tile_block(table, tile, block_shift), tile, block_mask, plan, lane);
+      }
+      cp_async_commit();
+    }
     for (int row = first_row; row < kRows; row += 2) {
       float value = 0.0f;
       if (row < group) {
@@ -255,27 +288,37 @@ __global__ void __launch_bounds__(kThreads, HeadTiles == 1 ? 2 : 1) decode_kerne
       }
       query_rows[row][dim] = value;
     }
-    cp_async_wait<0>();
-    __syncthreads();
+    if (threadIdx.x < 16) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
     {
       constexpr int kRowsPerThread = kRows / 2;
       const float* pit = reinterpret_cast<const float*>(shared);
       float rotated[kRowsPerThread];
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) rotated[r] = 0.0f;
-      for (int i = 0; i < kHeadDim; i += 4) {
-        float column[4];
+#pragma unroll 1
+      for (int half = 0; half < 2; ++half) {
+        if (half == 0) {
+          cp_async_wait<kStages - 1>();  // the first half; the ring's tiles may still be in flight
+        } else {
+          __syncthreads();  // every thread is done with the first half
+          stage_pit_half(1);
+          cp_async_wait<0>();
+        }
+        __syncthreads();
+        for (int i = 0; i < kHeadDim / 2; i += 4) {
+          float column[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) column[e] = pit[(i + e) * kHeadDim + dim];
+          for (int e = 0; e < 4; ++e) column[e] = pit[(i + e) * kHeadDim + dim];
 #pragma unroll
-        for (int r = 0; r < kRowsPerThread; ++r) {
-          const int row = first_row + 2 * r;
-          if (row < group) {
-            const float4 q = *reinterpret_cast<const float4*>(&query_rows[row][i]);
-            rotated[r] = fmaf(q.x, column[0], rotated[r]);
-            rotated[r] = fmaf(q.y, column[1], rotated[r]);
-            rotated[r] = fmaf(q.z, column[2], rotated[r]);
-            rotated[r] = fmaf(q.w, column[3], rotated[r]);
+          for (int r = 0; r < kRowsPerThread; ++r) {
+            const int row = first_row + 2 * r;
+            if (row < group) {
+              const float4 q = *reinterpret_cast<const float4*>(&query_rows[row][half * kHeadDim / 2 + i]);
+              rotated[r] = fmaf(q.x, column[0], rotated[r]);
+              rotated[r] = fmaf(q.y, column[1], rotated[r]);
+              rotated[r] = fmaf(q.z, column[2], rotated[r]);
+              rotated[r] = fmaf(q.w, column[3], rotated[r]);
+            }
           }
         }
       }
@@ -288,8 +331,7 @@ __global__ void __launch_bounds__(kThreads, HeadTiles == 1 ? 2 : 1) decode_kerne
     }
     // Lookup table over the dead PiT staging; each warp writes whole 32-lane rows.
     for (int byte = warp; byte < 256; byte += kWarps) {
-      reinterpret_cast<std::uint32_t*>(shared)[byte * 32 + lane] =
-          pack_bf16(__ldg(p.centroids + (byte & 15)), __ldg(p.centroids + (byte >> 4)));
+      reinterpret_cast<std::uint32_t*>(shared)[byte * 32 + lane] = pack_bf16(centroids[byte & 15], centroids[byte >> 4]);
     }
     __syncthreads();
 
@@ -309,20 +351,11 @@ __global__ void __launch_bounds__(kThreads, HeadTiles == 1 ? 2 : 1) decode_kerne
     }
 
     // ---- 2. stream the token range ------------------------------------------
-    const int block_shift = 31 - __clz(p.layout.block_size);
-    const int block_mask = p.layout.block_size - 1;
-    const std::uint8_t* cache = p.cache;
-    const std::int64_t block_stride = p.layout.block_stride;
-    const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
-    const std::uint8_t* ring = shared + kLutBytes + warp * kStages * kStageBytes;
-    const std::uint32_t ring_address =
-        static_cast<std::uint32_t>(__cvta_generic_to_shared(ring));
     // Opaque to the compiler, so (offset & 0x7f80) | lane_lut stays one LOP3.
     std::uint32_t lane_lut;
     asm("mov.b32 %0, %1;" : "=r"(lane_lut) : "r"(static_cast<std::uint32_t>(lane) << 2));
     const std::uint8_t* lut = shared;
 
-    const IssuePlan plan = make_issue_plan(p, head, lane);
     // Keys of tokens g and g + 8 (chunk c: dims 32c..32c+31); values of tokens
     // 2c, 2c + 1, 2c + 8, 2c + 9 (bytes 8g..8g+7 of the value data).
     int key_offset[2], value_offset[4];
@@ -354,17 +387,6 @@ __global__ void __launch_bounds__(kThreads, HeadTiles == 1 ? 2 : 1) decode_kerne
     }
     const float score_scale = p.scale * kLog2e;
 
-    const int first_tile = range.begin / kTileTokens + warp;
-    const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
-    const int count = first_tile < end_tile ? (end_tile - first_tile + kWarps - 1) / kWarps : 0;
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < count) {
-        const int tile = first_tile + s * kWarps;
-        issue_tile(ring_address + s * kStageBytes, cache, block_stride, tile_block(table, tile, block_shift), tile, block_mask, plan, lane);
-      }
-      cp_async_commit();
-    }
     const int first_ahead = first_tile + (kStages - 1) * kWarps;
     int next_block = kStages - 1 < count ? tile_block(table, first_ahead, block_shift) : 0;
     for (int k = 0; k < count; ++k) {
@@ -583,52 +605,45 @@ __global__ void __launch_bounds__(kThreads, HeadTiles == 1 ? 2 : 1) decode_kerne
   __threadfence();
   // All loads of a phase are independent, so each phase costs one round trip
   // to L2 however many partitions there are.
-  // The merge rule is partition_merge.cuh's, shared with the CUDA and CPU reducers.
+  // One warp per output row, lane q holding partition q, so each phase is one
+  // round trip to L2 however many partitions there are. The merge rule is
+  // partition_merge.cuh's, shared with the CUDA and CPU reducers.
+  static_assert(kMaxPartitions <= 32, "one lane per partition");
   const ReduceParams& r = params.reduce;
-  float* weights = reinterpret_cast<float*>(shared);              // [group][N]: sums, then w_q / (sum w + sink)
-  float* maxima = weights + kMaxRows * kMaxPartitions;            // [group][N]
-  for (int i = threadIdx.x; i < group * num_partitions; i += kThreads) {
-    const std::int64_t index = row_base * num_partitions + i;
-    maxima[i] = __ldcg(p.part_max + index);
-    weights[i] = __ldcg(p.part_sum + index);
-  }
-  __syncthreads();
-  if (threadIdx.x < group) {
-    const int row = threadIdx.x;
-    float* row_weights = weights + row * num_partitions;
-    const float* row_maxima = maxima + row * num_partitions;
-    const bool has_sink = r.sinks != nullptr;
+  const bool has_sink = r.sinks != nullptr;
+  for (int row = warp; row < group; row += kWarps) {
+    const std::int64_t base = (row_base + row) * num_partitions;
+    const bool present = lane < num_partitions;
+    const float max = present ? __ldcg(p.part_max + base + lane) : -INFINITY;
+    const float sum = present ? __ldcg(p.part_sum + base + lane) : 0.0f;
     const float sink = has_sink ? __ldg(r.sinks + std::int64_t(head) * group + row) : -INFINITY;
-    float partitions_max = -INFINITY;
-    bool any_tokens = false, any_nan = false;
-    for (int q = 0; q < num_partitions; ++q) {
-      any_tokens |= partition_has_tokens(row_maxima[q], row_weights[q]);
-      any_nan |= partition_is_nan(row_maxima[q], row_weights[q]);
-      partitions_max = merge_max(partitions_max, row_maxima[q]);
-    }
-    const float merged_max = merge_max(sink, partitions_max);
-    float denominator = 0.0f;
-    for (int q = 0; q < num_partitions; ++q) {
-      row_weights[q] = partition_weight(row_maxima[q], row_weights[q], merged_max);
-      denominator += row_weights[q];
-    }
+    const bool any_tokens = __any_sync(kFullMask, partition_has_tokens(max, sum));
+    const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
+    const float merged_max = merge_max(sink, warp_max(isnan(max) ? -INFINITY : max));
+    const float weight = present ? partition_weight(max, sum, merged_max) : 0.0f;
     // No tokens: an all-zero row, sink or not; a NaN partition: a NaN row.
     const float scale = !any_tokens ? 0.0f
                         : any_nan   ? __uint_as_float(0x7fc00000u)
-                                    : 1.0f / (denominator + sink_weight(has_sink, sink, merged_max));
-    for (int q = 0; q < num_partitions; ++q) row_weights[q] = any_tokens ? row_weights[q] * scale : 0.0f;
-  }
-  __syncthreads();
-  for (int row = first_row; row < group; row += 2) {
-    const std::int64_t base = (row_base + row) * num_partitions;
-    float value = 0.0f;
-#pragma unroll 8
+                                    : 1.0f / (warp_sum(weight) + sink_weight(has_sink, sink, merged_max));
+    const float own_weight = any_tokens ? weight * scale : 0.0f;
+    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // dims 4 lane .. 4 lane + 3
+#pragma unroll 16
     for (int q = 0; q < num_partitions; ++q) {
-      const float w = weights[row * num_partitions + q];
-      if (w != 0.0f) value = fmaf(w, __ldcg(p.part_out + (base + q) * kHeadDim + dim), value);
+      const float w = __shfl_sync(kFullMask, own_weight, q);
+      if (w != 0.0f) {
+        const float4 o = __ldcg(reinterpret_cast<const float4*>(p.part_out + (base + q) * kHeadDim) + lane);
+        value.x = fmaf(w, o.x, value.x);
+        value.y = fmaf(w, o.y, value.y);
+        value.z = fmaf(w, o.z, value.z);
+        value.w = fmaf(w, o.w, value.w);
+      }
     }
     const std::int64_t hq = std::int64_t(head) * group + row;
-    store_from_float(r.output, r.output_dtype, batch * r.output_stride_batch + hq * r.output_stride_head + dim, value);
+    const std::int64_t out = batch * r.output_stride_batch + hq * r.output_stride_head + 4 * lane;
+    store_from_float(r.output, r.output_dtype, out + 0, value.x);
+    store_from_float(r.output, r.output_dtype, out + 1, value.y);
+    store_from_float(r.output, r.output_dtype, out + 2, value.z);
+    store_from_float(r.output, r.output_dtype, out + 3, value.w);
   }
 }
 

@@ -27,20 +27,23 @@ const DeviceInfo& current_device_info() {
   return found->second;
 }
 
-int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, int sm_count) {
+int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, int sm_count, int resident_ctas_per_sm) {
   const long long work = std::max(1LL, static_cast<long long>(batch) * num_kv_heads);
-  const long long target = static_cast<long long>(kTargetWaves) * sm_count;
-  long long partitions = (target + work - 1) / work;
+  const long long slots = static_cast<long long>(std::min(resident_ctas_per_sm, kMaxResidentCtasPerSm)) * sm_count;
   const long long by_length = (static_cast<long long>(max_context_tokens) + kMinPartitionTokens - 1) / kMinPartitionTokens;
-  partitions = std::min({partitions, static_cast<long long>(kMaxPartitions), std::max(1LL, by_length)});
+  const long long partitions = std::min({slots / work, static_cast<long long>(kMaxPartitions), by_length});
   return static_cast<int>(std::max(1LL, partitions));
+}
+
+int resident_ctas_per_sm(DecodePath path, int group_size) {
+  return path == DecodePath::hopper && group_size > 8 ? 1 : kMaxResidentCtasPerSm;
 }
 
 int max_partition_rows(int max_batch, int num_kv_heads, int sm_count) {
   int rows = 0;
-  // The context cap can only lower N, so the uncapped N bounds every call.
+  // The context cap and fewer resident CTAs can only lower N, so the uncapped N bounds every call.
   for (int batch = 1; batch <= max_batch; ++batch) {
-    rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads, 1 << 30, sm_count));
+    rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads, 1 << 30, sm_count, kMaxResidentCtasPerSm));
   }
   return rows;
 }

@@ -4,11 +4,13 @@
 // - The grid is (N partitions, Hk, B). N depends only on B, Hk, the
 //   worst-case context (block_table.shape[1] * block_size) and the SM count,
 //   so a CUDA graph captured at one batch replays for any seq_lens.
-// - N = ceil(kTargetWaves * SMs / (B * Hk)) so the grid fills the GPU about
-//   kTargetWaves times, capped at kMaxPartitions (so capture cost and the
-//   reducer's work stay bounded for any max_model_len) and at
-//   ceil(worst-case context / kMinPartitionTokens) (a partition shorter
-//   than that costs more in launch and reduction than it saves).
+// - N is the largest count for which the grid, B * Hk * N CTAs, fits the
+//   CTAs the kernel can keep resident at once (resident CTAs per SM x SMs),
+//   at least 1: one full wave, no tail of a second wave. It is capped at
+//   kMaxPartitions (so capture cost and the reducer's work stay bounded for
+//   any max_model_len) and at ceil(worst-case context / kMinPartitionTokens)
+//   (a partition shorter than that costs more in launch and reduction than
+//   it saves).
 // - Each sequence splits its actual length into N ranges on the device, so
 //   short sequences in a large block table still use all N partitions.
 #pragma once
@@ -20,7 +22,10 @@
 namespace tqdecode::cuda {
 
 inline constexpr int kMaxPartitions = 32;
-inline constexpr int kTargetWaves = 2;
+/// Resident CTAs per SM: the Hopper kernel holds 2 (group <= 8: 118
+/// registers, 110.6 KB of shared memory) or 1 (group 9..16); the generic
+/// kernel is planned for 2. No path holds more, which bounds the pool.
+inline constexpr int kMaxResidentCtasPerSm = 2;
 inline constexpr int kMinPartitionTokens = 256;
 /// Partition ranges are multiples of this many tokens (the Hopper kernel's tile).
 inline constexpr int kPartitionAlign = 16;
@@ -36,7 +41,10 @@ struct DeviceInfo {
 const DeviceInfo& current_device_info();
 
 /// N for a call (see the rule above).
-int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, int sm_count);
+int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, int sm_count, int resident_ctas_per_sm);
+
+/// Resident CTAs per SM of the kernel that serves `path` for this group size.
+int resident_ctas_per_sm(DecodePath path, int group_size);
 
 /// Largest batch * N over batch <= max_batch: the partition rows a pool
 /// bucket needs so that every batch up to max_batch fits.
