@@ -1,7 +1,7 @@
 // The Hopper kernel: the whole decode step for turboquant_4bit_nc, D = 128
 // (the headline profile) in one launch, built for sm_90a.
 //
-// Grid (partition, kv head, sequence), 8 warps per CTA, two CTAs per SM (one
+// Grid (partition, kv head, sequence), 8 warps per CTA, three CTAs per SM (two
 // for groups over 8). A CTA
 // 1. puts its first tiles in flight, then rotates the query heads of its
 //    group (q_rot = bf16(q @ PiT), PiT staged in shared memory with cp.async
@@ -70,17 +70,17 @@ constexpr int kMaxRows = 16;        // query heads of a group: one or two head t
 constexpr int kDimTiles = kHeadDim / 16;
 constexpr int kRecordBytes = 128;   // key + value data of one (slot, head)
 constexpr int kFields = 3;          // key norm, value scale, value zero
-constexpr int kStages = 4;          // tiles in flight per warp
+constexpr int kStages = 2;          // tiles in flight per warp (24 warps per SM cover the latency)
 constexpr int kMetaOffset = kTileTokens * kRecordBytes;        // 2048
 constexpr int kStageBytes = kMetaOffset + 128;                 // records + 3 x 32 B of fp16 fields, padded
 constexpr int kLutBytes = 256 * 32 * 4;                        // byte -> bf16 pair, one copy per lane
-constexpr int kRingBytes = kWarps * kStages * kStageBytes;     // 69632
-constexpr int kMainBytes = kLutBytes + kRingBytes;             // 102400
+constexpr int kRingBytes = kWarps * kStages * kStageBytes;     // 34816
+constexpr int kMainBytes = kLutBytes + kRingBytes;             // 67584
 constexpr int kPiTBytes = kHeadDim * kHeadDim * 4;             // 65536
 constexpr int kPiTHalfBytes = kPiTBytes / 2;                   // staged in the lookup table's region
 constexpr int kQueryBytes = kMaxRows * kHeadDim * 4;           // 8192
 constexpr int kCentroidBytes = 16 * 4;
-constexpr int kSharedBytes = kMainBytes + kQueryBytes + kCentroidBytes;  // 110656: two CTAs per SM
+constexpr int kSharedBytes = kMainBytes + kQueryBytes + kCentroidBytes;  // 75840: three CTAs per SM
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr std::uint32_t kHalfOnes = 0x3c003c00u;  // fp16 (1, 1)
@@ -217,9 +217,15 @@ __device__ __forceinline__ float stage_field(const std::uint8_t* stage, int fiel
   return __half2float(load_shared<__half>(stage + kMetaOffset + 32 * field + 2 * token));
 }
 
+// Resident CTAs per SM (policy.cpp, resident_ctas_per_sm, plans the grid
+// with the same numbers): registers are capped at 80 (group <= 8) or 128 so
+// that 3 or 2 CTAs of 8 warps fit; shared memory allows 3.
+template <int HeadTiles>
+constexpr int kResidentCtas = HeadTiles == 1 ? 3 : 2;
+
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
 template <int HeadTiles>
-__global__ void __launch_bounds__(kThreads, HeadTiles == 1 ? 2 : 1) decode_kernel(const __grid_constant__ FusedDecodeParams params) {
+__global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_kernel(const __grid_constant__ FusedDecodeParams params) {
   constexpr int kRows = HeadTiles * kHeadsPerTile;
   extern __shared__ __align__(128) std::uint8_t shared[];
   float (*query_rows)[kHeadDim] = reinterpret_cast<float (*)[kHeadDim]>(shared + kMainBytes);
@@ -454,54 +460,68 @@ __global__ void __launch_bounds__(kThreads, HeadTiles == 1 ? 2 : 1) decode_kerne
         }
       }
 
-      // Online softmax per head, then P' = p * value scale as the B operand of O^T += V^T P'^T.
+      // Online softmax per head, then P' = p * value scale as the B operand of
+      // O^T += V^T P'^T. The running maxima change only when a score exceeds
+      // them (rarely after the first tiles): one vote, and only then the
+      // shuffles for the tile maxima and the rescale of the accumulators.
+      float s[HeadTiles][2][2];  // [head tile][head 2c + e][token g / g + 8]
+      bool grows = false;
+#pragma unroll
+      for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            s[nt][e][j] = fmaf(score[nt][2 * j + e] + score_odd[nt][2 * j + e], norm_scale[j], score_bias[j]);
+            grows |= s[nt][e][j] > row_max[nt][e];
+          }
+        }
+      }
+      if (__any_sync(kFullMask, grows)) {
+#pragma unroll
+        for (int nt = 0; nt < HeadTiles; ++nt) {
+          float alpha[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float tile_max = fmaxf(s[nt][e][0], s[nt][e][1]);
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 4));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 8));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 16));
+            const float new_max = fmaxf(row_max[nt][e], tile_max);
+            alpha[e] = fast_exp2(row_max[nt][e] - new_max);
+            row_max[nt][e] = new_max;
+            row_sum[nt][e] *= alpha[e];
+            zero_sum[nt][e] *= alpha[e];
+          }
+#pragma unroll
+          for (int m = 0; m < kDimTiles; ++m) {
+            acc[nt][m][0] *= alpha[0];
+            acc[nt][m][1] *= alpha[1];
+            acc[nt][m][2] *= alpha[0];
+            acc[nt][m][3] *= alpha[1];
+          }
+          pv_sum[nt][0] *= alpha[0];
+          pv_sum[nt][1] *= alpha[1];
+          pv_sum[nt][2] *= alpha[0];
+          pv_sum[nt][3] *= alpha[1];
+        }
+      }
       std::uint32_t pb[HeadTiles][2];
-      bool rescale = false;
-      float alpha[HeadTiles][2];
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) {
         float p_token[2][2];  // [token g / g + 8][head 2c + e]
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float s[2];
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            s[j] = fmaf(score[nt][2 * j + e] + score_odd[nt][2 * j + e], norm_scale[j], score_bias[j]);
-          }
-          float tile_max = fmaxf(s[0], s[1]);
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 4));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 8));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 16));
-          const float new_max = fmaxf(row_max[nt][e], tile_max);
-          alpha[nt][e] = fast_exp2(row_max[nt][e] - new_max);
-          rescale |= alpha[nt][e] != 1.0f;
-          row_max[nt][e] = new_max;
-          const float p0 = fast_exp2(s[0] - new_max);
-          const float p1 = fast_exp2(s[1] - new_max);
-          row_sum[nt][e] = fmaf(row_sum[nt][e], alpha[nt][e], p0 + p1);
-          zero_sum[nt][e] = fmaf(zero_sum[nt][e], alpha[nt][e], fmaf(p0, value_zero[0], p1 * value_zero[1]));
+          const float p0 = fast_exp2(s[nt][e][0] - row_max[nt][e]);
+          const float p1 = fast_exp2(s[nt][e][1] - row_max[nt][e]);
+          row_sum[nt][e] += p0 + p1;
+          zero_sum[nt][e] = fmaf(p0, value_zero[0], fmaf(p1, value_zero[1], zero_sum[nt][e]));
           p_token[0][e] = p0 * value_scale[0];
           p_token[1][e] = p1 * value_scale[1];
         }
         // (token, head) fragments of tokens 0..7 and 8..15 -> (head, token): the B operand halves.
         pb[nt][0] = transpose_8x8(pack_f16(p_token[0][0], p_token[0][1]));
         pb[nt][1] = transpose_8x8(pack_f16(p_token[1][0], p_token[1][1]));
-      }
-      if (__any_sync(kFullMask, rescale)) {
-#pragma unroll
-        for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-          for (int m = 0; m < kDimTiles; ++m) {
-            acc[nt][m][0] *= alpha[nt][0];
-            acc[nt][m][1] *= alpha[nt][1];
-            acc[nt][m][2] *= alpha[nt][0];
-            acc[nt][m][3] *= alpha[nt][1];
-          }
-          pv_sum[nt][0] *= alpha[nt][0];
-          pv_sum[nt][1] *= alpha[nt][1];
-          pv_sum[nt][2] *= alpha[nt][0];
-          pv_sum[nt][3] *= alpha[nt][1];
-        }
       }
 
       // O^T += V^T P'^T. Dim tile m uses byte m of each token's 8 bytes: low

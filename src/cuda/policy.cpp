@@ -29,21 +29,36 @@ const DeviceInfo& current_device_info() {
 
 int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, int sm_count, int resident_ctas_per_sm) {
   const long long work = std::max(1LL, static_cast<long long>(batch) * num_kv_heads);
-  const long long slots = static_cast<long long>(std::min(resident_ctas_per_sm, kMaxResidentCtasPerSm)) * sm_count;
+  const long long slots = std::max(1LL, static_cast<long long>(std::clamp(resident_ctas_per_sm, 1, kMaxResidentCtasPerSm)) * sm_count);
   const long long by_length = (static_cast<long long>(max_context_tokens) + kMinPartitionTokens - 1) / kMinPartitionTokens;
-  const long long partitions = std::min({slots / work, static_cast<long long>(kMaxPartitions), by_length});
-  return static_cast<int>(std::max(1LL, partitions));
+  const long long cap = std::max(1LL, std::min(static_cast<long long>(kMaxPartitions), by_length));
+  long long best = 1;
+  double best_utilization = 0.0;
+  for (long long partitions = 1; partitions <= cap; ++partitions) {
+    const long long ctas = work * partitions;
+    const long long waves = (ctas + slots - 1) / slots;
+    const double utilization = static_cast<double>(ctas) / static_cast<double>(slots * waves);
+    if (utilization >= kGoodWaveUtilization) return static_cast<int>(partitions);
+    if (utilization > best_utilization) {
+      best = partitions;
+      best_utilization = utilization;
+    }
+  }
+  return static_cast<int>(best);
 }
 
 int resident_ctas_per_sm(DecodePath path, int group_size) {
-  return path == DecodePath::hopper && group_size > 8 ? 1 : kMaxResidentCtasPerSm;
+  if (path == DecodePath::hopper) return group_size > 8 ? 2 : 3;
+  return 2;
 }
 
 int max_partition_rows(int max_batch, int num_kv_heads, int sm_count) {
   int rows = 0;
-  // The context cap and fewer resident CTAs can only lower N, so the uncapped N bounds every call.
+  // The context cap can only lower N; every resident count a path uses is covered.
   for (int batch = 1; batch <= max_batch; ++batch) {
-    rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads, 1 << 30, sm_count, kMaxResidentCtasPerSm));
+    for (int resident = 1; resident <= kMaxResidentCtasPerSm; ++resident) {
+      rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads, 1 << 30, sm_count, resident));
+    }
   }
   return rows;
 }

@@ -4,13 +4,14 @@
 // - The grid is (N partitions, Hk, B). N depends only on B, Hk, the
 //   worst-case context (block_table.shape[1] * block_size) and the SM count,
 //   so a CUDA graph captured at one batch replays for any seq_lens.
-// - N is the largest count for which the grid, B * Hk * N CTAs, fits the
-//   CTAs the kernel can keep resident at once (resident CTAs per SM x SMs),
-//   at least 1: one full wave, no tail of a second wave. It is capped at
-//   kMaxPartitions (so capture cost and the reducer's work stay bounded for
-//   any max_model_len) and at ceil(worst-case context / kMinPartitionTokens)
-//   (a partition shorter than that costs more in launch and reduction than
-//   it saves).
+// - N fills the GPU in whole waves: with S = resident CTAs per SM x SMs
+//   slots, the grid of B * Hk * N CTAs runs in ceil(B * Hk * N / S) waves,
+//   and N is the smallest count from 1 up to the cap whose utilization
+//   B * Hk * N / (S * waves) reaches kGoodWaveUtilization, else the count
+//   with the highest utilization. The cap is kMaxPartitions (so capture cost and the reducer's work
+//   stay bounded for any max_model_len) and ceil(worst-case context /
+//   kMinPartitionTokens) (a partition shorter than that costs more in
+//   launch and reduction than it saves).
 // - Each sequence splits its actual length into N ranges on the device, so
 //   short sequences in a large block table still use all N partitions.
 #pragma once
@@ -22,10 +23,11 @@
 namespace tqdecode::cuda {
 
 inline constexpr int kMaxPartitions = 32;
-/// Resident CTAs per SM: the Hopper kernel holds 2 (group <= 8: 118
-/// registers, 110.6 KB of shared memory) or 1 (group 9..16); the generic
+/// Resident CTAs per SM: the Hopper kernel holds 3 (group <= 8: 80
+/// registers, 75.8 KB of shared memory) or 2 (group 9..16); the generic
 /// kernel is planned for 2. No path holds more, which bounds the pool.
-inline constexpr int kMaxResidentCtasPerSm = 2;
+inline constexpr int kMaxResidentCtasPerSm = 3;
+inline constexpr double kGoodWaveUtilization = 0.95;
 inline constexpr int kMinPartitionTokens = 256;
 /// Partition ranges are multiples of this many tokens (the Hopper kernel's tile).
 inline constexpr int kPartitionAlign = 16;
