@@ -1,7 +1,7 @@
 // The Hopper kernel: the whole decode step for turboquant_4bit_nc, D = 128
 // (the headline profile) in one launch, built for sm_90a.
 //
-// Grid (partition, kv head, sequence), 8 warps per CTA, three CTAs per SM (two
+// Grid (partition, kv head, sequence), 8 warps per CTA, two CTAs per SM (one
 // for groups over 8). A CTA
 // 1. puts its first tiles in flight, then rotates the query heads of its
 //    group (q_rot = bf16(q @ PiT), PiT staged in shared memory with cp.async
@@ -70,17 +70,17 @@ constexpr int kMaxRows = 16;        // query heads of a group: one or two head t
 constexpr int kDimTiles = kHeadDim / 16;
 constexpr int kRecordBytes = 128;   // key + value data of one (slot, head)
 constexpr int kFields = 3;          // key norm, value scale, value zero
-constexpr int kStages = 2;          // tiles in flight per warp (24 warps per SM cover the latency)
+constexpr int kStages = 4;          // tiles in flight per warp
 constexpr int kMetaOffset = kTileTokens * kRecordBytes;        // 2048
 constexpr int kStageBytes = kMetaOffset + 128;                 // records + 3 x 32 B of fp16 fields, padded
 constexpr int kLutBytes = 256 * 32 * 4;                        // byte -> bf16 pair, one copy per lane
-constexpr int kRingBytes = kWarps * kStages * kStageBytes;     // 34816
-constexpr int kMainBytes = kLutBytes + kRingBytes;             // 67584
+constexpr int kRingBytes = kWarps * kStages * kStageBytes;     // 69632
+constexpr int kMainBytes = kLutBytes + kRingBytes;             // 102400
 constexpr int kPiTBytes = kHeadDim * kHeadDim * 4;             // 65536
 constexpr int kPiTHalfBytes = kPiTBytes / 2;                   // staged in the lookup table's region
 constexpr int kQueryBytes = kMaxRows * kHeadDim * 4;           // 8192
 constexpr int kCentroidBytes = 16 * 4;
-constexpr int kSharedBytes = kMainBytes + kQueryBytes + kCentroidBytes;  // 75840: three CTAs per SM
+constexpr int kSharedBytes = kMainBytes + kQueryBytes + kCentroidBytes;  // 110656: two CTAs per SM
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr std::uint32_t kHalfOnes = 0x3c003c00u;  // fp16 (1, 1)
@@ -218,10 +218,12 @@ __device__ __forceinline__ float stage_field(const std::uint8_t* stage, int fiel
 }
 
 // Resident CTAs per SM (policy.cpp, resident_ctas_per_sm, plans the grid
-// with the same numbers): registers are capped at 80 (group <= 8) or 128 so
-// that 3 or 2 CTAs of 8 warps fit; shared memory allows 3.
+// with the same numbers): two CTAs of 8 warps at up to 128 registers for
+// groups up to 8 (shared memory also allows two); one for larger groups,
+// whose second head tile needs about 190 registers (capping them at 128
+// spills in the main loop).
 template <int HeadTiles>
-constexpr int kResidentCtas = HeadTiles == 1 ? 3 : 2;
+constexpr int kResidentCtas = HeadTiles == 1 ? 2 : 1;
 
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
 template <int HeadTiles>

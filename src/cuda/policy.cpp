@@ -48,7 +48,7 @@ int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, i
 }
 
 int resident_ctas_per_sm(DecodePath path, int group_size) {
-  if (path == DecodePath::hopper) return group_size > 8 ? 2 : 3;
+  if (path == DecodePath::hopper) return group_size > 8 ? 1 : 2;
   return 2;
 }
 

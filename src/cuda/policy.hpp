@@ -23,10 +23,10 @@
 namespace tqdecode::cuda {
 
 inline constexpr int kMaxPartitions = 32;
-/// Resident CTAs per SM: the Hopper kernel holds 3 (group <= 8: 80
-/// registers, 75.8 KB of shared memory) or 2 (group 9..16); the generic
+/// Resident CTAs per SM: the Hopper kernel holds 2 (group <= 8: at most 128
+/// registers, 110.7 KB of shared memory) or 1 (group 9..16); the generic
 /// kernel is planned for 2. No path holds more, which bounds the pool.
-inline constexpr int kMaxResidentCtasPerSm = 3;
+inline constexpr int kMaxResidentCtasPerSm = 2;
 inline constexpr double kGoodWaveUtilization = 0.95;
 inline constexpr int kMinPartitionTokens = 256;
 /// Partition ranges are multiples of this many tokens (the Hopper kernel's tile).

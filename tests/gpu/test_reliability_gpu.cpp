@@ -445,7 +445,8 @@ TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {
     EXPECT_EQ(generic.path, DecodePath::cuda_generic);
     EXPECT_GE(automatic.num_partitions, 1);
     EXPECT_LE(automatic.num_partitions, 32);
-    EXPECT_EQ(automatic.num_partitions, generic.num_partitions);
+    // N depends on the resident CTAs of the serving kernel, so only one path's plans must agree.
+    if (automatic.path == generic.path) EXPECT_EQ(automatic.num_partitions, generic.num_partitions);
     for (int i = 0; i < kConcurrentStreams; ++i) {
       EXPECT_TRUE(same_plan(answers[i][shape * 2], automatic)) << "thread " << i;
       EXPECT_TRUE(same_plan(answers[i][shape * 2 + 1], generic)) << "thread " << i;
