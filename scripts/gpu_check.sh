@@ -15,7 +15,7 @@ command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 
 python_flag=-DTQDECODE_PYTHON=OFF
 python3 -c "import torch" 2>/dev/null && python_flag=-DTQDECODE_PYTHON=ON
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release $python_flag \
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTQDECODE_TESTS=ON -DTQDECODE_BENCH=ON $python_flag \
   ${GTEST_SOURCE:+-DTQDECODE_GTEST_SOURCE_DIR=$GTEST_SOURCE} >"$LOG_DIR/build.log" 2>&1 &&
   cmake --build build --parallel "$(nproc)" >>"$LOG_DIR/build.log" 2>&1 || { tail -40 "$LOG_DIR/build.log"; exit 1; }
 
