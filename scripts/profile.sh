@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Profiles one launch of the Hopper decode kernel with Nsight Compute on a GPU
+# machine, for one benchmark shape (bench/shapes.json), and writes to LOG_DIR
+# (default ./gpu-logs):
+#   ncu_<shape>.ncu-rep   the full report (ncu --import to browse it)
+#   ncu_<shape>.txt       speed of light, occupancy, scheduler and warp-state
+#                         statistics, with the stall reasons per issued instruction
+#   ncu_<shape>_sass.csv  per-SASS-instruction stall samples (source page)
+# Usage: scripts/profile.sh [shape]   (default b16_l32768_g8_bs16_4bit_nc)
+# Needs build/tqdecode_bench (python3 bench/run_bench.py --build build builds it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+shape=${1:-b16_l32768_g8_bs16_4bit_nc}
+LOG_DIR=${LOG_DIR:-gpu-logs}
+mkdir -p "$LOG_DIR"
+report="$LOG_DIR/ncu_$shape"
+# --clock-control none: the boost clock the benchmark runs at, not ncu's base clock.
+ncu --clock-control none --set full --import-source yes -k regex:decode_kernel -c 1 -f -o "$report" \
+  ./build/tqdecode_bench --shapes "$shape" >"$report.log" 2>&1
+ncu --import "$report.ncu-rep" --page details \
+  --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
+  --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active >"$report.txt"
+ncu --import "$report.ncu-rep" --page source --print-source sass --csv >"${report}_sass.csv"
+grep -E "Duration|DRAM Throughput|Issued Warp|Eligible Warps|Active Warps Per|stalled_.*ratio" "$report.txt" || true
