@@ -15,10 +15,10 @@ LOG_DIR=${LOG_DIR:-gpu-logs}
 mkdir -p "$LOG_DIR"
 report="$LOG_DIR/ncu_$shape"
 # --clock-control none: the boost clock the benchmark runs at, not ncu's base clock.
-ncu --clock-control none --set full --import-source yes -k regex:decode_kernel -c 1 -f -o "$report" \
-  ./build/tqdecode_bench --shapes "$shape" >"$report.log" 2>&1
-ncu --import "$report.ncu-rep" --page details \
-  --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
-  --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active >"$report.txt"
-ncu --import "$report.ncu-rep" --page source --print-source sass --csv >"${report}_sass.csv"
+ncu --clock-control none --set full --import-source yes \
+  --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active \
+  -k regex:decode_kernel -c 1 -f -o "$report" ./build/tqdecode_bench --shapes "$shape" >"$report.log" 2>&1
+ncu --import "$report.ncu-rep" --page details >"$report.txt"
+ncu --import "$report.ncu-rep" --page source --print-source sass --csv >"${report}_sass.csv" ||
+  echo "no per-SASS export from this ncu version; open $report.ncu-rep instead" >&2
 grep -E "Duration|DRAM Throughput|Issued Warp|Eligible Warps|Active Warps Per|stalled_.*ratio" "$report.txt" || true
