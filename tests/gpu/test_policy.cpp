@@ -1,0 +1,85 @@
+// The launch policy (src/cuda/policy.cpp): the partition count, the resident
+// CTAs it plans for and the pool size that bounds every call. Host arithmetic
+// only, so these run without a device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "cuda/policy.hpp"
+
+namespace tqdecode::cuda {
+namespace {
+
+constexpr int kH200Sms = 132;
+
+double utilization(int batch, int num_kv_heads, int partitions, int sm_count, int resident) {
+  const long long ctas = static_cast<long long>(batch) * num_kv_heads * partitions;
+  const long long slots = static_cast<long long>(resident) * sm_count;
+  const long long waves = (ctas + slots - 1) / slots;
+  return static_cast<double>(ctas) / static_cast<double>(slots * waves);
+}
+
+TEST(PartitionPolicy, BenchmarkShapesOnAnH200) {
+  // Hopper kernel, group 8: 2 resident CTAs per SM, 264 slots.
+  EXPECT_EQ(choose_num_partitions(16, 8, 32768, kH200Sms, 2), 2);    // 256 CTAs: one wave, 97 %
+  EXPECT_EQ(choose_num_partitions(64, 8, 8192, kH200Sms, 2), 1);     // 512 CTAs: 1.94 waves
+  EXPECT_EQ(choose_num_partitions(128, 8, 4096, kH200Sms, 2), 1);    // 1024 CTAs: 3.88 waves
+  EXPECT_EQ(choose_num_partitions(32, 8, 131072, kH200Sms, 2), 1);   // 256 CTAs
+  EXPECT_EQ(choose_num_partitions(1, 8, 32768, kH200Sms, 2), kMaxPartitions);
+  EXPECT_EQ(choose_num_partitions(1, 8, 4096, kH200Sms, 2), 4096 / kMinPartitionTokens);
+  // Group 16: one resident CTA per SM, 132 slots.
+  EXPECT_EQ(choose_num_partitions(16, 8, 32768, kH200Sms, 1), 1);
+}
+
+TEST(PartitionPolicy, SmallestCountThatFillsItsWavesElseTheFullest) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 20000; ++trial) {
+    const int batch = 1 + static_cast<int>(rng() % 300);
+    const int num_kv_heads = 1 + static_cast<int>(rng() % 16);
+    const int context = 1 + static_cast<int>(rng() % 200000);
+    const int sm_count = 1 + static_cast<int>(rng() % 200);
+    const int resident = 1 + static_cast<int>(rng() % kMaxResidentCtasPerSm);
+    const int chosen = choose_num_partitions(batch, num_kv_heads, context, sm_count, resident);
+    const int cap = std::max(1, std::min(kMaxPartitions, (context + kMinPartitionTokens - 1) / kMinPartitionTokens));
+    SCOPED_TRACE(testing::Message() << "B=" << batch << " Hk=" << num_kv_heads << " context=" << context
+                                    << " SMs=" << sm_count << " resident=" << resident << " N=" << chosen);
+    ASSERT_GE(chosen, 1);
+    ASSERT_LE(chosen, cap);
+    const double chosen_utilization = utilization(batch, num_kv_heads, chosen, sm_count, resident);
+    for (int smaller = 1; smaller < chosen; ++smaller) {
+      ASSERT_LT(utilization(batch, num_kv_heads, smaller, sm_count, resident), kGoodWaveUtilization);
+    }
+    if (chosen_utilization < kGoodWaveUtilization) {
+      for (int other = 1; other <= cap; ++other) {
+        ASSERT_LE(utilization(batch, num_kv_heads, other, sm_count, resident), chosen_utilization);
+      }
+    }
+  }
+}
+
+TEST(PartitionPolicy, PoolRowsBoundEveryCallUpToTheMaximumBatch) {
+  for (const int max_batch : {1, 7, 64, 512}) {
+    for (const int num_kv_heads : {1, 2, 8}) {
+      const int rows = max_partition_rows(max_batch, num_kv_heads, kH200Sms);
+      for (int batch = 1; batch <= max_batch; ++batch) {
+        for (int resident = 1; resident <= kMaxResidentCtasPerSm; ++resident) {
+          for (const int context : {16, 4096, 1 << 20}) {
+            ASSERT_LE(batch * choose_num_partitions(batch, num_kv_heads, context, kH200Sms, resident), rows)
+                << "max_batch " << max_batch << " B " << batch << " Hk " << num_kv_heads;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(PartitionPolicy, ResidentCtasOfEachPath) {
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, 8), 2);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, 4), 2);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, 16), 1);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::cuda_generic, 16), 2);
+}
+
+}  // namespace
+}  // namespace tqdecode::cuda
