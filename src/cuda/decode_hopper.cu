@@ -1,5 +1,9 @@
-// The Hopper kernel: the whole decode step for turboquant_4bit_nc, D = 128
-// (the headline profile) in one launch, built for sm_90a.
+// The Hopper kernel: the whole decode step for turboquant_4bit_nc (the
+// headline profile) and turboquant_k8v4, D = 128, in one launch, built for
+// sm_90a. fp8 keys skip the rotation and the lookup table: each key byte
+// pair converts to an fp16 pair (exact) and S^T = K Q^T runs in fp16 with
+// the query rounded to fp16 (exact for fp16 queries and for bf16 values of
+// magnitude 2^-14 to 65504); everything after the scores is shared.
 //
 // Grid (partition, kv head, sequence), 8 warps per CTA, two CTAs per SM (one
 // for groups over 8). A CTA
@@ -43,6 +47,7 @@
 // Shared-memory tiles are XOR-swizzled by token so the 16- and 8-byte
 // operand loads are free of bank conflicts.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -68,26 +73,17 @@ constexpr int kTileTokens = 16;
 constexpr int kHeadsPerTile = 8;    // mma N
 constexpr int kMaxRows = 16;        // query heads of a group: one or two head tiles
 constexpr int kDimTiles = kHeadDim / 16;
-constexpr int kRecordBytes = 128;   // key + value data of one (slot, head)
-constexpr int kFields = 3;          // key norm, value scale, value zero
 constexpr int kStages = 4;          // tiles in flight per warp
-constexpr int kMetaOffset = kTileTokens * kRecordBytes;        // 2048
-constexpr int kStageBytes = kMetaOffset + 128;                 // records + 3 x 32 B of fp16 fields, padded
-constexpr int kLutBytes = 256 * 32 * 4;                        // byte -> bf16 pair, one copy per lane
-constexpr int kRingBytes = kWarps * kStages * kStageBytes;     // 69632
-constexpr int kMainBytes = kLutBytes + kRingBytes;             // 102400
 constexpr int kPiTBytes = kHeadDim * kHeadDim * 4;             // 65536
 constexpr int kPiTHalfBytes = kPiTBytes / 2;                   // staged in the lookup table's region
 constexpr int kQueryBytes = kMaxRows * kHeadDim * 4;           // 8192
 constexpr int kCentroidBytes = 16 * 4;
-constexpr int kSharedBytes = kMainBytes + kQueryBytes + kCentroidBytes;  // 110656: two CTAs per SM
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr std::uint32_t kHalfOnes = 0x3c003c00u;  // fp16 (1, 1)
 constexpr std::uint32_t kHalf1024 = 0x64006400u;  // fp16 (1024, 1024)
 
 static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
-static_assert(kPiTHalfBytes <= kLutBytes, "a PiT half must fit the lookup table's region");
 static_assert(kThreads == 2 * kHeadDim, "two threads per head dim in rotation and merge");
 
 struct MergeStorage {
@@ -95,10 +91,6 @@ struct MergeStorage {
   float max[kWarps][kMaxRows];
   float sum[kWarps][kMaxRows];
 };
-static_assert(sizeof(MergeStorage) <= kMainBytes, "merge buffer must fit the main region");
-
-// Swizzle of a 16-byte chunk within a token's 128-byte record (see header).
-__device__ __forceinline__ int swizzle(int token) { return ((token & 1) << 2) ^ (token & 6); }
 
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
@@ -135,6 +127,13 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const std::uint32_t (&a)[
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Two fp8 e4m3 values (the low 16 bits of `pair`, low byte first) as an
+// fp16 pair; exact, since every e4m3 value is an fp16 value.
+__device__ __forceinline__ std::uint32_t fp8_pair_to_f16(std::uint32_t pair) {
+  const __half2_raw halves = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  return static_cast<std::uint32_t>(halves.x) | (static_cast<std::uint32_t>(halves.y) << 16);
+}
+
 // Transpose of an 8x8 b16 matrix held as mma fragments (lane (g, c) holds
 // row g, columns 2c and 2c + 1).
 __device__ __forceinline__ std::uint32_t transpose_8x8(std::uint32_t fragment) {
@@ -146,37 +145,6 @@ __device__ __forceinline__ std::uint32_t transpose_8x8(std::uint32_t fragment) {
 template <typename T>
 __device__ __forceinline__ T load_shared(const std::uint8_t* address) {
   return *reinterpret_cast<const T*>(address);
-}
-
-// Per-lane cp.async plan for one tile. Lane l copies half (l & 1) of token
-// (l >> 1)'s record: 64 contiguous source bytes whose four 16-byte chunks land
-// at 16-byte steps from `destination` (the swizzle only swaps the two 32-byte
-// pairs, so the sources are two runs of 32 bytes starting `pair_delta` apart);
-// lanes 0..5 also copy one 16-byte chunk of the fp16 fields. Offsets are
-// within a block (hopper_unsupported_reason requires block_stride < 2^31).
-struct IssuePlan {
-  int source;            // from the block start to the first run, for slot 0 of the tile
-  int pair_delta;        // second run minus first run: +32 or -32
-  int slot_stride;       // Hk * 128 bytes
-  std::uint32_t destination;  // within a stage
-  int meta_source;       // from the block start to the field chunk, for slot 0 of the tile
-  std::uint32_t meta_destination;
-};
-
-__device__ __forceinline__ IssuePlan make_issue_plan(const PartitionParams& p, int head, int lane) {
-  IssuePlan plan;
-  const int token = lane >> 1;
-  const int half = lane & 1;
-  const int pairs_swapped = swizzle(token) & 2;  // chunk bit 1 flipped: the 32-byte pairs trade places
-  plan.slot_stride = p.layout.num_kv_heads * kRecordBytes;
-  plan.source = token * plan.slot_stride + head * kRecordBytes + 64 * half + 16 * pairs_swapped;
-  plan.pair_delta = pairs_swapped ? -32 : 32;
-  plan.destination = token * kRecordBytes + 16 * ((4 * half) ^ (swizzle(token) & 4));
-  const int field = lane >> 1;
-  plan.meta_source = static_cast<int>(p.layout.metadata_region_offset()) +
-                     2 * (head * kFields + field) * p.layout.block_size + 16 * half;
-  plan.meta_destination = kMetaOffset + 32 * field + 16 * half;
-  return plan;
 }
 
 // copy_to_shared<16> (device_utils.cuh) takes a generic pointer; the ring
@@ -191,17 +159,172 @@ __device__ __forceinline__ int tile_block(const std::int32_t* table, int tile, i
   return __ldg(table + ((tile * kTileTokens) >> block_shift));
 }
 
+// The fp16 fields of a tile: `Fields` fields x 16 tokens x 2 bytes, one
+// 16-byte chunk for each of lanes 0 .. 2 Fields - 1.
+template <int Fields, int MetaOffset>
+struct FieldChunk {
+  int source;                 // from the block start, for slot 0 of the tile
+  std::uint32_t destination;  // within a stage
+
+  __device__ static FieldChunk make(const PartitionParams& p, int head, int lane) {
+    const int field = lane >> 1;
+    return {static_cast<int>(p.layout.metadata_region_offset()) + 2 * (head * Fields + field) * p.layout.block_size +
+                16 * (lane & 1),
+            static_cast<std::uint32_t>(MetaOffset + 32 * field + 16 * (lane & 1))};
+  }
+  __device__ void issue(std::uint32_t stage, const std::uint8_t* block, int slot0, int lane) const {
+    if (lane < 2 * Fields) cp_async_16(stage + destination, block + (2 * slot0 + source));
+  }
+};
+
+// Where one tile lives in a stage of a warp's ring and how it gets there, per
+// key format. Lane (g, c) = (lane >> 2, lane & 3) reads the keys of tokens g
+// and g + 8 (dims 32c..32c+31) and the value bytes 8g..8g+7 of tokens 2c,
+// 2c + 1, 2c + 8, 2c + 9; both layouts keep those loads free of bank
+// conflicts. Offsets into the cache are within a block
+// (hopper_unsupported_reason requires block_stride < 2^31).
+template <bool Fp8Keys>
+struct TileLayout;
+
+// 4-bit MSE keys: one 128-byte row per token (64 key bytes, then 64 value
+// bytes), its 16-byte chunks XOR-swizzled by token; then the 3 fp16 fields.
+template <>
+struct TileLayout<false> {
+  static constexpr int kRecordBytes = 128;  // key + value data of one (slot, head)
+  static constexpr int kFields = 3;         // key norm, value scale, value zero
+  static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
+  static constexpr int kMetaOffset = kTileTokens * kRecordBytes;  // 2048
+  static constexpr int kStageBytes = kMetaOffset + 128;          // 3 x 32 B of fields, padded
+
+  __device__ static int swizzle(int token) { return ((token & 1) << 2) ^ (token & 6); }
+  /// The lane's 16 key bytes (one load) of `token`.
+  __device__ static int key_offset(int token, int c) { return token * kRecordBytes + ((c ^ swizzle(token)) << 4); }
+  /// The lane's 8 value bytes of `token`.
+  __device__ static int value_offset(int token, int g) {
+    return token * kRecordBytes + (((4 + (g >> 1)) ^ swizzle(token)) << 4) + 8 * (g & 1);
+  }
+
+  // Lane l copies half (l & 1) of token (l >> 1)'s record: 64 contiguous
+  // source bytes whose four chunks land at 16-byte steps from `destination`
+  // (the swizzle only swaps the two 32-byte pairs, so the sources are two runs
+  // of 32 bytes starting `pair_delta` apart), and lanes 0..5 a chunk of the fields.
+  struct IssuePlan {
+    int source;            // from the block start to the first run, for slot 0 of the tile
+    int pair_delta;        // second run minus first run: +32 or -32
+    int slot_stride;       // Hk * 128 bytes
+    std::uint32_t destination;  // within a stage
+    FieldChunk<kFields, kMetaOffset> fields;
+  };
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    IssuePlan plan;
+    const int token = lane >> 1;
+    const int half = lane & 1;
+    const int pairs_swapped = swizzle(token) & 2;  // chunk bit 1 flipped: the 32-byte pairs trade places
+    plan.slot_stride = p.layout.num_kv_heads * kRecordBytes;
+    plan.source = token * plan.slot_stride + head * kRecordBytes + 64 * half + 16 * pairs_swapped;
+    plan.pair_delta = pairs_swapped ? -32 : 32;
+    plan.destination = token * kRecordBytes + 16 * ((4 * half) ^ (swizzle(token) & 4));
+    plan.fields = FieldChunk<kFields, kMetaOffset>::make(p, head, lane);
+    return plan;
+  }
+
+  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, int slot0, const IssuePlan& plan,
+                               int lane) {
+    const std::uint8_t* first = block + (slot0 * plan.slot_stride + plan.source);
+    const std::uint8_t* second = first + plan.pair_delta;
+    cp_async_16(stage + plan.destination, first);
+    cp_async_16(stage + plan.destination + 16, first + 16);
+    cp_async_16(stage + plan.destination + 32, second);
+    cp_async_16(stage + plan.destination + 48, second + 16);
+    plan.fields.issue(stage, block, slot0, lane);
+  }
+};
+
+// fp8 keys (turboquant_k8v4): a key area of one 128-byte row per token
+// (16-byte chunk j at j ^ (token & 1)), a value area of two tokens per
+// 128-byte row (token t at row t / 2, half t & 1, 16-byte unit u at
+// u ^ 2 (row & 3)), then the 2 fp16 fields.
+template <>
+struct TileLayout<true> {
+  static constexpr int kKeyBytes = kHeadDim;          // one fp8 byte per dim
+  static constexpr int kRecordBytes = kKeyBytes + 64;  // then 64 bytes of 4-bit values
+  static constexpr int kFields = 2;                    // value scale, value zero
+  static constexpr int kValueScaleField = 0, kValueZeroField = 1;
+  static constexpr int kValueArea = kTileTokens * kKeyBytes;        // 2048
+  static constexpr int kMetaOffset = kValueArea + kTileTokens * 64;  // 3072
+  static constexpr int kStageBytes = kMetaOffset + 64;               // 3136
+
+  /// The lane's 32 key bytes of `token` are two 16-byte loads, part 0 and 1.
+  __device__ static int key_offset(int token, int c, int part) {
+    return token * kKeyBytes + (((2 * c + part) ^ (token & 1)) << 4);
+  }
+  __device__ static int value_offset(int token, int g) {
+    const int row = token >> 1;
+    return kValueArea + row * 128 + (((4 * (token & 1) + (g >> 1)) ^ (2 * (row & 3))) << 4) + 8 * (g & 1);
+  }
+
+  // Lane l copies half (l & 1) of token (l >> 1)'s keys (64 contiguous
+  // source bytes; the swizzle swaps neighbouring chunks, so chunks 0 and 2 of
+  // the run go to `key_destination[0]` + {0, 32} and chunks 1 and 3 to
+  // `key_destination[1]` + {0, 32}) and the same half of its values (32
+  // bytes, contiguous at both ends), and lanes 0..3 a chunk of the fields.
+  struct IssuePlan {
+    int source;        // from the block start to the lane's key run, for slot 0 of the tile
+    int slot_stride;   // Hk * 192 bytes
+    std::uint32_t key_destination[2];
+    std::uint32_t value_destination;
+    FieldChunk<kFields, kMetaOffset> fields;
+  };
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    IssuePlan plan;
+    const int token = lane >> 1;
+    const int half = lane & 1;
+    const int swapped = token & 1;
+    plan.slot_stride = p.layout.num_kv_heads * kRecordBytes;
+    plan.source = token * plan.slot_stride + head * kRecordBytes + 64 * half;
+    plan.key_destination[0] = token * kKeyBytes + 64 * half + 16 * swapped;
+    plan.key_destination[1] = token * kKeyBytes + 64 * half + 16 * (1 - swapped);
+    const int row = token >> 1;
+    plan.value_destination = kValueArea + row * 128 + (((4 * (token & 1) + 2 * half) ^ (2 * (row & 3))) << 4);
+    plan.fields = FieldChunk<kFields, kMetaOffset>::make(p, head, lane);
+    return plan;
+  }
+
+  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, int slot0, const IssuePlan& plan,
+                               int lane) {
+    const std::uint8_t* keys = block + (slot0 * plan.slot_stride + plan.source);
+    const std::uint8_t* values = keys + (kKeyBytes - 64 * (lane & 1)) + 32 * (lane & 1);
+    cp_async_16(stage + plan.key_destination[0], keys);
+    cp_async_16(stage + plan.key_destination[1], keys + 16);
+    cp_async_16(stage + plan.key_destination[0] + 32, keys + 32);
+    cp_async_16(stage + plan.key_destination[1] + 32, keys + 48);
+    cp_async_16(stage + plan.value_destination, values);
+    cp_async_16(stage + plan.value_destination + 16, values + 16);
+    plan.fields.issue(stage, block, slot0, lane);
+  }
+};
+
+/// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][centroids].
+template <bool Fp8Keys>
+struct SharedLayout {
+  static constexpr int kLutBytes = Fp8Keys ? 0 : 256 * 32 * 4;  // byte -> bf16 pair, one copy per lane
+  static constexpr int kRingBytes = kWarps * kStages * TileLayout<Fp8Keys>::kStageBytes;
+  static constexpr int kMainBytes = kLutBytes + kRingBytes;
+  static constexpr int kQueryOffset = kMainBytes;
+  static constexpr int kCentroidOffset = kQueryOffset + kQueryBytes;
+  static constexpr int kBytes = kCentroidOffset + kCentroidBytes;  // 110656 (4-bit), 108608 (fp8): two CTAs per SM
+  static_assert(sizeof(MergeStorage) <= kMainBytes, "merge buffer must fit the main region");
+  static_assert(Fp8Keys || kPiTHalfBytes <= kLutBytes, "a PiT half must fit the lookup table's region");
+};
+
+// Copies one tile into a stage: block and first slot from the tile index.
+template <class Layout>
 __device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8_t* cache, std::int64_t block_stride,
-                                           int physical, int tile, int block_mask, const IssuePlan& plan, int lane) {
-  const int slot0 = (tile * kTileTokens) & block_mask;
-  const std::uint8_t* block = cache + physical * block_stride;
-  const std::uint8_t* first = block + (slot0 * plan.slot_stride + plan.source);
-  const std::uint8_t* second = first + plan.pair_delta;
-  cp_async_16(stage + plan.destination, first);
-  cp_async_16(stage + plan.destination + 16, first + 16);
-  cp_async_16(stage + plan.destination + 32, second);
-  cp_async_16(stage + plan.destination + 48, second + 16);
-  if (lane < 2 * kFields) cp_async_16(stage + plan.meta_destination, block + (2 * slot0 + plan.meta_source));
+                                           int physical, int tile, int block_mask,
+                                           const typename Layout::IssuePlan& plan, int lane) {
+  Layout::issue(stage, cache + physical * block_stride, (tile * kTileTokens) & block_mask, plan, lane);
 }
 
 // (x & mask) | bits in one LOP3 (the compiler splits it when both are immediates).
@@ -213,8 +336,9 @@ __device__ __forceinline__ std::uint32_t mask_or(std::uint32_t x) {
 }
 
 // fp16 field `field` of token `token` in a stage.
+template <class Layout>
 __device__ __forceinline__ float stage_field(const std::uint8_t* stage, int field, int token) {
-  return __half2float(load_shared<__half>(stage + kMetaOffset + 32 * field + 2 * token));
+  return __half2float(load_shared<__half>(stage + Layout::kMetaOffset + 32 * field + 2 * token));
 }
 
 // Resident CTAs per SM (policy.cpp, resident_ctas_per_sm, plans the grid
@@ -226,12 +350,16 @@ template <int HeadTiles>
 constexpr int kResidentCtas = HeadTiles == 1 ? 2 : 1;
 
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
-template <int HeadTiles>
+// Fp8Keys: turboquant_k8v4 (fp8 keys, unrotated queries) instead of
+// turboquant_4bit_nc (4-bit MSE keys through the lookup table).
+template <int HeadTiles, bool Fp8Keys>
 __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_kernel(const __grid_constant__ FusedDecodeParams params) {
+  using Layout = TileLayout<Fp8Keys>;
+  using Shared = SharedLayout<Fp8Keys>;
   constexpr int kRows = HeadTiles * kHeadsPerTile;
   extern __shared__ __align__(128) std::uint8_t shared[];
-  float (*query_rows)[kHeadDim] = reinterpret_cast<float (*)[kHeadDim]>(shared + kMainBytes);
-  float* centroids = reinterpret_cast<float*>(shared + kMainBytes + kQueryBytes);
+  float (*query_rows)[kHeadDim] = reinterpret_cast<float (*)[kHeadDim]>(shared + Shared::kQueryOffset);
+  float* centroids = reinterpret_cast<float*>(shared + Shared::kCentroidOffset);
   const PartitionParams& p = params.partitions;
   const int partition = blockIdx.x;
   const int head = blockIdx.y;
@@ -259,16 +387,17 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
   } else {
     // ---- 1. first tiles in flight, query rotation, lookup table -------------
     // The ring's first kStages - 1 tiles are issued before anything else so
-    // their HBM latency overlaps the prologue. PiT (64 KB) is staged in two
-    // 32 KB halves in the lookup table's region, which the ring does not touch.
+    // their HBM latency overlaps the prologue. MSE keys: PiT (64 KB) is staged
+    // in two 32 KB halves in the lookup table's region, which the ring does
+    // not touch.
     const int block_shift = 31 - __clz(p.layout.block_size);
     const int block_mask = p.layout.block_size - 1;
     const std::uint8_t* cache = p.cache;
     const std::int64_t block_stride = p.layout.block_stride;
     const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
-    const std::uint8_t* ring = shared + kLutBytes + warp * kStages * kStageBytes;
+    const std::uint8_t* ring = shared + Shared::kLutBytes + warp * kStages * Layout::kStageBytes;
     const std::uint32_t ring_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(ring));
-    const IssuePlan plan = make_issue_plan(p, head, lane);
+    const typename Layout::IssuePlan plan = Layout::make_plan(p, head, lane);
     const int first_tile = range.begin / kTileTokens + warp;
     const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
     const int count = first_tile < end_tile ? (end_tile - first_tile + kWarps - 1) / kWarps : 0;
@@ -279,12 +408,13 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       for (int i = threadIdx.x; i < kPiTHalfBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, source + 16 * i);
       cp_async_commit();
     };
-    stage_pit_half(0);
+    if constexpr (!Fp8Keys) stage_pit_half(0);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < count) {
         const int tile = first_tile + s * kWarps;
-        issue_tile(ring_address + s * kStageBytes, cache, block_stride, tile_block(table, tile, block_shift), tile, block_mask, plan, lane);
+        issue_tile<Layout>(ring_address + s * Layout::kStageBytes, cache, block_stride, tile_block(table, tile, block_shift), tile,
+                           block_mask, plan, lane);
       }
       cp_async_commit();
     }
@@ -296,50 +426,54 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       }
       query_rows[row][dim] = value;
     }
-    if (threadIdx.x < 16) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
-    {
-      constexpr int kRowsPerThread = kRows / 2;
-      const float* pit = reinterpret_cast<const float*>(shared);
-      float rotated[kRowsPerThread];
+    // MSE keys: rotate the query rows and build the lookup table; fp8 keys
+    // use the query as it is.
+    if constexpr (!Fp8Keys) {
+      if (threadIdx.x < 16) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
+      {
+        constexpr int kRowsPerThread = kRows / 2;
+        const float* pit = reinterpret_cast<const float*>(shared);
+        float rotated[kRowsPerThread];
 #pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) rotated[r] = 0.0f;
+        for (int r = 0; r < kRowsPerThread; ++r) rotated[r] = 0.0f;
 #pragma unroll 1
-      for (int half = 0; half < 2; ++half) {
-        if (half == 0) {
-          cp_async_wait<kStages - 1>();  // the first half; the ring's tiles may still be in flight
-        } else {
-          __syncthreads();  // every thread is done with the first half
-          stage_pit_half(1);
-          cp_async_wait<0>();
-        }
-        __syncthreads();
-        for (int i = 0; i < kHeadDim / 2; i += 4) {
-          float column[4];
+        for (int half = 0; half < 2; ++half) {
+          if (half == 0) {
+            cp_async_wait<kStages - 1>();  // the first half; the ring's tiles may still be in flight
+          } else {
+            __syncthreads();  // every thread is done with the first half
+            stage_pit_half(1);
+            cp_async_wait<0>();
+          }
+          __syncthreads();
+          for (int i = 0; i < kHeadDim / 2; i += 4) {
+            float column[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) column[e] = pit[(i + e) * kHeadDim + dim];
+            for (int e = 0; e < 4; ++e) column[e] = pit[(i + e) * kHeadDim + dim];
 #pragma unroll
-          for (int r = 0; r < kRowsPerThread; ++r) {
-            const int row = first_row + 2 * r;
-            if (row < group) {
-              const float4 q = *reinterpret_cast<const float4*>(&query_rows[row][half * kHeadDim / 2 + i]);
-              rotated[r] = fmaf(q.x, column[0], rotated[r]);
-              rotated[r] = fmaf(q.y, column[1], rotated[r]);
-              rotated[r] = fmaf(q.z, column[2], rotated[r]);
-              rotated[r] = fmaf(q.w, column[3], rotated[r]);
+            for (int r = 0; r < kRowsPerThread; ++r) {
+              const int row = first_row + 2 * r;
+              if (row < group) {
+                const float4 q = *reinterpret_cast<const float4*>(&query_rows[row][half * kHeadDim / 2 + i]);
+                rotated[r] = fmaf(q.x, column[0], rotated[r]);
+                rotated[r] = fmaf(q.y, column[1], rotated[r]);
+                rotated[r] = fmaf(q.z, column[2], rotated[r]);
+                rotated[r] = fmaf(q.w, column[3], rotated[r]);
+              }
             }
           }
         }
-      }
-      __syncthreads();  // every thread has read query_rows and PiT
+        __syncthreads();  // every thread has read query_rows and PiT
 #pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) {
-        const int row = first_row + 2 * r;
-        if (row < group) query_rows[row][dim] = round_to_bf16(rotated[r]);
+        for (int r = 0; r < kRowsPerThread; ++r) {
+          const int row = first_row + 2 * r;
+          if (row < group) query_rows[row][dim] = round_to_bf16(rotated[r]);
+        }
       }
-    }
-    // Lookup table over the dead PiT staging; each warp writes whole 32-lane rows.
-    for (int byte = warp; byte < 256; byte += kWarps) {
-      reinterpret_cast<std::uint32_t*>(shared)[byte * 32 + lane] = pack_bf16(centroids[byte & 15], centroids[byte >> 4]);
+      // Lookup table over the dead PiT staging; each warp writes whole 32-lane rows.
+      for (int byte = warp; byte < 256; byte += kWarps) {
+        reinterpret_cast<std::uint32_t*>(shared)[byte * 32 + lane] = pack_bf16(centroids[byte & 15], centroids[byte >> 4]);
+      }
     }
     __syncthreads();
 
@@ -353,30 +487,34 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         const float* q = query_rows[kHeadsPerTile * nt + g] + 32 * c + 4 * ks;
-        qb[nt][ks][0] = pack_bf16(q[0], q[1]);
-        qb[nt][ks][1] = pack_bf16(q[2], q[3]);
+        // fp16 against fp8 keys (exact: e4m3 values are fp16 values), bf16 against the table's bf16 centroids.
+        qb[nt][ks][0] = Fp8Keys ? pack_f16(q[0], q[1]) : pack_bf16(q[0], q[1]);
+        qb[nt][ks][1] = Fp8Keys ? pack_f16(q[2], q[3]) : pack_bf16(q[2], q[3]);
       }
     }
 
     // ---- 2. stream the token range ------------------------------------------
     // Opaque to the compiler, so (offset & 0x7f80) | lane_lut stays one LOP3.
-    std::uint32_t lane_lut;
+    [[maybe_unused]] std::uint32_t lane_lut;
     asm("mov.b32 %0, %1;" : "=r"(lane_lut) : "r"(static_cast<std::uint32_t>(lane) << 2));
-    const std::uint8_t* lut = shared;
+    [[maybe_unused]] const std::uint8_t* lut = shared;
 
     // Keys of tokens g and g + 8 (chunk c: dims 32c..32c+31); values of tokens
     // 2c, 2c + 1, 2c + 8, 2c + 9 (bytes 8g..8g+7 of the value data).
-    int key_offset[2], value_offset[4];
+    constexpr int kKeyLoads = Fp8Keys ? 2 : 1;  // 16-byte key loads per token
+    int key_offset[2][kKeyLoads], value_offset[4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int token = 8 * j + g;
-      key_offset[j] = token * kRecordBytes + ((c ^ swizzle(token)) << 4);
+      if constexpr (Fp8Keys) {
+        key_offset[j][0] = Layout::key_offset(token, c, 0);
+        key_offset[j][1] = Layout::key_offset(token, c, 1);
+      } else {
+        key_offset[j][0] = Layout::key_offset(token, c);
+      }
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int token = 2 * c + (k & 1) + 8 * (k >> 1);
-      value_offset[k] = token * kRecordBytes + (((4 + (g >> 1)) ^ swizzle(token)) << 4) + 8 * (g & 1);
-    }
+    for (int k = 0; k < 4; ++k) value_offset[k] = Layout::value_offset(2 * c + (k & 1) + 8 * (k >> 1), g);
 
     // O^T accumulators: dim tile m, rows g (dim 16g + 2m) and g + 8 (dim 16g + 2m + 1), heads 2c, 2c + 1.
     float acc[HeadTiles][kDimTiles][4];
@@ -403,12 +541,13 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
         const int tile = first_tile + ahead * kWarps;
         const int physical = next_block;
         if (ahead + 1 < count) next_block = tile_block(table, tile + kWarps, block_shift);
-        issue_tile(ring_address + (ahead % kStages) * kStageBytes, cache, block_stride, physical, tile, block_mask, plan, lane);
+        issue_tile<Layout>(ring_address + (ahead % kStages) * Layout::kStageBytes, cache, block_stride, physical, tile,
+                           block_mask, plan, lane);
       }
       cp_async_commit();
       cp_async_wait<kStages - 1>();
       __syncwarp();
-      const std::uint8_t* stage = ring + (k % kStages) * kStageBytes;
+      const std::uint8_t* stage = ring + (k % kStages) * Layout::kStageBytes;
       const int tile_token = (first_tile + k * kWarps) * kTileTokens;
 
       // S^T = K Q^T: rows are tokens g and g + 8, columns heads 2c, 2c + 1.
@@ -419,9 +558,31 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
         score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;
         score_odd[nt][0] = score_odd[nt][1] = score_odd[nt][2] = score_odd[nt][3] = 0.0f;
       }
-      {
-        const uint4 key_g = load_shared<uint4>(stage + key_offset[0]);
-        const uint4 key_g8 = load_shared<uint4>(stage + key_offset[1]);
+      if constexpr (Fp8Keys) {
+        // Word ks of the lane's 32 key bytes holds dims 32c + 4ks + {0..3}:
+        // its low fp8 pair is a0 / a1 (columns 2c, 2c + 1), its high pair a2 / a3.
+        std::uint32_t words[2][8];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int part = 0; part < 2; ++part) {
+            const uint4 chunk = load_shared<uint4>(stage + key_offset[j][part]);
+            words[j][4 * part + 0] = chunk.x;
+            words[j][4 * part + 1] = chunk.y;
+            words[j][4 * part + 2] = chunk.z;
+            words[j][4 * part + 3] = chunk.w;
+          }
+        }
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) {
+          const std::uint32_t a[4] = {fp8_pair_to_f16(words[0][ks]), fp8_pair_to_f16(words[1][ks]),
+                                      fp8_pair_to_f16(words[0][ks] >> 16), fp8_pair_to_f16(words[1][ks] >> 16)};
+#pragma unroll
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
+        }
+      } else {
+        const uint4 key_g = load_shared<uint4>(stage + key_offset[0][0]);
+        const uint4 key_g8 = load_shared<uint4>(stage + key_offset[1][0]);
         const std::uint32_t words_g[4] = {key_g.x, key_g.y, key_g.z, key_g.w};
         const std::uint32_t words_g8[4] = {key_g8.x, key_g8.y, key_g8.z, key_g8.w};
 #pragma unroll
@@ -446,9 +607,13 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       float norm_scale[2], value_scale[2], value_zero[2], score_bias[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        norm_scale[j] = stage_field(stage, 0, 8 * j + g) * score_scale;
-        value_scale[j] = stage_field(stage, 1, 8 * j + g);
-        value_zero[j] = stage_field(stage, 2, 8 * j + g);
+        if constexpr (Fp8Keys) {
+          norm_scale[j] = score_scale;  // fp8 keys carry no norm
+        } else {
+          norm_scale[j] = stage_field<Layout>(stage, Layout::kNormField, 8 * j + g) * score_scale;
+        }
+        value_scale[j] = stage_field<Layout>(stage, Layout::kValueScaleField, 8 * j + g);
+        value_zero[j] = stage_field<Layout>(stage, Layout::kValueZeroField, 8 * j + g);
       }
       if (tile_token + kTileTokens > range.end) {
         // Slots past the sequence end hold junk: exclude them by selection, never by
@@ -669,28 +834,36 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
   }
 }
 
-template <int HeadTiles>
+template <int HeadTiles, bool Fp8Keys>
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
+  constexpr int kBytes = SharedLayout<Fp8Keys>::kBytes;
   static std::once_flag configured;
   std::call_once(configured, [] {
-    TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+    TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles, Fp8Keys>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
   });
   const dim3 grid(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
-  decode_kernel<HeadTiles><<<grid, kThreads, kSharedBytes, stream>>>(params);
+  decode_kernel<HeadTiles, Fp8Keys><<<grid, kThreads, kBytes, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();
+}
+
+template <bool Fp8Keys>
+void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
+  const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
+  if (group <= kHeadsPerTile) return launch<1, Fp8Keys>(params, stream);
+  launch<2, Fp8Keys>(params, stream);
 }
 
 }  // namespace hopper
 
+// The one dispatch point: key format (preset) and group size.
 void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) {
-  const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
-  if (group <= hopper::kHeadsPerTile) return hopper::launch<1>(params, stream);
-  hopper::launch<2>(params, stream);
+  if (params.partitions.layout.key_fp8()) return hopper::launch_for_group<true>(params, stream);
+  hopper::launch_for_group<false>(params, stream);
 }
 
 bool hopper_kernel_runnable() {
   cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1>) == cudaSuccess;
+  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, false>) == cudaSuccess;
 }
 
 }  // namespace tqdecode::cuda

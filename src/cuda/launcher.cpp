@@ -57,7 +57,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     default:
       if (not_hopper.empty()) {
         path = DecodePath::hopper;
-        reason = "turboquant_4bit_nc, D=128 on sm_90";
+        reason = std::string(preset_info(args.layout.preset).name) + ", D=128 on sm_90";
       } else {
         reason = not_hopper;
         log_fallback_once(reason);
