@@ -1,9 +1,13 @@
 // The Hopper kernel: the whole decode step for turboquant_4bit_nc (the
-// headline profile) and turboquant_k8v4, D = 128, in one launch, built for
-// sm_90a. fp8 keys skip the rotation and the lookup table: each key byte
-// pair converts to an fp16 pair (exact) and S^T = K Q^T runs in fp16 with
-// the query rounded to fp16 (exact for fp16 queries and for bf16 values of
-// magnitude 2^-14 to 65504); everything after the scores is shared.
+// headline profile), turboquant_k3v4_nc and turboquant_k8v4, D = 128, in one
+// launch, built for sm_90a. The presets share the 4-bit values and
+// everything after the scores; they differ in how keys reach the S^T mma:
+// 4-bit codes look up a byte (two codes), 3-bit codes six bits (two codes,
+// brought into place by a funnel shift) in a per-lane table of bf16 centroid
+// pairs; fp8 keys skip the rotation and the table: each key byte pair
+// converts to an fp16 pair (exact) and S^T = K Q^T runs in fp16 with the
+// query rounded to fp16 (exact for fp16 queries and for bf16 values of
+// magnitude 2^-14 to 65504).
 //
 // Grid (partition, kv head, sequence), 8 warps per CTA, two CTAs per SM (one
 // for groups over 8). A CTA
@@ -180,16 +184,18 @@ struct FieldChunk {
 // Where one tile lives in a stage of a warp's ring and how it gets there, per
 // key format. Lane (g, c) = (lane >> 2, lane & 3) reads the keys of tokens g
 // and g + 8 (dims 32c..32c+31) and the value bytes 8g..8g+7 of tokens 2c,
-// 2c + 1, 2c + 8, 2c + 9; both layouts keep those loads free of bank
+// 2c + 1, 2c + 8, 2c + 9; every layout keeps those loads free of bank
 // conflicts. Offsets into the cache are within a block
 // (hopper_unsupported_reason requires block_stride < 2^31).
-template <bool Fp8Keys>
+enum class KeyFormat { mse4, mse3, fp8 };
+
+template <KeyFormat Keys>
 struct TileLayout;
 
 // 4-bit MSE keys: one 128-byte row per token (64 key bytes, then 64 value
 // bytes), its 16-byte chunks XOR-swizzled by token; then the 3 fp16 fields.
 template <>
-struct TileLayout<false> {
+struct TileLayout<KeyFormat::mse4> {
   static constexpr int kRecordBytes = 128;  // key + value data of one (slot, head)
   static constexpr int kFields = 3;         // key norm, value scale, value zero
   static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
@@ -241,12 +247,82 @@ struct TileLayout<false> {
   }
 };
 
-// fp8 keys (turboquant_k8v4): a key area of one 128-byte row per token
-// (16-byte chunk j at j ^ (token & 1)), a value area of two tokens per
-// 128-byte row (token t at row t / 2, half t & 1, 16-byte unit u at
-// u ^ 2 (row & 3)), then the 2 fp16 fields.
+// Value areas of the fp8 and 3-bit layouts: two tokens' 64 value bytes per
+// 128-byte row (token t at row t / 2, half t & 1), 16-byte unit u stored at
+// u ^ 2 (row & 3), so the lanes' 8-byte value loads never share a bank.
+struct ValueArea {
+  /// Bytes 8g..8g+7 of `token`'s values, from the area start.
+  __device__ static int offset(int token, int g) {
+    const int row = token >> 1;
+    return row * 128 + (((4 * (token & 1) + (g >> 1)) ^ (2 * (row & 3))) << 4) + 8 * (g & 1);
+  }
+  /// Bytes 32 half .. 32 half + 31 of `token`'s values (contiguous: the swizzle keeps unit pairs together).
+  __device__ static int half_offset(int token, int half) {
+    const int row = token >> 1;
+    return row * 128 + (((4 * (token & 1) + 2 * half) ^ (2 * (row & 3))) << 4);
+  }
+};
+
+// 3-bit MSE keys (turboquant_k3v4_nc): a key area of 48 dense bytes per token
+// (a lane's 12 bytes are three 4-byte loads; 12 t + 3 c covers all 32 banks),
+// the value area, then the 3 fp16 fields.
 template <>
-struct TileLayout<true> {
+struct TileLayout<KeyFormat::mse3> {
+  static constexpr int kKeyBytes = kHeadDim * 3 / 8;     // 48
+  static constexpr int kRecordBytes = kKeyBytes + 64;     // 112
+  static constexpr int kFields = 3;                       // key norm, value scale, value zero
+  static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
+  static constexpr int kValueArea = kTileTokens * kKeyBytes;         // 768
+  static constexpr int kMetaOffset = kValueArea + kTileTokens * 64;  // 1792
+  static constexpr int kStageBytes = kMetaOffset + 96;               // 1888
+  static constexpr int kKeyChunks = kTileTokens * kKeyBytes / 16;    // 48
+
+  /// The lane's 12 key bytes (dims 32c..32c+31, 3 bits each) of `token`.
+  __device__ static int key_offset(int token, int c) { return token * kKeyBytes + 12 * c; }
+  __device__ static int value_offset(int token, int g) { return kValueArea + ValueArea::offset(token, g); }
+
+  // The key area is dense: lane l copies key chunks l and l + 32 (when under
+  // 48) of the tile, chunk q being part q % 3 of token q / 3; and half
+  // (l & 1) of token (l >> 1)'s values; lanes 0..5 a chunk of the fields.
+  struct IssuePlan {
+    int key_source[2];  // from the block start, for slot 0 of the tile
+    int value_source;
+    int slot_stride;    // Hk * 112 bytes
+    std::uint32_t value_destination;
+    FieldChunk<kFields, kMetaOffset> fields;
+  };
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    IssuePlan plan;
+    plan.slot_stride = p.layout.num_kv_heads * kRecordBytes;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int chunk = lane + 32 * k;
+      plan.key_source[k] = (chunk / 3) * plan.slot_stride + head * kRecordBytes + 16 * (chunk % 3);
+    }
+    const int token = lane >> 1;
+    const int half = lane & 1;
+    plan.value_source = token * plan.slot_stride + head * kRecordBytes + kKeyBytes + 32 * half;
+    plan.value_destination = kValueArea + ValueArea::half_offset(token, half);
+    plan.fields = FieldChunk<kFields, kMetaOffset>::make(p, head, lane);
+    return plan;
+  }
+
+  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, int slot0, const IssuePlan& plan,
+                               int lane) {
+    const std::uint8_t* slot = block + slot0 * plan.slot_stride;
+    cp_async_16(stage + 16 * lane, slot + plan.key_source[0]);
+    if (lane + 32 < kKeyChunks) cp_async_16(stage + 16 * (lane + 32), slot + plan.key_source[1]);
+    cp_async_16(stage + plan.value_destination, slot + plan.value_source);
+    cp_async_16(stage + plan.value_destination + 16, slot + plan.value_source + 16);
+    plan.fields.issue(stage, block, slot0, lane);
+  }
+};
+
+// fp8 keys (turboquant_k8v4): a key area of one 128-byte row per token
+// (16-byte chunk j at j ^ (token & 1)), the value area, then the 2 fp16 fields.
+template <>
+struct TileLayout<KeyFormat::fp8> {
   static constexpr int kKeyBytes = kHeadDim;          // one fp8 byte per dim
   static constexpr int kRecordBytes = kKeyBytes + 64;  // then 64 bytes of 4-bit values
   static constexpr int kFields = 2;                    // value scale, value zero
@@ -259,10 +335,7 @@ struct TileLayout<true> {
   __device__ static int key_offset(int token, int c, int part) {
     return token * kKeyBytes + (((2 * c + part) ^ (token & 1)) << 4);
   }
-  __device__ static int value_offset(int token, int g) {
-    const int row = token >> 1;
-    return kValueArea + row * 128 + (((4 * (token & 1) + (g >> 1)) ^ (2 * (row & 3))) << 4) + 8 * (g & 1);
-  }
+  __device__ static int value_offset(int token, int g) { return kValueArea + ValueArea::offset(token, g); }
 
   // Lane l copies half (l & 1) of token (l >> 1)'s keys (64 contiguous
   // source bytes; the swizzle swaps neighbouring chunks, so chunks 0 and 2 of
@@ -286,8 +359,7 @@ struct TileLayout<true> {
     plan.source = token * plan.slot_stride + head * kRecordBytes + 64 * half;
     plan.key_destination[0] = token * kKeyBytes + 64 * half + 16 * swapped;
     plan.key_destination[1] = token * kKeyBytes + 64 * half + 16 * (1 - swapped);
-    const int row = token >> 1;
-    plan.value_destination = kValueArea + row * 128 + (((4 * (token & 1) + 2 * half) ^ (2 * (row & 3))) << 4);
+    plan.value_destination = kValueArea + ValueArea::half_offset(token, half);
     plan.fields = FieldChunk<kFields, kMetaOffset>::make(p, head, lane);
     return plan;
   }
@@ -306,17 +378,22 @@ struct TileLayout<true> {
   }
 };
 
-/// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][centroids].
-template <bool Fp8Keys>
+/// Shared memory of a CTA: [lookup table region (MSE keys) | rings][query rows][centroids].
+/// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
+/// to a bf16 pair, one copy per lane; its region also stages PiT halves.
+template <KeyFormat Keys>
 struct SharedLayout {
-  static constexpr int kLutBytes = Fp8Keys ? 0 : 256 * 32 * 4;  // byte -> bf16 pair, one copy per lane
-  static constexpr int kRingBytes = kWarps * kStages * TileLayout<Fp8Keys>::kStageBytes;
-  static constexpr int kMainBytes = kLutBytes + kRingBytes;
+  static constexpr int kCodebookSize = Keys == KeyFormat::mse4 ? 16 : Keys == KeyFormat::mse3 ? 8 : 0;
+  static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
+  static constexpr int kLutBytes = kLutEntries * 32 * 4;
+  static constexpr int kLutRegionBytes = kLutEntries ? (kLutBytes > kPiTHalfBytes ? kLutBytes : kPiTHalfBytes) : 0;
+  static constexpr int kRingBytes = kWarps * kStages * TileLayout<Keys>::kStageBytes;
+  static constexpr int kMainBytes = kLutRegionBytes + kRingBytes;
   static constexpr int kQueryOffset = kMainBytes;
   static constexpr int kCentroidOffset = kQueryOffset + kQueryBytes;
-  static constexpr int kBytes = kCentroidOffset + kCentroidBytes;  // 110656 (4-bit), 108608 (fp8): two CTAs per SM
+  // 110656 (4-bit), 101440 (3-bit), 108608 (fp8): two CTAs per SM
+  static constexpr int kBytes = kCentroidOffset + kCentroidBytes;
   static_assert(sizeof(MergeStorage) <= kMainBytes, "merge buffer must fit the main region");
-  static_assert(Fp8Keys || kPiTHalfBytes <= kLutBytes, "a PiT half must fit the lookup table's region");
 };
 
 // Copies one tile into a stage: block and first slot from the tile index.
@@ -350,12 +427,13 @@ template <int HeadTiles>
 constexpr int kResidentCtas = HeadTiles == 1 ? 2 : 1;
 
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
-// Fp8Keys: turboquant_k8v4 (fp8 keys, unrotated queries) instead of
-// turboquant_4bit_nc (4-bit MSE keys through the lookup table).
-template <int HeadTiles, bool Fp8Keys>
+// Keys: 4-bit (turboquant_4bit_nc) or 3-bit (turboquant_k3v4_nc) MSE keys
+// through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
+template <int HeadTiles, KeyFormat Keys>
 __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_kernel(const __grid_constant__ FusedDecodeParams params) {
-  using Layout = TileLayout<Fp8Keys>;
-  using Shared = SharedLayout<Fp8Keys>;
+  constexpr bool kFp8 = Keys == KeyFormat::fp8;
+  using Layout = TileLayout<Keys>;
+  using Shared = SharedLayout<Keys>;
   constexpr int kRows = HeadTiles * kHeadsPerTile;
   extern __shared__ __align__(128) std::uint8_t shared[];
   float (*query_rows)[kHeadDim] = reinterpret_cast<float (*)[kHeadDim]>(shared + Shared::kQueryOffset);
@@ -395,7 +473,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
     const std::uint8_t* cache = p.cache;
     const std::int64_t block_stride = p.layout.block_stride;
     const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
-    const std::uint8_t* ring = shared + Shared::kLutBytes + warp * kStages * Layout::kStageBytes;
+    const std::uint8_t* ring = shared + Shared::kLutRegionBytes + warp * kStages * Layout::kStageBytes;
     const std::uint32_t ring_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(ring));
     const typename Layout::IssuePlan plan = Layout::make_plan(p, head, lane);
     const int first_tile = range.begin / kTileTokens + warp;
@@ -408,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       for (int i = threadIdx.x; i < kPiTHalfBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, source + 16 * i);
       cp_async_commit();
     };
-    if constexpr (!Fp8Keys) stage_pit_half(0);
+    if constexpr (!kFp8) stage_pit_half(0);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < count) {
@@ -428,8 +506,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
     }
     // MSE keys: rotate the query rows and build the lookup table; fp8 keys
     // use the query as it is.
-    if constexpr (!Fp8Keys) {
-      if (threadIdx.x < 16) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
+    if constexpr (!kFp8) {
+      if (threadIdx.x < Shared::kCodebookSize) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
       {
         constexpr int kRowsPerThread = kRows / 2;
         const float* pit = reinterpret_cast<const float*>(shared);
@@ -470,9 +548,12 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
           if (row < group) query_rows[row][dim] = round_to_bf16(rotated[r]);
         }
       }
-      // Lookup table over the dead PiT staging; each warp writes whole 32-lane rows.
-      for (int byte = warp; byte < 256; byte += kWarps) {
-        reinterpret_cast<std::uint32_t*>(shared)[byte * 32 + lane] = pack_bf16(centroids[byte & 15], centroids[byte >> 4]);
+      // Lookup table over the dead PiT staging; each warp writes whole
+      // 32-lane rows. Entry (high code, low code) -> (centroid[low], centroid[high]).
+      constexpr int kCodeBits = Keys == KeyFormat::mse4 ? 4 : 3;
+      for (int entry = warp; entry < Shared::kLutEntries; entry += kWarps) {
+        reinterpret_cast<std::uint32_t*>(shared)[entry * 32 + lane] =
+            pack_bf16(centroids[entry & (Shared::kCodebookSize - 1)], centroids[entry >> kCodeBits]);
       }
     }
     __syncthreads();
@@ -488,8 +569,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       for (int ks = 0; ks < 8; ++ks) {
         const float* q = query_rows[kHeadsPerTile * nt + g] + 32 * c + 4 * ks;
         // fp16 against fp8 keys (exact: e4m3 values are fp16 values), bf16 against the table's bf16 centroids.
-        qb[nt][ks][0] = Fp8Keys ? pack_f16(q[0], q[1]) : pack_bf16(q[0], q[1]);
-        qb[nt][ks][1] = Fp8Keys ? pack_f16(q[2], q[3]) : pack_bf16(q[2], q[3]);
+        qb[nt][ks][0] = kFp8 ? pack_f16(q[0], q[1]) : pack_bf16(q[0], q[1]);
+        qb[nt][ks][1] = kFp8 ? pack_f16(q[2], q[3]) : pack_bf16(q[2], q[3]);
       }
     }
 
@@ -501,12 +582,12 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
 
     // Keys of tokens g and g + 8 (chunk c: dims 32c..32c+31); values of tokens
     // 2c, 2c + 1, 2c + 8, 2c + 9 (bytes 8g..8g+7 of the value data).
-    constexpr int kKeyLoads = Fp8Keys ? 2 : 1;  // 16-byte key loads per token
+    constexpr int kKeyLoads = kFp8 ? 2 : 1;  // key load bases per token
     int key_offset[2][kKeyLoads], value_offset[4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int token = 8 * j + g;
-      if constexpr (Fp8Keys) {
+      if constexpr (kFp8) {
         key_offset[j][0] = Layout::key_offset(token, c, 0);
         key_offset[j][1] = Layout::key_offset(token, c, 1);
       } else {
@@ -558,7 +639,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
         score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;
         score_odd[nt][0] = score_odd[nt][1] = score_odd[nt][2] = score_odd[nt][3] = 0.0f;
       }
-      if constexpr (Fp8Keys) {
+      if constexpr (kFp8) {
         // Word ks of the lane's 32 key bytes holds dims 32c + 4ks + {0..3}:
         // its low fp8 pair is a0 / a1 (columns 2c, 2c + 1), its high pair a2 / a3.
         std::uint32_t words[2][8];
@@ -579,6 +660,36 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
                                       fp8_pair_to_f16(words[0][ks] >> 16), fp8_pair_to_f16(words[1][ks] >> 16)};
 #pragma unroll
           for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
+        }
+      } else if constexpr (Keys == KeyFormat::mse3) {
+        // The lane's 96 key bits: code pair p (dims 32c + 2p, + 1) is bits
+        // 6p..6p+5; k-step ks takes pairs 2ks (a0 / a1) and 2ks + 1 (a2 / a3).
+        // A funnel shift brings the pair to bits 7..12, the table's row index.
+        std::uint32_t words[2][3];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int w = 0; w < 3; ++w) words[j][w] = load_shared<std::uint32_t>(stage + key_offset[j][0] + 4 * w);
+        }
+        const auto lookup = [&](const std::uint32_t (&bits)[3], int first_bit) {
+          const int word = first_bit >> 5;
+          const int shift = (first_bit & 31) - 7;
+          std::uint32_t x;
+          if (shift < 0) {
+            x = bits[word] << -shift;
+          } else if (word + 1 < 3) {
+            x = __funnelshift_r(bits[word], bits[word + 1], shift);
+          } else {
+            x = bits[word] >> shift;
+          }
+          return load_shared<std::uint32_t>(lut + ((x & 0x1f80u) | lane_lut));
+        };
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) {
+          const std::uint32_t a[4] = {lookup(words[0], 12 * ks), lookup(words[1], 12 * ks), lookup(words[0], 12 * ks + 6),
+                                      lookup(words[1], 12 * ks + 6)};
+#pragma unroll
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
         }
       } else {
         const uint4 key_g = load_shared<uint4>(stage + key_offset[0][0]);
@@ -607,7 +718,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       float norm_scale[2], value_scale[2], value_zero[2], score_bias[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        if constexpr (Fp8Keys) {
+        if constexpr (kFp8) {
           norm_scale[j] = score_scale;  // fp8 keys carry no norm
         } else {
           norm_scale[j] = stage_field<Layout>(stage, Layout::kNormField, 8 * j + g) * score_scale;
@@ -834,36 +945,39 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
   }
 }
 
-template <int HeadTiles, bool Fp8Keys>
+template <int HeadTiles, KeyFormat Keys>
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
-  constexpr int kBytes = SharedLayout<Fp8Keys>::kBytes;
+  constexpr int kBytes = SharedLayout<Keys>::kBytes;
   static std::once_flag configured;
   std::call_once(configured, [] {
-    TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles, Fp8Keys>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+    TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles, Keys>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
   });
   const dim3 grid(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
-  decode_kernel<HeadTiles, Fp8Keys><<<grid, kThreads, kBytes, stream>>>(params);
+  decode_kernel<HeadTiles, Keys><<<grid, kThreads, kBytes, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();
 }
 
-template <bool Fp8Keys>
+template <KeyFormat Keys>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
-  if (group <= kHeadsPerTile) return launch<1, Fp8Keys>(params, stream);
-  launch<2, Fp8Keys>(params, stream);
+  if (group <= kHeadsPerTile) return launch<1, Keys>(params, stream);
+  launch<2, Keys>(params, stream);
 }
 
 }  // namespace hopper
 
 // The one dispatch point: key format (preset) and group size.
 void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) {
-  if (params.partitions.layout.key_fp8()) return hopper::launch_for_group<true>(params, stream);
-  hopper::launch_for_group<false>(params, stream);
+  switch (params.partitions.layout.preset) {
+    case Preset::turboquant_k8v4: return hopper::launch_for_group<hopper::KeyFormat::fp8>(params, stream);
+    case Preset::turboquant_k3v4_nc: return hopper::launch_for_group<hopper::KeyFormat::mse3>(params, stream);
+    default: return hopper::launch_for_group<hopper::KeyFormat::mse4>(params, stream);
+  }
 }
 
 bool hopper_kernel_runnable() {
   cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, false>) == cudaSuccess;
+  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, hopper::KeyFormat::mse4>) == cudaSuccess;
 }
 
 }  // namespace tqdecode::cuda

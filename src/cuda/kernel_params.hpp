@@ -117,7 +117,7 @@ void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream);
 /// Generic partition kernel: every preset, head dim, group size, block size.
 void launch_partitions_generic(const PartitionParams& params, CUstream_st* stream);
 
-/// Hopper kernel, the whole decode step: turboquant_4bit_nc or turboquant_k8v4, D = 128 (sm_90).
+/// Hopper kernel, the whole decode step: turboquant_4bit_nc, _k3v4_nc or _k8v4, D = 128 (sm_90).
 void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream);
 
 }  // namespace tqdecode::cuda

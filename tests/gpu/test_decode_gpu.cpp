@@ -127,7 +127,7 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
 INSTANTIATE_TEST_SUITE_P(Grid, DecodeGpu, ::testing::ValuesIn(decode_cases()),
                          [](const auto& info) { return info.param.name; });
 
-TEST(DecodeGpuPath, HopperKernelServesTheHeadlineProfileAndFp8KeysOnSm90) {
+TEST(DecodeGpuPath, HopperKernelServesFourBitThreeBitAndFp8KeysOnSm90) {
   TQ_SKIP_WITHOUT_GPU();
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
@@ -142,14 +142,17 @@ TEST(DecodeGpuPath, HopperKernelServesTheHeadlineProfileAndFp8KeysOnSm90) {
     EXPECT_EQ(choice.path, DecodePath::cuda_generic);
     EXPECT_FALSE(choice.reason.empty());
   }
-  const Scenario fp8 = build({"fp8", Preset::turboquant_k8v4, 32, 8, 128, 16, {100}});
-  DeviceScenario fp8_device(fp8);
-  EXPECT_EQ(choose_decode_path(fp8_device.args()).path, major == 9 && minor == 0 ? DecodePath::hopper : DecodePath::cuda_generic);
-  const Scenario three_bit = build({"k3v4", Preset::turboquant_k3v4_nc, 32, 8, 128, 16, {100}});
-  DeviceScenario three_bit_device(three_bit);
+  for (const Preset preset : {Preset::turboquant_k3v4_nc, Preset::turboquant_k8v4}) {
+    const Scenario other = build({"other", preset, 32, 8, 128, 16, {100}});
+    DeviceScenario other_device(other);
+    EXPECT_EQ(choose_decode_path(other_device.args()).path, major == 9 && minor == 0 ? DecodePath::hopper : DecodePath::cuda_generic)
+        << preset_info(preset).name;
+  }
+  const Scenario three_bit_values = build({"3bit", Preset::turboquant_3bit_nc, 32, 8, 128, 16, {100}});
+  DeviceScenario three_bit_device(three_bit_values);
   const PathChoice generic = choose_decode_path(three_bit_device.args());
   EXPECT_EQ(generic.path, DecodePath::cuda_generic);
-  EXPECT_NE(generic.reason.find("turboquant_k3v4_nc"), std::string::npos) << generic.reason;
+  EXPECT_NE(generic.reason.find("turboquant_3bit_nc"), std::string::npos) << generic.reason;
 }
 
 // Capture one decode in a CUDA graph, then change seq_lens and block tables in
