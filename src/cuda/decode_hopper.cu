@@ -157,8 +157,7 @@ __device__ __forceinline__ void cp_async_16(std::uint32_t shared_address, const 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global) : "memory");
 }
 
-// Physical block of a tile; loaded one tile before its copies are issued so the
-// copies never wait on this load.
+// Physical block of a tile.
 __device__ __forceinline__ int tile_block(const std::int32_t* table, int tile, int block_shift) {
   return __ldg(table + ((tile * kTileTokens) >> block_shift));
 }
@@ -167,17 +166,50 @@ __device__ __forceinline__ int tile_block(const std::int32_t* table, int tile, i
 // 16-byte chunk for each of lanes 0 .. 2 Fields - 1.
 template <int Fields, int MetaOffset>
 struct FieldChunk {
-  int source;                 // from the block start, for slot 0 of the tile
+  std::uint32_t source;       // from the block start, for slot 0 of the tile
   std::uint32_t destination;  // within a stage
 
   __device__ static FieldChunk make(const PartitionParams& p, int head, int lane) {
     const int field = lane >> 1;
-    return {static_cast<int>(p.layout.metadata_region_offset()) + 2 * (head * Fields + field) * p.layout.block_size +
-                16 * (lane & 1),
+    return {static_cast<std::uint32_t>(p.layout.metadata_region_offset() +
+                                       2 * (head * Fields + field) * p.layout.block_size + 16 * (lane & 1)),
             static_cast<std::uint32_t>(MetaOffset + 32 * field + 16 * (lane & 1))};
   }
-  __device__ void issue(std::uint32_t stage, const std::uint8_t* block, int slot0, int lane) const {
+  __device__ void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, int lane) const {
     if (lane < 2 * Fields) cp_async_16(stage + destination, block + (2 * slot0 + source));
+  }
+};
+
+// A per-token run of `Chunks` 16-byte chunks for the tile's 16 tokens (one
+// slot stride apart), copied so that every 32-byte sector comes from one
+// instruction: copy i takes tokens kTokensPerCopy i .. + kTokensPerCopy - 1,
+// lane l chunk l % Chunks of token kTokensPerCopy i + l / Chunks. (Two copies
+// per sector cost a second L2 request for each.) A copy fills 512 stage
+// bytes; the layouts' swizzles repeat every two copies, so copy i lands at
+// destination[i & 1] + 1024 (i >> 1).
+template <int Chunks>
+struct TokenRunCopy {
+  static constexpr int kTokensPerCopy = 32 / Chunks;
+  static constexpr int kCopies = kTileTokens / kTokensPerCopy;
+  std::uint32_t source;       // the lane's chunk, from the tile's first slot
+  std::uint32_t copy_stride;  // kTokensPerCopy slots
+  std::uint32_t destination[2];
+
+  /// `destination_of(token, chunk)`: the chunk's offset within a stage.
+  template <class Destination>
+  __device__ static TokenRunCopy make(int slot_stride, int run_offset, int lane, Destination destination_of) {
+    const int token = lane / Chunks;
+    const int chunk = lane % Chunks;
+    return {static_cast<std::uint32_t>(token * slot_stride + run_offset + 16 * chunk),
+            static_cast<std::uint32_t>(kTokensPerCopy * slot_stride),
+            {static_cast<std::uint32_t>(destination_of(token, chunk)),
+             static_cast<std::uint32_t>(destination_of(token + kTokensPerCopy, chunk))}};
+  }
+  __device__ void issue(std::uint32_t stage, const std::uint8_t* tile) const {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      cp_async_16(stage + destination[i & 1] + 1024 * (i >> 1), tile + (source + i * copy_stride));
+    }
   }
 };
 
@@ -210,39 +242,22 @@ struct TileLayout<KeyFormat::mse4> {
     return token * kRecordBytes + (((4 + (g >> 1)) ^ swizzle(token)) << 4) + 8 * (g & 1);
   }
 
-  // Lane l copies half (l & 1) of token (l >> 1)'s record: 64 contiguous
-  // source bytes whose four chunks land at 16-byte steps from `destination`
-  // (the swizzle only swaps the two 32-byte pairs, so the sources are two runs
-  // of 32 bytes starting `pair_delta` apart), and lanes 0..5 a chunk of the fields.
-  struct IssuePlan {
-    int source;            // from the block start to the first run, for slot 0 of the tile
-    int pair_delta;        // second run minus first run: +32 or -32
-    int slot_stride;       // Hk * 128 bytes
-    std::uint32_t destination;  // within a stage
-    FieldChunk<kFields, kMetaOffset> fields;
+  struct alignas(16) IssuePlan {
+    std::uint32_t slot_stride;  // Hk * 128 bytes
+    TokenRunCopy<kRecordBytes / 16> records;
+    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
   };
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
-    IssuePlan plan;
-    const int token = lane >> 1;
-    const int half = lane & 1;
-    const int pairs_swapped = swizzle(token) & 2;  // chunk bit 1 flipped: the 32-byte pairs trade places
-    plan.slot_stride = p.layout.num_kv_heads * kRecordBytes;
-    plan.source = token * plan.slot_stride + head * kRecordBytes + 64 * half + 16 * pairs_swapped;
-    plan.pair_delta = pairs_swapped ? -32 : 32;
-    plan.destination = token * kRecordBytes + 16 * ((4 * half) ^ (swizzle(token) & 4));
-    plan.fields = FieldChunk<kFields, kMetaOffset>::make(p, head, lane);
-    return plan;
+    const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
+    const auto destination = [](int token, int chunk) { return token * kRecordBytes + ((chunk ^ swizzle(token)) << 4); };
+    return {static_cast<std::uint32_t>(slot_stride), TokenRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, destination),
+            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
   }
 
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, int slot0, const IssuePlan& plan,
+  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
                                int lane) {
-    const std::uint8_t* first = block + (slot0 * plan.slot_stride + plan.source);
-    const std::uint8_t* second = first + plan.pair_delta;
-    cp_async_16(stage + plan.destination, first);
-    cp_async_16(stage + plan.destination + 16, first + 16);
-    cp_async_16(stage + plan.destination + 32, second);
-    cp_async_16(stage + plan.destination + 48, second + 16);
+    plan.records.issue(stage, block + slot0 * plan.slot_stride);
     plan.fields.issue(stage, block, slot0, lane);
   }
 };
@@ -256,10 +271,16 @@ struct ValueArea {
     const int row = token >> 1;
     return row * 128 + (((4 * (token & 1) + (g >> 1)) ^ (2 * (row & 3))) << 4) + 8 * (g & 1);
   }
-  /// Bytes 32 half .. 32 half + 31 of `token`'s values (contiguous: the swizzle keeps unit pairs together).
-  __device__ static int half_offset(int token, int half) {
+  /// Unit `chunk` (bytes 16 chunk .. 16 chunk + 15) of `token`'s values.
+  __device__ static int chunk_offset(int token, int chunk) {
     const int row = token >> 1;
-    return row * 128 + (((4 * (token & 1) + 2 * half) ^ (2 * (row & 3))) << 4);
+    return row * 128 + (((4 * (token & 1) + chunk) ^ (2 * (row & 3))) << 4);
+  }
+  /// The values' copy plan of a layout whose value area starts at `area`.
+  template <int Area>
+  __device__ static TokenRunCopy<4> copy_plan(int slot_stride, int value_offset, int lane) {
+    return TokenRunCopy<4>::make(slot_stride, value_offset, lane,
+                                 [](int token, int chunk) { return Area + chunk_offset(token, chunk); });
   }
 };
 
@@ -282,39 +303,35 @@ struct TileLayout<KeyFormat::mse3> {
   __device__ static int value_offset(int token, int g) { return kValueArea + ValueArea::offset(token, g); }
 
   // The key area is dense: lane l copies key chunks l and l + 32 (when under
-  // 48) of the tile, chunk q being part q % 3 of token q / 3; and half
-  // (l & 1) of token (l >> 1)'s values; lanes 0..5 a chunk of the fields.
-  struct IssuePlan {
-    int key_source[2];  // from the block start, for slot 0 of the tile
-    int value_source;
-    int slot_stride;    // Hk * 112 bytes
-    std::uint32_t value_destination;
+  // 48) of the tile, chunk q being part q % 3 of token q / 3 (runs of 48
+  // bytes, one instruction each but token 10's); lanes 0..5 a chunk of the fields.
+  struct alignas(16) IssuePlan {
+    std::uint32_t key_source[2];  // from the tile's first slot
+    std::uint32_t slot_stride;  // Hk * 112 bytes
+    TokenRunCopy<4> values;
     FieldChunk<kFields, kMetaOffset> fields;
   };
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     IssuePlan plan;
-    plan.slot_stride = p.layout.num_kv_heads * kRecordBytes;
+    const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
+    plan.slot_stride = slot_stride;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int chunk = lane + 32 * k;
-      plan.key_source[k] = (chunk / 3) * plan.slot_stride + head * kRecordBytes + 16 * (chunk % 3);
+      plan.key_source[k] = (chunk / 3) * slot_stride + head * kRecordBytes + 16 * (chunk % 3);
     }
-    const int token = lane >> 1;
-    const int half = lane & 1;
-    plan.value_source = token * plan.slot_stride + head * kRecordBytes + kKeyBytes + 32 * half;
-    plan.value_destination = kValueArea + ValueArea::half_offset(token, half);
+    plan.values = ValueArea::copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane);
     plan.fields = FieldChunk<kFields, kMetaOffset>::make(p, head, lane);
     return plan;
   }
 
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, int slot0, const IssuePlan& plan,
+  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
                                int lane) {
-    const std::uint8_t* slot = block + slot0 * plan.slot_stride;
-    cp_async_16(stage + 16 * lane, slot + plan.key_source[0]);
-    if (lane + 32 < kKeyChunks) cp_async_16(stage + 16 * (lane + 32), slot + plan.key_source[1]);
-    cp_async_16(stage + plan.value_destination, slot + plan.value_source);
-    cp_async_16(stage + plan.value_destination + 16, slot + plan.value_source + 16);
+    const std::uint8_t* tile = block + slot0 * plan.slot_stride;
+    cp_async_16(stage + 16 * lane, tile + plan.key_source[0]);
+    if (lane + 32 < kKeyChunks) cp_async_16(stage + 16 * (lane + 32), tile + plan.key_source[1]);
+    plan.values.issue(stage, tile);
     plan.fields.issue(stage, block, slot0, lane);
   }
 };
@@ -337,48 +354,32 @@ struct TileLayout<KeyFormat::fp8> {
   }
   __device__ static int value_offset(int token, int g) { return kValueArea + ValueArea::offset(token, g); }
 
-  // Lane l copies half (l & 1) of token (l >> 1)'s keys (64 contiguous
-  // source bytes; the swizzle swaps neighbouring chunks, so chunks 0 and 2 of
-  // the run go to `key_destination[0]` + {0, 32} and chunks 1 and 3 to
-  // `key_destination[1]` + {0, 32}) and the same half of its values (32
-  // bytes, contiguous at both ends), and lanes 0..3 a chunk of the fields.
-  struct IssuePlan {
-    int source;        // from the block start to the lane's key run, for slot 0 of the tile
-    int slot_stride;   // Hk * 192 bytes
-    std::uint32_t key_destination[2];
-    std::uint32_t value_destination;
-    FieldChunk<kFields, kMetaOffset> fields;
+  struct alignas(16) IssuePlan {
+    std::uint32_t slot_stride;  // Hk * 192 bytes
+    TokenRunCopy<kKeyBytes / 16> keys;
+    TokenRunCopy<4> values;
+    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..3
   };
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
-    IssuePlan plan;
-    const int token = lane >> 1;
-    const int half = lane & 1;
-    const int swapped = token & 1;
-    plan.slot_stride = p.layout.num_kv_heads * kRecordBytes;
-    plan.source = token * plan.slot_stride + head * kRecordBytes + 64 * half;
-    plan.key_destination[0] = token * kKeyBytes + 64 * half + 16 * swapped;
-    plan.key_destination[1] = token * kKeyBytes + 64 * half + 16 * (1 - swapped);
-    plan.value_destination = kValueArea + ValueArea::half_offset(token, half);
-    plan.fields = FieldChunk<kFields, kMetaOffset>::make(p, head, lane);
-    return plan;
+    const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
+    const auto key_destination = [](int token, int chunk) { return token * kKeyBytes + ((chunk ^ (token & 1)) << 4); };
+    return {static_cast<std::uint32_t>(slot_stride),
+            TokenRunCopy<kKeyBytes / 16>::make(slot_stride, head * kRecordBytes, lane, key_destination),
+            ValueArea::copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane),
+            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
   }
 
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, int slot0, const IssuePlan& plan,
+  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
                                int lane) {
-    const std::uint8_t* keys = block + (slot0 * plan.slot_stride + plan.source);
-    const std::uint8_t* values = keys + (kKeyBytes - 64 * (lane & 1)) + 32 * (lane & 1);
-    cp_async_16(stage + plan.key_destination[0], keys);
-    cp_async_16(stage + plan.key_destination[1], keys + 16);
-    cp_async_16(stage + plan.key_destination[0] + 32, keys + 32);
-    cp_async_16(stage + plan.key_destination[1] + 32, keys + 48);
-    cp_async_16(stage + plan.value_destination, values);
-    cp_async_16(stage + plan.value_destination + 16, values + 16);
+    const std::uint8_t* tile = block + slot0 * plan.slot_stride;
+    plan.keys.issue(stage, tile);
+    plan.values.issue(stage, tile);
     plan.fields.issue(stage, block, slot0, lane);
   }
 };
 
-/// Shared memory of a CTA: [lookup table region (MSE keys) | rings][query rows][centroids].
+/// Shared memory of a CTA: [lookup table region (MSE keys) | rings][query rows][centroids][issue plans].
 /// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
 /// to a bf16 pair, one copy per lane; its region also stages PiT halves.
 template <KeyFormat Keys>
@@ -391,9 +392,15 @@ struct SharedLayout {
   static constexpr int kMainBytes = kLutRegionBytes + kRingBytes;
   static constexpr int kQueryOffset = kMainBytes;
   static constexpr int kCentroidOffset = kQueryOffset + kQueryBytes;
-  // 110656 (4-bit), 101440 (3-bit), 108608 (fp8): two CTAs per SM
-  static constexpr int kBytes = kCentroidOffset + kCentroidBytes;
+  // One copy plan per lane, the same for every warp of the CTA: read back
+  // from here for each tile, since recomputing it in the loop (what the
+  // compiler does at 128 registers) costs about 70 instructions per tile.
+  static constexpr int kPlanOffset = kCentroidOffset + kCentroidBytes;
+  // 111680 (4-bit), 102976 (3-bit), 110144 (fp8)
+  static constexpr int kBytes = kPlanOffset + 32 * static_cast<int>(sizeof(typename TileLayout<Keys>::IssuePlan));
   static_assert(sizeof(MergeStorage) <= kMainBytes, "merge buffer must fit the main region");
+  // Two CTAs per SM: 228 KB per SM, 1 KB reserved per CTA, 128 bytes static.
+  static_assert(2 * (kBytes + 1024 + 128) <= 228 * 1024, "two CTAs per SM must fit");
 };
 
 // Copies one tile into a stage: block and first slot from the tile index.
@@ -401,7 +408,8 @@ template <class Layout>
 __device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8_t* cache, std::int64_t block_stride,
                                            int physical, int tile, int block_mask,
                                            const typename Layout::IssuePlan& plan, int lane) {
-  Layout::issue(stage, cache + physical * block_stride, (tile * kTileTokens) & block_mask, plan, lane);
+  Layout::issue(stage, cache + physical * block_stride, static_cast<std::uint32_t>((tile * kTileTokens) & block_mask), plan,
+                lane);
 }
 
 // (x & mask) | bits in one LOP3 (the compiler splits it when both are immediates).
@@ -476,6 +484,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
     const std::uint8_t* ring = shared + Shared::kLutRegionBytes + warp * kStages * Layout::kStageBytes;
     const std::uint32_t ring_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(ring));
     const typename Layout::IssuePlan plan = Layout::make_plan(p, head, lane);
+    auto* plans = reinterpret_cast<typename Layout::IssuePlan*>(shared + Shared::kPlanOffset);
+    if (warp == 0) plans[lane] = plan;  // published by the __syncthreads before the main loop
     const int first_tile = range.begin / kTileTokens + warp;
     const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
     const int count = first_tile < end_tile ? (end_tile - first_tile + kWarps - 1) / kWarps : 0;
@@ -487,12 +497,21 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       cp_async_commit();
     };
     if constexpr (!kFp8) stage_pit_half(0);
+    // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
+    // holds the block of the warp's tile i + j for the window i (a multiple of
+    // 32) being issued, `blocks_next` those of the next window, loaded a
+    // window ahead; one shuffle per tile instead of a dependent table load.
+    const auto load_blocks = [&](int window) {
+      const int index = window + lane;
+      return index < count ? tile_block(table, first_tile + index * kWarps, block_shift) : 0;
+    };
+    int blocks = load_blocks(0);
+    int blocks_next = load_blocks(32);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < count) {
-        const int tile = first_tile + s * kWarps;
-        issue_tile<Layout>(ring_address + s * Layout::kStageBytes, cache, block_stride, tile_block(table, tile, block_shift), tile,
-                           block_mask, plan, lane);
+        issue_tile<Layout>(ring_address + s * Layout::kStageBytes, cache, block_stride, __shfl_sync(kFullMask, blocks, s),
+                           first_tile + s * kWarps, block_mask, plan, lane);
       }
       cp_async_commit();
     }
@@ -614,16 +633,17 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
     }
     const float score_scale = p.scale * kLog2e;
 
-    const int first_ahead = first_tile + (kStages - 1) * kWarps;
-    int next_block = kStages - 1 < count ? tile_block(table, first_ahead, block_shift) : 0;
     for (int k = 0; k < count; ++k) {
       const int ahead = k + kStages - 1;
       if (ahead < count) {
+        if ((ahead & 31) == 0) {
+          blocks = blocks_next;
+          blocks_next = load_blocks(ahead + 32);
+        }
         const int tile = first_tile + ahead * kWarps;
-        const int physical = next_block;
-        if (ahead + 1 < count) next_block = tile_block(table, tile + kWarps, block_shift);
-        issue_tile<Layout>(ring_address + (ahead % kStages) * Layout::kStageBytes, cache, block_stride, physical, tile,
-                           block_mask, plan, lane);
+        issue_tile<Layout>(ring_address + (ahead % kStages) * Layout::kStageBytes, cache, block_stride,
+                           __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask,
+                           typename Layout::IssuePlan(plans[lane]), lane);
       }
       cp_async_commit();
       cp_async_wait<kStages - 1>();
@@ -715,7 +735,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       }
 
       // Per-token fields of tokens g and g + 8.
-      float norm_scale[2], value_scale[2], value_zero[2], score_bias[2] = {0.0f, 0.0f};
+      float norm_scale[2], value_scale[2], value_zero[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         if constexpr (kFp8) {
@@ -726,14 +746,25 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
         value_scale[j] = stage_field<Layout>(stage, Layout::kValueScaleField, 8 * j + g);
         value_zero[j] = stage_field<Layout>(stage, Layout::kValueZeroField, 8 * j + g);
       }
+      float s[HeadTiles][2][2];  // [head tile][head 2c + e][token g / g + 8]
+#pragma unroll
+      for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) s[nt][e][j] = (score[nt][2 * j + e] + score_odd[nt][2 * j + e]) * norm_scale[j];
+        }
+      }
       if (tile_token + kTileTokens > range.end) {
-        // Slots past the sequence end hold junk: exclude them by selection, never by
-        // multiplication (score = raw * 0 - inf, value fields 0).
+        // Slots past the sequence end hold junk (fp8 key bytes or fp16 fields
+        // that may be NaN or inf): exclude them by selection, never by
+        // arithmetic; score -inf, value fields 0.
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           if (tile_token + 8 * j + g >= range.end) {
-            norm_scale[j] = value_scale[j] = value_zero[j] = 0.0f;
-            score_bias[j] = -INFINITY;
+            value_scale[j] = value_zero[j] = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < HeadTiles; ++nt) s[nt][0][j] = s[nt][1][j] = -INFINITY;
           }
         }
       }
@@ -742,17 +773,13 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       // O^T += V^T P'^T. The running maxima change only when a score exceeds
       // them (rarely after the first tiles): one vote, and only then the
       // shuffles for the tile maxima and the rescale of the accumulators.
-      float s[HeadTiles][2][2];  // [head tile][head 2c + e][token g / g + 8]
       bool grows = false;
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            s[nt][e][j] = fmaf(score[nt][2 * j + e] + score_odd[nt][2 * j + e], norm_scale[j], score_bias[j]);
-            grows |= s[nt][e][j] > row_max[nt][e];
-          }
+          for (int j = 0; j < 2; ++j) grows |= s[nt][e][j] > row_max[nt][e];
         }
       }
       if (__any_sync(kFullMask, grows)) {

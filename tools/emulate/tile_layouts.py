@@ -22,37 +22,39 @@ def check(fp8, Hk=3, head=1, block_size=32, slot0=16):
         return block[o:o + 2]
     stage = [None] * STAGE
     owner = {}
-    def cp(dst, src, lane):
+    sector_copies = {}  # 32-byte source sector -> the copy instructions that read it
+    def cp(dst, src, lane, instruction=None):
+        if instruction is not None:
+            sector_copies.setdefault(src // 32, set()).add(instruction)
         assert 0 <= dst and dst + 16 <= STAGE and dst % 16 == 0 and src % 16 == 0, (dst, src)
         for i in range(16):
             assert dst + i not in owner, ("overlap", dst + i, lane)
             owner[dst + i] = lane
             stage[dst + i] = block[src + i]
     def swz(t): return ((t & 1) << 2) ^ (t & 6)
+    def run_copy(lane, chunks, run_offset, dest_of):
+        # TokenRunCopy: copy i takes chunk lane % chunks of token tpc * i + lane // chunks
+        tpc = 32 // chunks
+        token, chunk = lane // chunks, lane % chunks
+        source = token * slot_stride + run_offset + 16 * chunk
+        dests = (dest_of(token, chunk), dest_of(token + tpc, chunk))
+        for i in range(16 // tpc):
+            cp(dests[i & 1] + 1024 * (i >> 1), slot0 * slot_stride + source + i * tpc * slot_stride, lane, (run_offset, i))
+    def value_dest(t, k):
+        row = t >> 1
+        return VA + row * 128 + (((4 * (t & 1) + k) ^ (2 * (row & 3))) << 4)
     for lane in range(32):
-        token, half = lane >> 1, lane & 1
+        half = lane & 1
         if fp8:
-            source = token * slot_stride + head * REC + 64 * half
-            swapped = token & 1
-            kd0 = token * KB + 64 * half + 16 * swapped
-            kd1 = token * KB + 64 * half + 16 * (1 - swapped)
-            row = token >> 1
-            vd = VA + row * 128 + (((4 * (token & 1) + 2 * half) ^ (2 * (row & 3))) << 4)
-            keys = slot0 * slot_stride + source
-            values = keys + (KB - 64 * half) + 32 * half
-            cp(kd0, keys, lane); cp(kd1, keys + 16, lane); cp(kd0 + 32, keys + 32, lane); cp(kd1 + 32, keys + 48, lane)
-            cp(vd, values, lane); cp(vd + 16, values + 16, lane)
+            run_copy(lane, 8, head * REC, lambda t, k: t * KB + ((k ^ (t & 1)) << 4))
+            run_copy(lane, 4, head * REC + KB, value_dest)
         else:
-            ps = swz(token) & 2
-            source = token * slot_stride + head * REC + 64 * half + 16 * ps
-            delta = -32 if ps else 32
-            dest = token * REC + 16 * ((4 * half) ^ (swz(token) & 4))
-            first = slot0 * slot_stride + source; second = first + delta
-            cp(dest, first, lane); cp(dest + 16, first + 16, lane); cp(dest + 32, second, lane); cp(dest + 48, second + 16, lane)
+            run_copy(lane, 8, head * REC, lambda t, k: t * REC + ((k ^ swz(t)) << 4))
         field = lane >> 1
         if lane < 2 * F:
             ms = meta_region + 2 * (head * F + field) * block_size + 16 * half
             cp(META + 32 * field + 16 * half, 2 * slot0 + ms, lane)
+    assert all(len(v) == 1 for v in sector_copies.values()), "a sector split over copy instructions"
     # reads
     def key_off(t, c, part):
         if fp8: return t * KB + (((2 * c + part) ^ (t & 1)) << 4)
