@@ -15,7 +15,10 @@ LOG_DIR=${LOG_DIR:-gpu-logs}
 mkdir -p "$LOG_DIR"
 report="$LOG_DIR/ncu_$shape"
 # --clock-control none: the boost clock the benchmark runs at, not ncu's base clock.
-ncu --clock-control none --set full --import-source yes \
+# --cache-control none: L2 keeps what the benchmark's replays leave there (the
+# rotation matrix, queries, block tables), as in the timed runs; the cache
+# itself is rotated over more than L2 either way.
+ncu --clock-control none --cache-control none --set full --import-source yes \
   --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active \
   -k regex:decode_kernel -c 1 -f -o "$report" ./build/tqdecode_bench --shapes "$shape" >"$report.log" 2>&1
 ncu --import "$report.ncu-rep" --page details >"$report.txt"
