@@ -251,7 +251,8 @@ struct TileLayout<KeyFormat::mse4> {
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
     const auto destination = [](int token, int chunk) { return token * kRecordBytes + ((chunk ^ swizzle(token)) << 4); };
-    return {static_cast<std::uint32_t>(slot_stride), TokenRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, destination),
+    return {static_cast<std::uint32_t>(slot_stride),
+            TokenRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, destination),
             FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
   }
 
