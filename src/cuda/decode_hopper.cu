@@ -9,11 +9,12 @@
 // query rounded to fp16 (exact for fp16 queries and for bf16 values of
 // magnitude 2^-14 to 65504).
 //
-// Grid (partition, kv head, sequence), 8 warps per CTA, two CTAs per SM (one
-// for groups over 8). A CTA
+// Grid (partition, kv head, sequence). 4-bit keys up to group 8: one CTA of
+// 16 warps per SM; other presets: two CTAs of 8 warps; groups over 8: one CTA
+// of 8 warps (KernelShape). A CTA
 // 1. puts its first tiles in flight, then rotates the query heads of its
-//    group (q_rot = bf16(q @ PiT), PiT staged in shared memory with cp.async
-//    in two halves) and builds the key lookup table;
+//    group (q_rot = bf16(q @ PiT), PiT staged in shared memory with cp.async,
+//    whole or in two halves) and builds the key lookup table;
 // 2. streams its token range in 16-token tiles, warps taking tiles round
 //    robin, each warp keeping kStages tiles in flight with cp.async into its
 //    own shared-memory ring, and runs the two products on the tensor cores
@@ -33,8 +34,9 @@
 // Dequantization is arranged to cost less than the memory time:
 // - Keys: one shared-memory lookup turns a packed byte (two 4-bit indices)
 //   into a bf16 pair of centroids; the 256-entry table is replicated per lane
-//   (32 KB, shared by the 8 warps) so lookups never conflict. The key norm is
-//   folded into the score.
+//   so lookups never conflict (rows of 256 bytes, 64 KB shared by 16 warps,
+//   so one byte permute forms the address; 128-byte rows when two head
+//   tiles leave room for 32 KB only). The key norm is folded into the score.
 // - The head-dim order inside a k-step is permuted (the query uses the same
 //   permutation) so each lane's key operand is 16 contiguous bytes.
 // - Values: one byte permute pairs the same byte of two tokens; its low
@@ -71,15 +73,12 @@ namespace tqdecode::cuda {
 namespace hopper {
 
 constexpr int kHeadDim = 128;
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
 constexpr int kTileTokens = 16;
 constexpr int kHeadsPerTile = 8;    // mma N
 constexpr int kMaxRows = 16;        // query heads of a group: one or two head tiles
 constexpr int kDimTiles = kHeadDim / 16;
 constexpr int kStages = 4;          // tiles in flight per warp
 constexpr int kPiTBytes = kHeadDim * kHeadDim * 4;             // 65536
-constexpr int kPiTHalfBytes = kPiTBytes / 2;                   // staged in the lookup table's region
 constexpr int kQueryBytes = kMaxRows * kHeadDim * 4;           // 8192
 constexpr int kCentroidBytes = 16 * 4;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -88,12 +87,13 @@ constexpr std::uint32_t kHalfOnes = 0x3c003c00u;  // fp16 (1, 1)
 constexpr std::uint32_t kHalf1024 = 0x64006400u;  // fp16 (1024, 1024)
 
 static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
-static_assert(kThreads == 2 * kHeadDim, "two threads per head dim in rotation and merge");
 
+/// Per-warp partial results of a CTA, merged before the partition's are written.
+template <int Warps, int Rows>
 struct MergeStorage {
-  float out[kWarps][kMaxRows][kHeadDim];
-  float max[kWarps][kMaxRows];
-  float sum[kWarps][kMaxRows];
+  float out[Warps][Rows][kHeadDim];
+  float max[Warps][Rows];
+  float sum[Warps][Rows];
 };
 
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
@@ -380,16 +380,40 @@ struct TileLayout<KeyFormat::fp8> {
   }
 };
 
+/// Shape of a kernel instance. 4-bit keys with one head tile run one CTA of
+/// 16 warps per SM sharing a 64 KB lookup table whose 256-byte rows make
+/// each lookup's address one byte permute (entry byte in bits 8..15, lane in
+/// bits 2..6); the other instances run 8 warps, two CTAs per SM with a table
+/// of 128-byte rows (3-bit keys, a shift and a LOP3 per lookup for 4-bit
+/// keys with two head tiles) or one CTA at two head tiles, whose roughly 190
+/// registers allow no more.
+template <int HeadTiles, KeyFormat Keys>
+struct KernelShape {
+  static constexpr bool kWideTable = Keys == KeyFormat::mse4 && HeadTiles == 1;
+  static constexpr int kWarps = kWideTable ? 16 : 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kResidentCtas = kWideTable || HeadTiles == 2 ? 1 : 2;
+  static constexpr int kRows = HeadTiles * kHeadsPerTile;
+  // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
+  static constexpr int kRowStep = kThreads / kHeadDim;
+  static_assert(kThreads % kHeadDim == 0 && kRows % kRowStep == 0, "whole rows per thread group");
+};
+
 /// Shared memory of a CTA: [lookup table region (MSE keys) | rings][query rows][centroids][issue plans].
 /// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
-/// to a bf16 pair, one copy per lane; its region also stages PiT halves.
-template <KeyFormat Keys>
+/// to a bf16 pair, one copy per lane; its region also stages PiT (whole, or
+/// in two halves when the region holds 32 KB).
+template <int HeadTiles, KeyFormat Keys>
 struct SharedLayout {
+  using Shape = KernelShape<HeadTiles, Keys>;
   static constexpr int kCodebookSize = Keys == KeyFormat::mse4 ? 16 : Keys == KeyFormat::mse3 ? 8 : 0;
   static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
-  static constexpr int kLutBytes = kLutEntries * 32 * 4;
-  static constexpr int kLutRegionBytes = kLutEntries ? (kLutBytes > kPiTHalfBytes ? kLutBytes : kPiTHalfBytes) : 0;
-  static constexpr int kRingBytes = kWarps * kStages * TileLayout<Keys>::kStageBytes;
+  static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
+  static constexpr int kLutBytes = kLutEntries * kLutRowBytes;
+  static constexpr int kPiTPasses = kLutBytes >= kPiTBytes ? 1 : 2;
+  static constexpr int kLutRegionBytes =
+      kLutEntries ? (kLutBytes > kPiTBytes / kPiTPasses ? kLutBytes : kPiTBytes / kPiTPasses) : 0;
+  static constexpr int kRingBytes = Shape::kWarps * kStages * TileLayout<Keys>::kStageBytes;
   static constexpr int kMainBytes = kLutRegionBytes + kRingBytes;
   static constexpr int kQueryOffset = kMainBytes;
   static constexpr int kCentroidOffset = kQueryOffset + kQueryBytes;
@@ -397,11 +421,14 @@ struct SharedLayout {
   // from here for each tile, since recomputing it in the loop (what the
   // compiler does at 128 registers) costs about 70 instructions per tile.
   static constexpr int kPlanOffset = kCentroidOffset + kCentroidBytes;
-  // 111680 (4-bit), 102976 (3-bit), 110144 (fp8)
+  // 214080 (4-bit, one head tile), 111680 (4-bit, two), 102976 (3-bit), 110144 (fp8)
   static constexpr int kBytes = kPlanOffset + 32 * static_cast<int>(sizeof(typename TileLayout<Keys>::IssuePlan));
-  static_assert(sizeof(MergeStorage) <= kMainBytes, "merge buffer must fit the main region");
-  // Two CTAs per SM: 228 KB per SM, 1 KB reserved per CTA, 128 bytes static.
-  static_assert(2 * (kBytes + 1024 + 128) <= 228 * 1024, "two CTAs per SM must fit");
+  using Merge = MergeStorage<Shape::kWarps, Shape::kRows>;
+  static_assert(sizeof(Merge) <= kMainBytes, "merge buffer must fit the main region");
+  // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
+  // per CTA, 128 bytes static.
+  static_assert(kBytes <= 227 * 1024, "dynamic shared memory per CTA");
+  static_assert(Shape::kResidentCtas * (kBytes + 1024 + 128) <= 228 * 1024, "resident CTAs per SM must fit");
 };
 
 // Copies one tile into a stage: block and first slot from the tile index.
@@ -427,23 +454,20 @@ __device__ __forceinline__ float stage_field(const std::uint8_t* stage, int fiel
   return __half2float(load_shared<__half>(stage + Layout::kMetaOffset + 32 * field + 2 * token));
 }
 
-// Resident CTAs per SM (policy.cpp, resident_ctas_per_sm, plans the grid
-// with the same numbers): two CTAs of 8 warps at up to 128 registers for
-// groups up to 8 (shared memory also allows two); one for larger groups,
-// whose second head tile needs about 190 registers (capping them at 128
-// spills in the main loop).
-template <int HeadTiles>
-constexpr int kResidentCtas = HeadTiles == 1 ? 2 : 1;
-
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
 // Keys: 4-bit (turboquant_4bit_nc) or 3-bit (turboquant_k3v4_nc) MSE keys
 // through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
 template <int HeadTiles, KeyFormat Keys>
-__global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_kernel(const __grid_constant__ FusedDecodeParams params) {
+__global__ void __launch_bounds__(KernelShape<HeadTiles, Keys>::kThreads, KernelShape<HeadTiles, Keys>::kResidentCtas)
+    decode_kernel(const __grid_constant__ FusedDecodeParams params) {
   constexpr bool kFp8 = Keys == KeyFormat::fp8;
   using Layout = TileLayout<Keys>;
-  using Shared = SharedLayout<Keys>;
-  constexpr int kRows = HeadTiles * kHeadsPerTile;
+  using Shared = SharedLayout<HeadTiles, Keys>;
+  using Shape = KernelShape<HeadTiles, Keys>;
+  constexpr int kWarps = Shape::kWarps;
+  constexpr int kThreads = Shape::kThreads;
+  constexpr int kRows = Shape::kRows;
+  constexpr int kRowStep = Shape::kRowStep;
   extern __shared__ __align__(128) std::uint8_t shared[];
   float (*query_rows)[kHeadDim] = reinterpret_cast<float (*)[kHeadDim]>(shared + Shared::kQueryOffset);
   float* centroids = reinterpret_cast<float*>(shared + Shared::kCentroidOffset);
@@ -454,7 +478,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int dim = threadIdx.x & (kHeadDim - 1);     // rotation, merge and reduction: one head dim per thread,
-  const int first_row = threadIdx.x / kHeadDim;     // rows first_row, first_row + 2, ...
+  const int first_row = threadIdx.x / kHeadDim;     // rows first_row, first_row + kRowStep, ...
   const int num_kv_heads = p.layout.num_kv_heads;
   const int group = p.num_q_heads / num_kv_heads;
   const int num_partitions = p.num_partitions;
@@ -463,7 +487,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
 
   if (range.begin >= range.end) {
     // NOTE: an empty partition writes the empty values and reads nothing else.
-    for (int row = first_row; row < group; row += 2) {
+    for (int row = first_row; row < group; row += kRowStep) {
       const std::int64_t index = (row_base + row) * num_partitions + partition;
       p.part_out[index * kHeadDim + dim] = 0.0f;
       if (dim == 0) {
@@ -475,8 +499,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
     // ---- 1. first tiles in flight, query rotation, lookup table -------------
     // The ring's first kStages - 1 tiles are issued before anything else so
     // their HBM latency overlaps the prologue. MSE keys: PiT (64 KB) is staged
-    // in two 32 KB halves in the lookup table's region, which the ring does
-    // not touch.
+    // in the lookup table's region (whole, or in two 32 KB halves), which the
+    // ring does not touch.
     const int block_shift = 31 - __clz(p.layout.block_size);
     const int block_mask = p.layout.block_size - 1;
     const std::uint8_t* cache = p.cache;
@@ -492,12 +516,13 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
     const int count = first_tile < end_tile ? (end_tile - first_tile + kWarps - 1) / kWarps : 0;
 
     const RotateParams& rq = params.rotate;
-    const auto stage_pit_half = [&](int half) {
-      const std::uint8_t* source = reinterpret_cast<const std::uint8_t*>(rq.PiT) + half * kPiTHalfBytes;
-      for (int i = threadIdx.x; i < kPiTHalfBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, source + 16 * i);
+    constexpr int kPiTPassBytes = kPiTBytes / Shared::kPiTPasses;
+    const auto stage_pit_pass = [&](int pass) {
+      const std::uint8_t* source = reinterpret_cast<const std::uint8_t*>(rq.PiT) + pass * kPiTPassBytes;
+      for (int i = threadIdx.x; i < kPiTPassBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, source + 16 * i);
       cp_async_commit();
     };
-    if constexpr (!kFp8) stage_pit_half(0);
+    if constexpr (!kFp8) stage_pit_pass(0);
     // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
     // holds the block of the warp's tile i + j for the window i (a multiple of
     // 32) being issued, `blocks_next` those of the next window, loaded a
@@ -516,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       }
       cp_async_commit();
     }
-    for (int row = first_row; row < kRows; row += 2) {
+    for (int row = first_row; row < kRows; row += kRowStep) {
       float value = 0.0f;
       if (row < group) {
         const std::int64_t hq = std::int64_t(head) * group + row;
@@ -529,30 +554,31 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
     if constexpr (!kFp8) {
       if (threadIdx.x < Shared::kCodebookSize) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
       {
-        constexpr int kRowsPerThread = kRows / 2;
+        constexpr int kRowsPerThread = kRows / kRowStep;
+        constexpr int kPassRows = kHeadDim / Shared::kPiTPasses;  // PiT rows per pass
         const float* pit = reinterpret_cast<const float*>(shared);
         float rotated[kRowsPerThread];
 #pragma unroll
         for (int r = 0; r < kRowsPerThread; ++r) rotated[r] = 0.0f;
 #pragma unroll 1
-        for (int half = 0; half < 2; ++half) {
-          if (half == 0) {
-            cp_async_wait<kStages - 1>();  // the first half; the ring's tiles may still be in flight
+        for (int pass = 0; pass < Shared::kPiTPasses; ++pass) {
+          if (pass == 0) {
+            cp_async_wait<kStages - 1>();  // PiT's first pass; the ring's tiles may still be in flight
           } else {
             __syncthreads();  // every thread is done with the first half
-            stage_pit_half(1);
+            stage_pit_pass(1);
             cp_async_wait<0>();
           }
           __syncthreads();
-          for (int i = 0; i < kHeadDim / 2; i += 4) {
+          for (int i = 0; i < kPassRows; i += 4) {
             float column[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) column[e] = pit[(i + e) * kHeadDim + dim];
 #pragma unroll
             for (int r = 0; r < kRowsPerThread; ++r) {
-              const int row = first_row + 2 * r;
+              const int row = first_row + kRowStep * r;
               if (row < group) {
-                const float4 q = *reinterpret_cast<const float4*>(&query_rows[row][half * kHeadDim / 2 + i]);
+                const float4 q = *reinterpret_cast<const float4*>(&query_rows[row][pass * kPassRows + i]);
                 rotated[r] = fmaf(q.x, column[0], rotated[r]);
                 rotated[r] = fmaf(q.y, column[1], rotated[r]);
                 rotated[r] = fmaf(q.z, column[2], rotated[r]);
@@ -564,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
         __syncthreads();  // every thread has read query_rows and PiT
 #pragma unroll
         for (int r = 0; r < kRowsPerThread; ++r) {
-          const int row = first_row + 2 * r;
+          const int row = first_row + kRowStep * r;
           if (row < group) query_rows[row][dim] = round_to_bf16(rotated[r]);
         }
       }
@@ -572,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       // 32-lane rows. Entry (high code, low code) -> (centroid[low], centroid[high]).
       constexpr int kCodeBits = Keys == KeyFormat::mse4 ? 4 : 3;
       for (int entry = warp; entry < Shared::kLutEntries; entry += kWarps) {
-        reinterpret_cast<std::uint32_t*>(shared)[entry * 32 + lane] =
+        reinterpret_cast<std::uint32_t*>(shared)[entry * (Shared::kLutRowBytes / 4) + lane] =
             pack_bf16(centroids[entry & (Shared::kCodebookSize - 1)], centroids[entry >> kCodeBits]);
       }
     }
@@ -595,7 +621,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
     }
 
     // ---- 2. stream the token range ------------------------------------------
-    // Opaque to the compiler, so (offset & 0x7f80) | lane_lut stays one LOP3.
+    // Opaque to the compiler, so (offset & 0x7f80) | lane_lut stays one LOP3;
+    // for 256-byte table rows it is byte 0 of each lookup's byte permute.
     [[maybe_unused]] std::uint32_t lane_lut;
     asm("mov.b32 %0, %1;" : "=r"(lane_lut) : "r"(static_cast<std::uint32_t>(lane) << 2));
     [[maybe_unused]] const std::uint8_t* lut = shared;
@@ -720,16 +747,23 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           // Byte b of word w holds dims 32c + 8w + 2b + {0, 1}: k-step 2w takes bytes 0, 1, k-step 2w + 1 bytes 2, 3.
-          const auto lookup = [&](std::uint32_t word, int shift) {
-            const std::uint32_t offset = (shift >= 0 ? (word << shift) : (word >> -shift)) & 0x7f80u;
-            return load_shared<std::uint32_t>(lut + (offset | lane_lut));
+          // The table row of byte b: one permute (256-byte rows) or a shift and a LOP3 (128-byte rows).
+          const auto lookup = [&](std::uint32_t word, int byte) {
+            std::uint32_t offset;
+            if constexpr (Shape::kWideTable) {
+              offset = __byte_perm(word, lane_lut, 0x5504u | (byte << 4));
+            } else {
+              const int shift = 7 - 8 * byte;
+              offset = ((shift >= 0 ? (word << shift) : (word >> -shift)) & 0x7f80u) | lane_lut;
+            }
+            return load_shared<std::uint32_t>(lut + offset);
           };
-          const std::uint32_t even[4] = {lookup(words_g[w], 7), lookup(words_g8[w], 7), lookup(words_g[w], -1),
-                                         lookup(words_g8[w], -1)};
+          const std::uint32_t even[4] = {lookup(words_g[w], 0), lookup(words_g8[w], 0), lookup(words_g[w], 1),
+                                         lookup(words_g8[w], 1)};
 #pragma unroll
           for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score[nt], even, qb[nt][2 * w][0], qb[nt][2 * w][1]);
-          const std::uint32_t odd[4] = {lookup(words_g[w], -9), lookup(words_g8[w], -9), lookup(words_g[w], -17),
-                                        lookup(words_g8[w], -17)};
+          const std::uint32_t odd[4] = {lookup(words_g[w], 2), lookup(words_g8[w], 2), lookup(words_g[w], 3),
+                                        lookup(words_g8[w], 3)};
 #pragma unroll
           for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score_odd[nt], odd, qb[nt][2 * w + 1][0], qb[nt][2 * w + 1][1]);
         }
@@ -871,7 +905,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       }
     }
     __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer
-    MergeStorage& merge = *reinterpret_cast<MergeStorage*>(shared);
+    auto& merge = *reinterpret_cast<typename Shared::Merge*>(shared);
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
@@ -890,7 +924,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
       }
     }
     __syncthreads();
-    for (int row = first_row; row < group; row += 2) {
+    for (int row = first_row; row < group; row += kRowStep) {
       // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
       // non-finite query) makes the partition NaN so the reduction keeps it.
       float merged_max = -INFINITY;
@@ -975,13 +1009,13 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas<HeadTiles>) decode_ker
 
 template <int HeadTiles, KeyFormat Keys>
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
-  constexpr int kBytes = SharedLayout<Keys>::kBytes;
+  constexpr int kBytes = SharedLayout<HeadTiles, Keys>::kBytes;
   static std::once_flag configured;
   std::call_once(configured, [] {
     TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles, Keys>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
   });
   const dim3 grid(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
-  decode_kernel<HeadTiles, Keys><<<grid, kThreads, kBytes, stream>>>(params);
+  decode_kernel<HeadTiles, Keys><<<grid, KernelShape<HeadTiles, Keys>::kThreads, kBytes, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();
 }
 

@@ -66,7 +66,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   const int max_context = args.max_blocks_per_seq * args.layout.block_size;
   return {path, reason,
           cuda::choose_num_partitions(args.batch, args.layout.num_kv_heads, max_context, device.sm_count,
-                                      cuda::resident_ctas_per_sm(path, args.group_size())),
+                                      cuda::resident_ctas_per_sm(path, args.layout.preset, args.group_size())),
           cuda::kPartitionAlign};
 }
 

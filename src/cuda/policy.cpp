@@ -47,9 +47,11 @@ int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, i
   return static_cast<int>(best);
 }
 
-int resident_ctas_per_sm(DecodePath path, int group_size) {
-  if (path == DecodePath::hopper) return group_size > 8 ? 1 : 2;
-  return 2;
+int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size) {
+  if (path != DecodePath::hopper) return 2;
+  // decode_hopper.cu, KernelShape: one CTA of 16 warps for 4-bit keys up to
+  // group 8, one of 8 warps beyond group 8 (two head tiles), else two of 8.
+  return preset == Preset::turboquant_4bit_nc || group_size > 8 ? 1 : 2;
 }
 
 int max_partition_rows(int max_batch, int num_kv_heads, int sm_count) {

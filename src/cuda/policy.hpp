@@ -23,9 +23,11 @@
 namespace tqdecode::cuda {
 
 inline constexpr int kMaxPartitions = 32;
-/// Resident CTAs per SM: the Hopper kernel holds 2 (group <= 8: at most 128
-/// registers, 110.7 KB of shared memory) or 1 (group 9..16); the generic
-/// kernel is planned for 2. No path holds more, which bounds the pool.
+/// Resident CTAs per SM: the Hopper kernel holds 1 CTA of 16 warps for
+/// turboquant_4bit_nc up to group 8 (a 64 KB table, 209 KB of shared memory),
+/// 2 of 8 warps for the other presets up to group 8 (at most 128 registers,
+/// about 110 KB each) and 1 of 8 warps for groups 9..16; the generic kernel is
+/// planned for 2. No path holds more, which bounds the pool.
 inline constexpr int kMaxResidentCtasPerSm = 2;
 inline constexpr double kGoodWaveUtilization = 0.95;
 inline constexpr int kMinPartitionTokens = 256;
@@ -45,8 +47,8 @@ const DeviceInfo& current_device_info();
 /// N for a call (see the rule above).
 int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, int sm_count, int resident_ctas_per_sm);
 
-/// Resident CTAs per SM of the kernel that serves `path` for this group size.
-int resident_ctas_per_sm(DecodePath path, int group_size);
+/// Resident CTAs per SM of the kernel that serves `path` for this preset and group size.
+int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size);
 
 /// Largest batch * N over batch <= max_batch: the partition rows a pool
 /// bucket needs so that every batch up to max_batch fits.

@@ -75,10 +75,13 @@ TEST(PartitionPolicy, PoolRowsBoundEveryCallUpToTheMaximumBatch) {
 }
 
 TEST(PartitionPolicy, ResidentCtasOfEachPath) {
-  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, 8), 2);
-  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, 4), 2);
-  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, 16), 1);
-  EXPECT_EQ(resident_ctas_per_sm(DecodePath::cuda_generic, 16), 2);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 8), 1);   // 16 warps
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 4), 1);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 16), 1);  // two head tiles
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_k8v4, 8), 2);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_k3v4_nc, 4), 2);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_k3v4_nc, 16), 1);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 16), 2);
 }
 
 }  // namespace
