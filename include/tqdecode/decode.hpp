@@ -38,6 +38,11 @@ struct LaunchPlan {
   std::string reason;
   int num_partitions;   ///< N: fixed by shapes, never by seq_lens values
   int partition_align;  ///< tokens; partition ranges are multiples of it
+  /// Hopper path, turboquant_4bit_nc up to group 8: one CTA of 16 warps per
+  /// SM sharing a 64 KB key table (grids of at most two waves) instead of two
+  /// CTAs of 8 warps (larger grids, where one CTA's prologue then overlaps
+  /// the other's streaming).
+  bool wide_table = false;
 };
 
 /// True when a CUDA device is present and this build has CUDA.

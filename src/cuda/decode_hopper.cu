@@ -9,9 +9,9 @@
 // query rounded to fp16 (exact for fp16 queries and for bf16 values of
 // magnitude 2^-14 to 65504).
 //
-// Grid (partition, kv head, sequence). 4-bit keys up to group 8: one CTA of
-// 16 warps per SM; other presets: two CTAs of 8 warps; groups over 8: one CTA
-// of 8 warps (KernelShape). A CTA
+// Grid (partition, kv head, sequence). Two CTAs of 8 warps per SM, or for
+// 4-bit keys up to group 8 on grids of few waves one CTA of 16 warps (the
+// wide table); one CTA of 8 warps for groups over 8 (KernelShape). A CTA
 // 1. puts its first tiles in flight, then rotates the query heads of its
 //    group (q_rot = bf16(q @ PiT), PiT staged in shared memory with cp.async,
 //    whole or in two halves) and builds the key lookup table;
@@ -34,9 +34,9 @@
 // Dequantization is arranged to cost less than the memory time:
 // - Keys: one shared-memory lookup turns a packed byte (two 4-bit indices)
 //   into a bf16 pair of centroids; the 256-entry table is replicated per lane
-//   so lookups never conflict (rows of 256 bytes, 64 KB shared by 16 warps,
-//   so one byte permute forms the address; 128-byte rows when two head
-//   tiles leave room for 32 KB only). The key norm is folded into the score.
+//   so lookups never conflict (128-byte rows, 32 KB shared by 8 warps; the
+//   wide shape's 256-byte rows, 64 KB shared by 16 warps, let one byte
+//   permute form the address). The key norm is folded into the score.
 // - The head-dim order inside a k-step is permuted (the query uses the same
 //   permutation) so each lane's key operand is 16 contiguous bytes.
 // - Values: one byte permute pairs the same byte of two tokens; its low
@@ -380,16 +380,17 @@ struct TileLayout<KeyFormat::fp8> {
   }
 };
 
-/// Shape of a kernel instance. 4-bit keys with one head tile run one CTA of
-/// 16 warps per SM sharing a 64 KB lookup table whose 256-byte rows make
-/// each lookup's address one byte permute (entry byte in bits 8..15, lane in
-/// bits 2..6); the other instances run 8 warps, two CTAs per SM with a table
-/// of 128-byte rows (3-bit keys, a shift and a LOP3 per lookup for 4-bit
-/// keys with two head tiles) or one CTA at two head tiles, whose roughly 190
-/// registers allow no more.
-template <int HeadTiles, KeyFormat Keys>
+/// Shape of a kernel instance. Wide: 4-bit keys with one head tile in one
+/// CTA of 16 warps per SM sharing a 64 KB lookup table whose 256-byte rows
+/// make each lookup's address one byte permute (entry byte in bits 8..15,
+/// lane in bits 2..6); chosen for grids of few waves (policy.cpp,
+/// choose_grid). Otherwise 8 warps: two CTAs per SM with a table of
+/// 128-byte rows (a shift and a LOP3 per 4-bit lookup), or one CTA at two
+/// head tiles, whose roughly 190 registers allow no more.
+template <int HeadTiles, KeyFormat Keys, bool Wide>
 struct KernelShape {
-  static constexpr bool kWideTable = Keys == KeyFormat::mse4 && HeadTiles == 1;
+  static_assert(!Wide || (Keys == KeyFormat::mse4 && HeadTiles == 1), "the wide table serves 4-bit keys, one head tile");
+  static constexpr bool kWideTable = Wide;
   static constexpr int kWarps = kWideTable ? 16 : 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kResidentCtas = kWideTable || HeadTiles == 2 ? 1 : 2;
@@ -403,9 +404,9 @@ struct KernelShape {
 /// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
 /// to a bf16 pair, one copy per lane; its region also stages PiT (whole, or
 /// in two halves when the region holds 32 KB).
-template <int HeadTiles, KeyFormat Keys>
+template <int HeadTiles, KeyFormat Keys, bool Wide>
 struct SharedLayout {
-  using Shape = KernelShape<HeadTiles, Keys>;
+  using Shape = KernelShape<HeadTiles, Keys, Wide>;
   static constexpr int kCodebookSize = Keys == KeyFormat::mse4 ? 16 : Keys == KeyFormat::mse3 ? 8 : 0;
   static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
   static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
@@ -421,7 +422,7 @@ struct SharedLayout {
   // from here for each tile, since recomputing it in the loop (what the
   // compiler does at 128 registers) costs about 70 instructions per tile.
   static constexpr int kPlanOffset = kCentroidOffset + kCentroidBytes;
-  // 214080 (4-bit, one head tile), 111680 (4-bit, two), 102976 (3-bit), 110144 (fp8)
+  // 214080 (4-bit, wide), 111680 (4-bit), 102976 (3-bit), 110144 (fp8)
   static constexpr int kBytes = kPlanOffset + 32 * static_cast<int>(sizeof(typename TileLayout<Keys>::IssuePlan));
   using Merge = MergeStorage<Shape::kWarps, Shape::kRows>;
   static_assert(sizeof(Merge) <= kMainBytes, "merge buffer must fit the main region");
@@ -457,13 +458,14 @@ __device__ __forceinline__ float stage_field(const std::uint8_t* stage, int fiel
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
 // Keys: 4-bit (turboquant_4bit_nc) or 3-bit (turboquant_k3v4_nc) MSE keys
 // through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
-template <int HeadTiles, KeyFormat Keys>
-__global__ void __launch_bounds__(KernelShape<HeadTiles, Keys>::kThreads, KernelShape<HeadTiles, Keys>::kResidentCtas)
+template <int HeadTiles, KeyFormat Keys, bool Wide>
+__global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
+                                  KernelShape<HeadTiles, Keys, Wide>::kResidentCtas)
     decode_kernel(const __grid_constant__ FusedDecodeParams params) {
   constexpr bool kFp8 = Keys == KeyFormat::fp8;
   using Layout = TileLayout<Keys>;
-  using Shared = SharedLayout<HeadTiles, Keys>;
-  using Shape = KernelShape<HeadTiles, Keys>;
+  using Shared = SharedLayout<HeadTiles, Keys, Wide>;
+  using Shape = KernelShape<HeadTiles, Keys, Wide>;
   constexpr int kWarps = Shape::kWarps;
   constexpr int kThreads = Shape::kThreads;
   constexpr int kRows = Shape::kRows;
@@ -1007,23 +1009,27 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys>::kThreads, Kernel
   }
 }
 
-template <int HeadTiles, KeyFormat Keys>
+template <int HeadTiles, KeyFormat Keys, bool Wide = false>
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
-  constexpr int kBytes = SharedLayout<HeadTiles, Keys>::kBytes;
+  constexpr int kBytes = SharedLayout<HeadTiles, Keys, Wide>::kBytes;
   static std::once_flag configured;
   std::call_once(configured, [] {
-    TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles, Keys>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+    TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles, Keys, Wide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kBytes));
   });
   const dim3 grid(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
-  decode_kernel<HeadTiles, Keys><<<grid, KernelShape<HeadTiles, Keys>::kThreads, kBytes, stream>>>(params);
+  decode_kernel<HeadTiles, Keys, Wide><<<grid, KernelShape<HeadTiles, Keys, Wide>::kThreads, kBytes, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();
 }
 
 template <KeyFormat Keys>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
-  if (group <= kHeadsPerTile) return launch<1, Keys>(params, stream);
-  launch<2, Keys>(params, stream);
+  if (group > kHeadsPerTile) return launch<2, Keys>(params, stream);
+  if constexpr (Keys == KeyFormat::mse4) {
+    if (params.wide_table) return launch<1, Keys, true>(params, stream);
+  }
+  launch<1, Keys>(params, stream);
 }
 
 }  // namespace hopper
@@ -1039,7 +1045,7 @@ void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) 
 
 bool hopper_kernel_runnable() {
   cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, hopper::KeyFormat::mse4>) == cudaSuccess;
+  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, hopper::KeyFormat::mse4, false>) == cudaSuccess;
 }
 
 }  // namespace tqdecode::cuda

@@ -74,6 +74,7 @@ struct FusedDecodeParams {
   RotateParams rotate;         ///< query, dtype, strides, PiT
   ReduceParams reduce;         ///< sinks and output; partition buffers as in `partitions`
   unsigned* arrivals;          ///< [B * Hk], all zero between launches
+  bool wide_table;             ///< 4-bit keys, group <= 8: the 16-warp kernel (LaunchPlan::wide_table)
 };
 
 /// The device-side record behind DeviceCheckReport, one per pool. All zero

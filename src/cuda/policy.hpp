@@ -23,10 +23,10 @@
 namespace tqdecode::cuda {
 
 inline constexpr int kMaxPartitions = 32;
-/// Resident CTAs per SM: the Hopper kernel holds 1 CTA of 16 warps for
-/// turboquant_4bit_nc up to group 8 (a 64 KB table, 209 KB of shared memory),
-/// 2 of 8 warps for the other presets up to group 8 (at most 128 registers,
-/// about 110 KB each) and 1 of 8 warps for groups 9..16; the generic kernel is
+/// Resident CTAs per SM: the Hopper kernel holds 1 CTA of 16 warps in its
+/// 64 KB-table shape (turboquant_4bit_nc up to group 8, 209 KB of shared
+/// memory), else 2 of 8 warps up to group 8 (at most 128 registers, about
+/// 110 KB each) and 1 of 8 warps for groups 9..16; the generic kernel is
 /// planned for 2. No path holds more, which bounds the pool.
 inline constexpr int kMaxResidentCtasPerSm = 2;
 inline constexpr double kGoodWaveUtilization = 0.95;
@@ -47,8 +47,27 @@ const DeviceInfo& current_device_info();
 /// N for a call (see the rule above).
 int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, int sm_count, int resident_ctas_per_sm);
 
-/// Resident CTAs per SM of the kernel that serves `path` for this preset and group size.
-int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size);
+/// Grids of the 16-warp Hopper kernel up to this many waves use it; larger
+/// grids use two CTAs of 8 warps per SM (bench/NOTES.md, v3.5).
+inline constexpr int kWideTableMaxWaves = 2;
+
+/// Whether the 16-warp, 64 KB-table Hopper kernel exists for this preset and group size.
+bool wide_table_kernel(Preset preset, int group_size);
+
+/// Resident CTAs per SM of the kernel that serves `path` for this preset and
+/// group size (`wide_table`: the 16-warp Hopper kernel).
+int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table);
+
+struct GridChoice {
+  int num_partitions;
+  bool wide_table;
+};
+
+/// N and the Hopper kernel shape for a call: the 16-warp kernel when it
+/// exists and its grid (planned for one CTA per SM) takes at most
+/// kWideTableMaxWaves waves, else the 8-warp kernel's plan.
+GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
+                       int max_context_tokens, int sm_count);
 
 /// Largest batch * N over batch <= max_batch: the partition rows a pool
 /// bucket needs so that every batch up to max_batch fits.

@@ -109,7 +109,9 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
   const std::vector<float> expected = reference_output(scenario);
 
   const PathChoice choice = choose_decode_path(device.args());
-  std::printf("[ path     ] %s: %s (%s)\n", c.name.c_str(), decode_path_name(choice.path), choice.reason.c_str());
+  const LaunchPlan plan = plan_decode(device.args());
+  std::printf("[ path     ] %s: %s (%s), N = %d%s\n", c.name.c_str(), decode_path_name(choice.path), choice.reason.c_str(),
+              plan.num_partitions, plan.wide_table ? ", 16-warp wide-table shape" : "");
   decode(device.args(), workspace);
   const std::vector<float> automatic = device.output();
   expect_close(automatic, expected, c.name + " " + decode_path_name(choice.path));

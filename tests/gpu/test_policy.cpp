@@ -75,13 +75,38 @@ TEST(PartitionPolicy, PoolRowsBoundEveryCallUpToTheMaximumBatch) {
 }
 
 TEST(PartitionPolicy, ResidentCtasOfEachPath) {
-  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 8), 1);   // 16 warps
-  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 4), 1);
-  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 16), 1);  // two head tiles
-  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_k8v4, 8), 2);
-  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_k3v4_nc, 4), 2);
-  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_k3v4_nc, 16), 1);
-  EXPECT_EQ(resident_ctas_per_sm(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 16), 2);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, true), 1);  // 16 warps
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, false), 2);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 16, false), 1);  // two head tiles
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_k8v4, 8, true), 2);  // no wide shape
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_k3v4_nc, 4, false), 2);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_k3v4_nc, 16, false), 1);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 16, true), 2);
+}
+
+// The benchmark shapes (Hq 64, Hk 8 unless stated; bench/NOTES.md, v3.5): the
+// wide shape where its grid takes at most two waves, the two-CTA shape beyond.
+TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
+  const auto grid = [](Preset preset, int group, int batch, int hk, int context) {
+    return choose_grid(DecodePath::hopper, preset, group, batch, hk, context, kH200Sms);
+  };
+  const GridChoice b16 = grid(Preset::turboquant_4bit_nc, 8, 16, 8, 32768);
+  EXPECT_TRUE(b16.wide_table);
+  EXPECT_EQ(b16.num_partitions, 1);  // 128 CTAs, one per SM
+  const GridChoice b32 = grid(Preset::turboquant_4bit_nc, 8, 32, 8, 131072);
+  EXPECT_TRUE(b32.wide_table);  // 256 CTAs: two waves
+  EXPECT_EQ(b32.num_partitions, 1);
+  const GridChoice b1 = grid(Preset::turboquant_4bit_nc, 8, 1, 8, 32768);
+  EXPECT_TRUE(b1.wide_table);
+  EXPECT_EQ(b1.num_partitions, 16);  // 128 CTAs
+  EXPECT_TRUE(grid(Preset::turboquant_4bit_nc, 4, 16, 16, 32768).wide_table);  // group 4: 256 CTAs
+  const GridChoice b64 = grid(Preset::turboquant_4bit_nc, 8, 64, 8, 8192);
+  EXPECT_FALSE(b64.wide_table);  // 512 CTAs would take four waves
+  EXPECT_EQ(b64.num_partitions, choose_num_partitions(64, 8, 8192, kH200Sms, 2));
+  EXPECT_FALSE(grid(Preset::turboquant_4bit_nc, 8, 128, 8, 4096).wide_table);
+  EXPECT_FALSE(grid(Preset::turboquant_4bit_nc, 16, 16, 4, 32768).wide_table);  // two head tiles
+  EXPECT_FALSE(grid(Preset::turboquant_k8v4, 8, 16, 8, 32768).wide_table);
+  EXPECT_FALSE(choose_grid(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 8, 16, 8, 32768, kH200Sms).wide_table);
 }
 
 }  // namespace
