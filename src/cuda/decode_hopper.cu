@@ -437,8 +437,20 @@ template <class Layout>
 __device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8_t* cache, std::int64_t block_stride,
                                            int physical, int tile, int block_mask,
                                            const typename Layout::IssuePlan& plan, int lane) {
-  Layout::issue(stage, cache + physical * block_stride, static_cast<std::uint32_t>((tile * kTileTokens) & block_mask), plan,
+  // block_stride < 2^31 (hopper_unsupported_reason) and entries are
+  // non-negative: one 32 x 32 -> 64-bit multiply-add.
+  const std::uint8_t* block = cache + static_cast<std::uint64_t>(static_cast<std::uint32_t>(physical)) *
+                                          static_cast<std::uint32_t>(block_stride);
+  Layout::issue(stage, block, static_cast<std::uint32_t>((tile * kTileTokens) & block_mask), plan,
                 lane);
+}
+
+// `x` through a move the compiler cannot see into, so it keeps the value in
+// a register instead of recomputing it from the thread index in the loop.
+__device__ __forceinline__ std::uint32_t opaque(std::uint32_t x) {
+  std::uint32_t result;
+  asm("mov.b32 %0, %1;" : "=r"(result) : "r"(x));
+  return result;
 }
 
 // (x & mask) | bits in one LOP3 (the compiler splits it when both are immediates).
@@ -478,7 +490,9 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
+  // MSE keys: kept in a register rather than recomputed per tile (fewer
+  // instructions in their loops; the fp8 loop comes out longer).
+  const int lane = Keys == KeyFormat::fp8 ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(opaque(threadIdx.x & 31));
   const int dim = threadIdx.x & (kHeadDim - 1);     // rotation, merge and reduction: one head dim per thread,
   const int first_row = threadIdx.x / kHeadDim;     // rows first_row, first_row + kRowStep, ...
   const int num_kv_heads = p.layout.num_kv_heads;
@@ -508,8 +522,9 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
     const std::uint8_t* cache = p.cache;
     const std::int64_t block_stride = p.layout.block_stride;
     const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
-    const std::uint8_t* ring = shared + Shared::kLutRegionBytes + warp * kStages * Layout::kStageBytes;
-    const std::uint32_t ring_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(ring));
+    const std::uint32_t ring_offset = opaque(Shared::kLutRegionBytes + warp * kStages * Layout::kStageBytes);
+    const std::uint8_t* ring = shared + ring_offset;
+    const std::uint32_t ring_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared)) + ring_offset;
     const typename Layout::IssuePlan plan = Layout::make_plan(p, head, lane);
     auto* plans = reinterpret_cast<typename Layout::IssuePlan*>(shared + Shared::kPlanOffset);
     if (warp == 0) plans[lane] = plan;  // published by the __syncthreads before the main loop
@@ -640,7 +655,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
         key_offset[j][0] = Layout::key_offset(token, c, 0);
         key_offset[j][1] = Layout::key_offset(token, c, 1);
       } else {
-        key_offset[j][0] = Layout::key_offset(token, c);
+        key_offset[j][0] = static_cast<int>(opaque(Layout::key_offset(token, c)));
       }
     }
 #pragma unroll
