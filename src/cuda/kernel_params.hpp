@@ -70,11 +70,16 @@ struct ReduceParams {
 /// launch. The last CTA of each (sequence, kv head) to finish its partition
 /// (counted in `arrivals`, which it resets to 0) reduces the N partitions.
 struct FusedDecodeParams {
-  PartitionParams partitions;  ///< q_rot unused: each CTA rotates its own query heads
+  PartitionParams partitions;  ///< q_rot read only when queries_rotated
   RotateParams rotate;         ///< query, dtype, strides, PiT
   ReduceParams reduce;         ///< sinks and output; partition buffers as in `partitions`
   unsigned* arrivals;          ///< [B * Hk], all zero between launches
   bool wide_table;             ///< 4-bit keys, group <= 8: the 16-warp kernel (LaunchPlan::wide_table)
+  /// false: each CTA rotates its own query heads; true: launch_rotate_queries
+  /// wrote q_rot just before (the decode starts early by programmatic
+  /// dependent launch and waits for it), which saves the N-fold rotation of
+  /// split-KV partitions.
+  bool queries_rotated;
 };
 
 /// The device-side record behind DeviceCheckReport, one per pool. All zero

@@ -117,6 +117,9 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
     decode_cpu(call);
     return call.output;
   }
+  // Both GPU rotations stage PiT with 16-byte copies.
+  TQ_REQUIRE(call.layout.key_fp8() || reinterpret_cast<std::uintptr_t>(call.PiT) % 16 == 0, "PiT",
+             "device pointer is not 16-byte aligned; accepted: a 16-byte aligned [D, D] fp32 matrix");
   const cuda::DeviceInfo& device = cuda::current_device_info();
   const PooledBuffers& buffers = workspace.impl().acquire(
       {device.device, call.layout.num_kv_heads, call.num_q_heads, call.layout.head_dim, static_cast<int>(call.query_dtype)},
@@ -152,8 +155,11 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
                                   call.query_dtype, call.out_stride_b(), call.out_stride_h(), call.batch,
                                   call.num_q_heads, call.layout.head_dim, plan.num_partitions};
   if (plan.path == DecodePath::hopper) {
-    // One launch: rotation, partitions and reduction fused.
-    cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table}, stream);
+    // Partitions and reduction fused in one launch; the rotation too, unless
+    // N partitions would each repeat it (then it runs once, just before).
+    const bool rotate_first = plan.num_partitions > 1;
+    if (rotate_first) cuda::launch_rotate_queries(rotate, stream);
+    cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, rotate_first}, stream);
   } else {
     cuda::launch_rotate_queries(rotate, stream);
     cuda::launch_partitions_generic(partitions, stream);

@@ -1,16 +1,20 @@
 // Query rotation (FORMAT.md section 5, step 1): q_rot = bf16(fp32(q) @ PiT)
 // for MSE presets, q as fp32 for fp8 keys.
 //
-// One CTA rotates kRowsPerBlock query rows (flattened (b, hq)) with one
-// thread per output column j: the rows sit in shared memory as fp32, each
-// thread walks i and reads PiT[i][j] (consecutive threads, consecutive
-// addresses), so PiT is read once per CTA, from L2, for all its rows.
+// One CTA computes a tile of kRowsPerBlock query rows (flattened (b, hq)) by
+// kColumnsPerBlock output columns, one output per thread: PiT's columns and
+// the rows are staged in shared memory with one round of copies, then each
+// thread sums over i in order with fmaf (the order of the CPU reference and
+// of the Hopper kernel's in-kernel rotation, so the bits agree). Small
+// batches are latency-bound, hence one round trip to L2 and many small CTAs
+// rather than each thread walking PiT through L2.
 
 #include <cuda_runtime.h>
 
 #include <string>
 
 #include "cuda_check.hpp"
+#include "device_utils.cuh"
 #include "kernel_params.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
@@ -18,72 +22,69 @@
 namespace tqdecode::cuda {
 namespace {
 
-// Rows per CTA: enough to amortise the D*D PiT read over several rows, few
-// enough that a small batch still spreads over several multiprocessors.
 constexpr int kRowsPerBlock = 8;
+constexpr int kColumnsPerBlock = 32;
+constexpr int kThreads = kRowsPerBlock * kColumnsPerBlock;  // warp r: row r, lane j: column j
 
-/// blockDim.x == D; block x rotates rows [x * kRowsPerBlock, ...).
+/// Block (x, y) rotates rows [x * kRowsPerBlock, ...) into columns [y * kColumnsPerBlock, ...).
 template <int D>
-__device__ __forceinline__ void rotate_queries_body(const RotateParams& p) {
+__global__ void __launch_bounds__(kThreads) rotate_queries_kernel(const __grid_constant__ RotateParams p) {
+  // The decode kernel may start its prologue now; it waits for this grid
+  // before it reads q_rot.
+  allow_dependent_launch();
   __shared__ __align__(16) float rows_s[kRowsPerBlock][D];
+  __shared__ __align__(16) float columns_s[D][kColumnsPerBlock];
   const int num_rows = p.batch * p.num_q_heads;
   const int first_row = blockIdx.x * kRowsPerBlock;
-  const int j = threadIdx.x;
+  const int first_column = blockIdx.y * kColumnsPerBlock;
+  const int r = threadIdx.x / kColumnsPerBlock;
+  const int j = threadIdx.x % kColumnsPerBlock;
+  const int row = first_row + r;
 
-#pragma unroll
-  for (int r = 0; r < kRowsPerBlock; ++r) {
-    const int row = first_row + r;
-    float value = 0.0f;
-    if (row < num_rows) {
-      const std::int64_t b = row / p.num_q_heads;
-      const std::int64_t hq = row % p.num_q_heads;
-      value = load_as_float(p.query, p.query_dtype, b * p.query_stride_batch + hq * p.query_stride_head + j);
+  if (p.PiT != nullptr) {
+    constexpr int kChunksPerRow = kColumnsPerBlock * 4 / 16;
+    for (int chunk = threadIdx.x; chunk < D * kChunksPerRow; chunk += kThreads) {
+      const int i = chunk / kChunksPerRow;
+      const int part = chunk % kChunksPerRow;
+      copy_to_shared<16>(&columns_s[i][4 * part], p.PiT + static_cast<std::int64_t>(i) * D + first_column + 4 * part);
     }
-    rows_s[r][j] = value;
+    cp_async_commit();
   }
-
-  if (p.PiT == nullptr) {  // fp8 keys: the query is used unrotated
-#pragma unroll
-    for (int r = 0; r < kRowsPerBlock; ++r) {
-      if (first_row + r < num_rows) p.q_rot[static_cast<std::int64_t>(first_row + r) * D + j] = rows_s[r][j];
+  for (int index = threadIdx.x; index < kRowsPerBlock * D; index += kThreads) {
+    const int source_row = first_row + index / D;
+    float value = 0.0f;
+    if (source_row < num_rows) {
+      const std::int64_t b = source_row / p.num_q_heads;
+      const std::int64_t hq = source_row % p.num_q_heads;
+      value = load_as_float(p.query, p.query_dtype, b * p.query_stride_batch + hq * p.query_stride_head + index % D);
     }
+    rows_s[index / D][index % D] = value;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  if (row >= num_rows) return;
+  float* out = p.q_rot + static_cast<std::int64_t>(row) * D + first_column + j;
+  if (p.PiT == nullptr) {  // fp8 keys: the query is used unrotated
+    *out = rows_s[r][first_column + j];
     return;
   }
-  __syncthreads();
-
-  float acc[kRowsPerBlock] = {};
-#pragma unroll 2
+  float acc = 0.0f;
+#pragma unroll 8
   for (int i = 0; i < D; i += 4) {
-    float column[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) column[e] = __ldg(p.PiT + (i + e) * D + j);
-#pragma unroll
-    for (int r = 0; r < kRowsPerBlock; ++r) {
-      const float4 q = *reinterpret_cast<const float4*>(&rows_s[r][i]);  // broadcast read
-      acc[r] = fmaf(q.x, column[0], acc[r]);
-      acc[r] = fmaf(q.y, column[1], acc[r]);
-      acc[r] = fmaf(q.z, column[2], acc[r]);
-      acc[r] = fmaf(q.w, column[3], acc[r]);
-    }
+    const float4 q = *reinterpret_cast<const float4*>(&rows_s[r][i]);  // broadcast within the warp
+    acc = fmaf(q.x, columns_s[i + 0][j], acc);
+    acc = fmaf(q.y, columns_s[i + 1][j], acc);
+    acc = fmaf(q.z, columns_s[i + 2][j], acc);
+    acc = fmaf(q.w, columns_s[i + 3][j], acc);
   }
-#pragma unroll
-  for (int r = 0; r < kRowsPerBlock; ++r) {
-    if (first_row + r < num_rows) {
-      p.q_rot[static_cast<std::int64_t>(first_row + r) * D + j] = round_to_bf16(acc[r]);
-    }
-  }
-}
-
-template <int D>
-__global__ void __launch_bounds__(D) rotate_queries_kernel(const __grid_constant__ RotateParams params) {
-  rotate_queries_body<D>(params);
+  *out = round_to_bf16(acc);
 }
 
 template <int D>
 void launch_rotate(const RotateParams& params, cudaStream_t stream) {
   const int num_rows = params.batch * params.num_q_heads;
-  const int blocks = (num_rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  rotate_queries_kernel<D><<<blocks, D, 0, stream>>>(params);
+  const dim3 grid((num_rows + kRowsPerBlock - 1) / kRowsPerBlock, D / kColumnsPerBlock);
+  rotate_queries_kernel<D><<<grid, kThreads, 0, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();
 }
 

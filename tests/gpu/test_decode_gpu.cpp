@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "gpu/gpu_test_support.hpp"
 #include "tqdecode/decode.hpp"
 #include "tqdecode/device_scenario.hpp"
+#include "tqdecode/error.hpp"
 #include "tqdecode/random.hpp"
 #include "tqdecode/reference.hpp"
 #include "tqdecode/scenario.hpp"
@@ -240,6 +242,32 @@ TEST(DecodeGpuPool, PointersStableAcrossBatchSizes) {
   ASSERT_EQ(stats.entries.size(), 1u);
   EXPECT_EQ(stats.entries[0].bucket_batch, 64);
   EXPECT_GT(stats.total_bytes, 0);
+}
+
+// The GPU rotations copy PiT in 16-byte units: a misaligned PiT is refused,
+// naming it, before anything is launched.
+TEST(DecodeGpuArguments, MisalignedPiTIsRefusedAndNothingIsWritten) {
+  TQ_SKIP_WITHOUT_GPU();
+  const Scenario scenario = build({"pit", Preset::turboquant_4bit_nc, 32, 8, 128, 16, {300, 5}});
+  DeviceScenario device(scenario);
+  const int d = scenario.layout.head_dim;
+  float* shifted = nullptr;
+  ASSERT_EQ(cudaMalloc(&shifted, (std::size_t(d) * d + 1) * sizeof(float)), cudaSuccess);
+  DecodeArgs args = device.args();
+  ASSERT_EQ(cudaMemcpy(shifted + 1, args.PiT, std::size_t(d) * d * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
+  args.PiT = shifted + 1;
+  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
+    device.poison_output();
+    DecodeWorkspace workspace;
+    try {
+      decode(args, workspace, nullptr, request);
+      ADD_FAILURE() << "a PiT 4 bytes past a 16-byte boundary was accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("PiT"), std::string::npos) << error.what();
+    }
+    for (const float value : device.output()) ASSERT_TRUE(std::isnan(value)) << "the output was written";
+  }
+  cudaFree(shifted);
 }
 
 }  // namespace
