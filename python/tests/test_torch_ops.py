@@ -348,11 +348,14 @@ class CudaTest(unittest.TestCase):
         path = tqdecode.decode_path(*args, **kwargs)
         print(f"decode_path: {path}")
         self.assertEqual(path.path, "hopper" if tqdecode.is_available() else "cuda_generic")
-        generic = make_case(CONFIGS[2]).to("cuda")  # turboquant_3bit_nc: 3-bit values, generic kernel
+        three_bit = make_case(CONFIGS[2]).to("cuda")  # turboquant_3bit_nc, D = 128: the Hopper kernel too
+        path = tqdecode.decode_path(*three_bit.decode_args()[0], **three_bit.decode_args()[1])
+        self.assertEqual(path.path, "hopper" if tqdecode.is_available() else "cuda_generic")
+        generic = make_case(CONFIGS[4]).to("cuda")  # D = 64: the generic kernel
         path = tqdecode.decode_path(*generic.decode_args()[0], **generic.decode_args()[1])
         self.assertEqual(path.path, "cuda_generic")
-        if tqdecode.is_available():  # elsewhere the reason is the device, not the preset
-            self.assertIn("turboquant_3bit_nc", path.reason)
+        if tqdecode.is_available():  # elsewhere the reason is the device, not the head dim
+            self.assertIn("head_dim 64", path.reason)
 
     def test_device_checks_zero_bad_sequences_and_report_them(self):
         case = make_case(CONFIGS[0])  # seq_lens (37, 0, 1, 160, 95), block size 16

@@ -1,13 +1,14 @@
-// The Hopper kernel: the whole decode step for turboquant_4bit_nc (the
-// headline profile), turboquant_k3v4_nc and turboquant_k8v4, D = 128, in one
-// launch, built for sm_90a. The presets share the 4-bit values and
-// everything after the scores; they differ in how keys reach the S^T mma:
-// 4-bit codes look up a byte (two codes), 3-bit codes six bits (two codes,
-// brought into place by a funnel shift) in a per-lane table of bf16 centroid
-// pairs; fp8 keys skip the rotation and the table: each key byte pair
-// converts to an fp16 pair (exact) and S^T = K Q^T runs in fp16 with the
-// query rounded to fp16 (exact for fp16 queries and for bf16 values of
-// magnitude 2^-14 to 65504).
+// The Hopper kernel: the whole decode step for every preset at D = 128 —
+// turboquant_4bit_nc (the headline profile), turboquant_k3v4_nc,
+// turboquant_3bit_nc and turboquant_k8v4 — in one launch, built for sm_90a.
+// The presets share everything after the scores; they differ in how keys
+// reach the S^T mma: 4-bit codes look up a byte (two codes), 3-bit codes six
+// bits (two codes, brought into place by a funnel shift) in a per-lane table
+// of bf16 centroid pairs; fp8 keys skip the rotation and the table: each key
+// byte pair converts to an fp16 pair (exact) and S^T = K Q^T runs in fp16
+// with the query rounded to fp16 (exact for fp16 queries and for bf16 values
+// of magnitude 2^-14 to 65504); and in how value codes reach the O^T mma
+// (4-bit: one byte permute per two tokens; 3-bit: a shift per token first).
 //
 // Grid (partition, kv head, sequence). Two CTAs of 8 warps per SM, or for
 // 4-bit keys up to group 8 on grids of few waves one CTA of 16 warps (the
@@ -222,15 +223,46 @@ struct TokenRunCopy {
 // 2c + 1, 2c + 8, 2c + 9; every layout keeps those loads free of bank
 // conflicts. Offsets into the cache are within a block
 // (hopper_unsupported_reason requires block_stride < 2^31).
-enum class KeyFormat { mse4, mse3, fp8 };
+//   mse4     4-bit MSE keys, 4-bit values (turboquant_4bit_nc)
+//   mse3     3-bit MSE keys, 4-bit values (turboquant_k3v4_nc)
+//   mse3_v3  3-bit MSE keys, 3-bit values (turboquant_3bit_nc)
+//   fp8      fp8 keys, 4-bit values (turboquant_k8v4)
+enum class CacheFormat { mse4, mse3, mse3_v3, fp8 };
 
-template <KeyFormat Keys>
+constexpr bool three_bit_keys(CacheFormat format) { return format == CacheFormat::mse3 || format == CacheFormat::mse3_v3; }
+constexpr int value_bits(CacheFormat format) { return format == CacheFormat::mse3_v3 ? 3 : 4; }
+
+// 48 bytes per token (3-bit data of 128 dims) copied into a dense area: lane l
+// copies chunks l and l + 32 (when under 48) of the tile, chunk q being part
+// q % 3 of token q / 3 (runs of 48 bytes, one instruction each but token 10's).
+template <int Area>
+struct DenseRunCopy {
+  static constexpr int kRunBytes = kHeadDim * 3 / 8;          // 48
+  static constexpr int kChunks = kTileTokens * kRunBytes / 16;  // 48
+  std::uint32_t source[2];  // from the tile's first slot
+
+  __device__ static DenseRunCopy make(int slot_stride, int run_offset, int lane) {
+    DenseRunCopy copy;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int chunk = lane + 32 * k;
+      copy.source[k] = (chunk / 3) * slot_stride + run_offset + 16 * (chunk % 3);
+    }
+    return copy;
+  }
+  __device__ void issue(std::uint32_t stage, const std::uint8_t* tile, int lane) const {
+    cp_async_16(stage + Area + 16 * lane, tile + source[0]);
+    if (lane + 32 < kChunks) cp_async_16(stage + Area + 16 * (lane + 32), tile + source[1]);
+  }
+};
+
+template <CacheFormat Format>
 struct TileLayout;
 
 // 4-bit MSE keys: one 128-byte row per token (64 key bytes, then 64 value
 // bytes), its 16-byte chunks XOR-swizzled by token; then the 3 fp16 fields.
 template <>
-struct TileLayout<KeyFormat::mse4> {
+struct TileLayout<CacheFormat::mse4> {
   static constexpr int kRecordBytes = 128;  // key + value data of one (slot, head)
   static constexpr int kFields = 3;         // key norm, value scale, value zero
   static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
@@ -292,7 +324,7 @@ struct ValueArea {
 // (a lane's 12 bytes are three 4-byte loads; 12 t + 3 c covers all 32 banks),
 // the value area, then the 3 fp16 fields.
 template <>
-struct TileLayout<KeyFormat::mse3> {
+struct TileLayout<CacheFormat::mse3> {
   static constexpr int kKeyBytes = kHeadDim * 3 / 8;     // 48
   static constexpr int kRecordBytes = kKeyBytes + 64;     // 112
   static constexpr int kFields = 3;                       // key norm, value scale, value zero
@@ -300,42 +332,73 @@ struct TileLayout<KeyFormat::mse3> {
   static constexpr int kValueArea = kTileTokens * kKeyBytes;         // 768
   static constexpr int kMetaOffset = kValueArea + kTileTokens * 64;  // 1792
   static constexpr int kStageBytes = kMetaOffset + 96;               // 1888
-  static constexpr int kKeyChunks = kTileTokens * kKeyBytes / 16;    // 48
 
   /// The lane's 12 key bytes (dims 32c..32c+31, 3 bits each) of `token`.
   __device__ static int key_offset(int token, int c) { return token * kKeyBytes + 12 * c; }
   __device__ static int value_offset(int token, int g) { return kValueArea + ValueArea::offset(token, g); }
 
-  // The key area is dense: lane l copies key chunks l and l + 32 (when under
-  // 48) of the tile, chunk q being part q % 3 of token q / 3 (runs of 48
-  // bytes, one instruction each but token 10's); lanes 0..5 a chunk of the fields.
   struct alignas(16) IssuePlan {
-    std::uint32_t key_source[2];  // from the tile's first slot
     std::uint32_t slot_stride;  // Hk * 112 bytes
+    DenseRunCopy<0> keys;
     TokenRunCopy<4> values;
-    FieldChunk<kFields, kMetaOffset> fields;
+    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
   };
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
-    IssuePlan plan;
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
-    plan.slot_stride = slot_stride;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int chunk = lane + 32 * k;
-      plan.key_source[k] = (chunk / 3) * slot_stride + head * kRecordBytes + 16 * (chunk % 3);
-    }
-    plan.values = ValueArea::copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane);
-    plan.fields = FieldChunk<kFields, kMetaOffset>::make(p, head, lane);
-    return plan;
+    return {static_cast<std::uint32_t>(slot_stride), DenseRunCopy<0>::make(slot_stride, head * kRecordBytes, lane),
+            ValueArea::copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane),
+            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
   }
 
   __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
                                int lane) {
     const std::uint8_t* tile = block + slot0 * plan.slot_stride;
-    cp_async_16(stage + 16 * lane, tile + plan.key_source[0]);
-    if (lane + 32 < kKeyChunks) cp_async_16(stage + 16 * (lane + 32), tile + plan.key_source[1]);
+    plan.keys.issue(stage, tile, lane);
     plan.values.issue(stage, tile);
+    plan.fields.issue(stage, block, slot0, lane);
+  }
+};
+
+// 3-bit MSE keys and 3-bit values (turboquant_3bit_nc): the key area as for
+// turboquant_k3v4_nc, a value area of 48 dense bytes per token, then the 3
+// fp16 fields. Lane g's values (dims 16g..16g+15) are the 6 bytes at 6g: the
+// two 4-byte words from byte 6g & ~3 (bit 16 (g & 1) onwards); the words of
+// the four tokens a lane reads share a bank at most pairwise.
+template <>
+struct TileLayout<CacheFormat::mse3_v3> {
+  static constexpr int kKeyBytes = kHeadDim * 3 / 8;    // 48
+  static constexpr int kValueBytes = kHeadDim * 3 / 8;  // 48
+  static constexpr int kRecordBytes = kKeyBytes + kValueBytes;  // 96
+  static constexpr int kFields = 3;  // key norm, value scale, value zero
+  static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
+  static constexpr int kValueArea = kTileTokens * kKeyBytes;                  // 768
+  static constexpr int kMetaOffset = kValueArea + kTileTokens * kValueBytes;  // 1536
+  static constexpr int kStageBytes = kMetaOffset + 96;                        // 1632
+
+  __device__ static int key_offset(int token, int c) { return token * kKeyBytes + 12 * c; }
+  /// The first of the two value words of lane g for `token`.
+  __device__ static int value_offset(int token, int g) { return kValueArea + token * kValueBytes + ((6 * g) & ~3); }
+
+  struct alignas(16) IssuePlan {
+    std::uint32_t slot_stride;  // Hk * 96 bytes
+    DenseRunCopy<0> keys;
+    DenseRunCopy<kValueArea> values;
+    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
+  };
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
+    return {static_cast<std::uint32_t>(slot_stride), DenseRunCopy<0>::make(slot_stride, head * kRecordBytes, lane),
+            DenseRunCopy<kValueArea>::make(slot_stride, head * kRecordBytes + kKeyBytes, lane),
+            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
+  }
+
+  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
+                               int lane) {
+    const std::uint8_t* tile = block + slot0 * plan.slot_stride;
+    plan.keys.issue(stage, tile, lane);
+    plan.values.issue(stage, tile, lane);
     plan.fields.issue(stage, block, slot0, lane);
   }
 };
@@ -343,7 +406,7 @@ struct TileLayout<KeyFormat::mse3> {
 // fp8 keys (turboquant_k8v4): a key area of one 128-byte row per token
 // (16-byte chunk j at j ^ (token & 1)), the value area, then the 2 fp16 fields.
 template <>
-struct TileLayout<KeyFormat::fp8> {
+struct TileLayout<CacheFormat::fp8> {
   static constexpr int kKeyBytes = kHeadDim;          // one fp8 byte per dim
   static constexpr int kRecordBytes = kKeyBytes + 64;  // then 64 bytes of 4-bit values
   static constexpr int kFields = 2;                    // value scale, value zero
@@ -390,9 +453,9 @@ struct TileLayout<KeyFormat::fp8> {
 /// choose_grid). Otherwise 8 warps: two CTAs per SM with a table of
 /// 128-byte rows (a shift and a LOP3 per 4-bit lookup), or one CTA at two
 /// head tiles, whose roughly 190 registers allow no more.
-template <int HeadTiles, KeyFormat Keys, bool Wide>
+template <int HeadTiles, CacheFormat Format, bool Wide>
 struct KernelShape {
-  static_assert(!Wide || (Keys == KeyFormat::mse4 && HeadTiles == 1), "the wide table serves 4-bit keys, one head tile");
+  static_assert(!Wide || (Format == CacheFormat::mse4 && HeadTiles == 1), "the wide table serves 4-bit keys, one head tile");
   static constexpr bool kWideTable = Wide;
   static constexpr int kWarps = kWideTable ? 16 : 8;
   static constexpr int kThreads = kWarps * 32;
@@ -407,17 +470,17 @@ struct KernelShape {
 /// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
 /// to a bf16 pair, one copy per lane; its region also stages PiT (whole, or
 /// in two halves when the region holds 32 KB).
-template <int HeadTiles, KeyFormat Keys, bool Wide>
+template <int HeadTiles, CacheFormat Format, bool Wide>
 struct SharedLayout {
-  using Shape = KernelShape<HeadTiles, Keys, Wide>;
-  static constexpr int kCodebookSize = Keys == KeyFormat::mse4 ? 16 : Keys == KeyFormat::mse3 ? 8 : 0;
+  using Shape = KernelShape<HeadTiles, Format, Wide>;
+  static constexpr int kCodebookSize = Format == CacheFormat::mse4 ? 16 : three_bit_keys(Format) ? 8 : 0;
   static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
   static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
   static constexpr int kLutBytes = kLutEntries * kLutRowBytes;
   static constexpr int kPiTPasses = kLutBytes >= kPiTBytes ? 1 : 2;
   static constexpr int kLutRegionBytes =
       kLutEntries ? (kLutBytes > kPiTBytes / kPiTPasses ? kLutBytes : kPiTBytes / kPiTPasses) : 0;
-  static constexpr int kRingBytes = Shape::kWarps * kStages * TileLayout<Keys>::kStageBytes;
+  static constexpr int kRingBytes = Shape::kWarps * kStages * TileLayout<Format>::kStageBytes;
   static constexpr int kMainBytes = kLutRegionBytes + kRingBytes;
   static constexpr int kQueryOffset = kMainBytes;
   static constexpr int kCentroidOffset = kQueryOffset + kQueryBytes;
@@ -425,8 +488,8 @@ struct SharedLayout {
   // from here for each tile, since recomputing it in the loop (what the
   // compiler does at 128 registers) costs about 70 instructions per tile.
   static constexpr int kPlanOffset = kCentroidOffset + kCentroidBytes;
-  // 214080 (4-bit, wide), 111680 (4-bit), 102976 (3-bit), 110144 (fp8)
-  static constexpr int kBytes = kPlanOffset + 32 * static_cast<int>(sizeof(typename TileLayout<Keys>::IssuePlan));
+  // 214080 (4-bit, wide), 111680 (4-bit), 102976 (k3v4), 93760 (3bit), 110144 (fp8)
+  static constexpr int kBytes = kPlanOffset + 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
   using Merge = MergeStorage<Shape::kWarps, Shape::kRows>;
   static_assert(sizeof(Merge) <= kMainBytes, "merge buffer must fit the main region");
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
@@ -488,14 +551,14 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
 // Keys: 4-bit (turboquant_4bit_nc) or 3-bit (turboquant_k3v4_nc) MSE keys
 // through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
-template <int HeadTiles, KeyFormat Keys, bool Wide>
-__global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
-                                  KernelShape<HeadTiles, Keys, Wide>::kResidentCtas)
+template <int HeadTiles, CacheFormat Format, bool Wide>
+__global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads,
+                                  KernelShape<HeadTiles, Format, Wide>::kResidentCtas)
     decode_kernel(const __grid_constant__ FusedDecodeParams params) {
-  constexpr bool kFp8 = Keys == KeyFormat::fp8;
-  using Layout = TileLayout<Keys>;
-  using Shared = SharedLayout<HeadTiles, Keys, Wide>;
-  using Shape = KernelShape<HeadTiles, Keys, Wide>;
+  constexpr bool kFp8 = Format == CacheFormat::fp8;
+  using Layout = TileLayout<Format>;
+  using Shared = SharedLayout<HeadTiles, Format, Wide>;
+  using Shape = KernelShape<HeadTiles, Format, Wide>;
   constexpr int kWarps = Shape::kWarps;
   constexpr int kThreads = Shape::kThreads;
   constexpr int kRows = Shape::kRows;
@@ -511,7 +574,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
   const int warp = threadIdx.x >> 5;
   // MSE keys: kept in a register rather than recomputed per tile (fewer
   // instructions in their loops; the fp8 loop comes out longer).
-  const int lane = Keys == KeyFormat::fp8 ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(opaque(threadIdx.x & 31));
+  const int lane = Format == CacheFormat::fp8 ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(opaque(threadIdx.x & 31));
   const int dim = threadIdx.x & (kHeadDim - 1);     // rotation, merge and reduction: one head dim per thread,
   const int first_row = threadIdx.x / kHeadDim;     // rows first_row, first_row + kRowStep, ...
   const int num_kv_heads = p.layout.num_kv_heads;
@@ -653,7 +716,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
       if (rotated) __syncthreads();  // publishes the centroids (the rotation's barriers do otherwise)
       // Lookup table over the dead PiT staging; each warp writes whole
       // 32-lane rows. Entry (high code, low code) -> (centroid[low], centroid[high]).
-      constexpr int kCodeBits = Keys == KeyFormat::mse4 ? 4 : 3;
+      constexpr int kCodeBits = Format == CacheFormat::mse4 ? 4 : 3;
       for (int entry = warp; entry < Shared::kLutEntries; entry += kWarps) {
         reinterpret_cast<std::uint32_t*>(shared)[entry * (Shared::kLutRowBytes / 4) + lane] =
             pack_bf16(centroids[entry & (Shared::kCodebookSize - 1)], centroids[entry >> kCodeBits]);
@@ -710,6 +773,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) value_offset[k] = Layout::value_offset(2 * c + (k & 1) + 8 * (k >> 1), g);
+    [[maybe_unused]] const std::uint32_t value_shift = 16 * (g & 1);  // 3-bit values: the lane's bits start at byte 6g
 
     // O^T accumulators: dim tile m, rows g (dim 16g + 2m) and g + 8 (dim 16g + 2m + 1), heads 2c, 2c + 1.
     float acc[HeadTiles][kDimTiles][4];
@@ -776,7 +840,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
 #pragma unroll
           for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
         }
-      } else if constexpr (Keys == KeyFormat::mse3) {
+      } else if constexpr (three_bit_keys(Format)) {
         // The lane's 96 key bits: code pair p (dims 32c + 2p, + 1) is bits
         // 6p..6p+5; k-step ks takes pairs 2ks (a0 / a1) and 2ks + 1 (a2 / a3).
         // A funnel shift brings the pair to bits 7..12, the table's row index.
@@ -931,24 +995,53 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
         pb[nt][1] = transpose_8x8(pack_f16(p_token[1][0], p_token[1][1]));
       }
 
-      // O^T += V^T P'^T. Dim tile m uses byte m of each token's 8 bytes: low
-      // nibble dim 16g + 2m (row g, exact c), high nibble dim 16g + 2m + 1 (row g + 8, 1 + c/64).
-      const uint2 v0 = load_shared<uint2>(stage + value_offset[0]);
-      const uint2 v1 = load_shared<uint2>(stage + value_offset[1]);
-      const uint2 v2 = load_shared<uint2>(stage + value_offset[2]);
-      const uint2 v3 = load_shared<uint2>(stage + value_offset[3]);
-#pragma unroll
-      for (int m = 0; m < kDimTiles; ++m) {
-        const int b = m & 3;
-        const std::uint32_t selector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
-        const std::uint32_t first = __byte_perm(m < 4 ? v0.x : v0.y, m < 4 ? v1.x : v1.y, selector);   // tokens 2c, 2c + 1
-        const std::uint32_t second = __byte_perm(m < 4 ? v2.x : v2.y, m < 4 ? v3.x : v3.y, selector);  // tokens 2c + 8, 2c + 9
-        const std::uint32_t a[4] = {sub_f16x2(mask_or<0x000f000fu, kHalf1024>(first), kHalf1024),
-                                    mask_or<0x00f000f0u, kHalfOnes>(first),
-                                    sub_f16x2(mask_or<0x000f000fu, kHalf1024>(second), kHalf1024),
-                                    mask_or<0x00f000f0u, kHalfOnes>(second)};
+      // O^T += V^T P'^T. Dim tile m takes the codes of dims 16g + 2m (row g,
+      // exact c) and 16g + 2m + 1 (row g + 8, fp16 1 + c/64 for 4 bits, 1 + c/128
+      // for 3 bits) of the tokens 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9 (a2, a3).
+      const auto mma_values = [&](int m, std::uint32_t first, std::uint32_t second) {
+        // first / second: the code pair (low code, high code) of two tokens at bits 0.. and 16..
+        constexpr std::uint32_t kLow = value_bits(Format) == 4 ? 0x000f000fu : 0x00070007u;
+        constexpr std::uint32_t kHigh = value_bits(Format) == 4 ? 0x00f000f0u : 0x00380038u;
+        const std::uint32_t a[4] = {sub_f16x2(mask_or<kLow, kHalf1024>(first), kHalf1024), mask_or<kHigh, kHalfOnes>(first),
+                                    sub_f16x2(mask_or<kLow, kHalf1024>(second), kHalf1024), mask_or<kHigh, kHalfOnes>(second)};
 #pragma unroll
         for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(acc[nt][m], a, pb[nt][0], pb[nt][1]);
+      };
+      if constexpr (value_bits(Format) == 4) {
+        // Byte m of each token's 8 bytes: low nibble dim 16g + 2m, high nibble 16g + 2m + 1.
+        const uint2 v0 = load_shared<uint2>(stage + value_offset[0]);
+        const uint2 v1 = load_shared<uint2>(stage + value_offset[1]);
+        const uint2 v2 = load_shared<uint2>(stage + value_offset[2]);
+        const uint2 v3 = load_shared<uint2>(stage + value_offset[3]);
+#pragma unroll
+        for (int m = 0; m < kDimTiles; ++m) {
+          const int b = m & 3;
+          const std::uint32_t selector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
+          mma_values(m, __byte_perm(m < 4 ? v0.x : v0.y, m < 4 ? v1.x : v1.y, selector),   // tokens 2c, 2c + 1
+                     __byte_perm(m < 4 ? v2.x : v2.y, m < 4 ? v3.x : v3.y, selector));  // tokens 2c + 8, 2c + 9
+        }
+      } else {
+        // The lane's 48 bits of each token (dims 16g..16g+15) brought to bit
+        // 0 of (high : low); the 6 bits at 6m are the code pair of dim tile m.
+        std::uint32_t low[4], high[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const std::uint32_t w0 = load_shared<std::uint32_t>(stage + value_offset[k]);
+          const std::uint32_t w1 = load_shared<std::uint32_t>(stage + value_offset[k] + 4);
+          low[k] = __funnelshift_r(w0, w1, value_shift);
+          high[k] = w1 >> value_shift;
+        }
+        const auto code_pair = [&](int k, int m) {
+          if (m < 5) return low[k] >> (6 * m);
+          if (m == 5) return __funnelshift_r(low[k], high[k], 30);
+          return high[k] >> (6 * m - 32);
+        };
+#pragma unroll
+        for (int m = 0; m < kDimTiles; ++m) {
+          // Byte 0 of each token's pair to byte 0 (first token) and byte 2 (second).
+          mma_values(m, __byte_perm(code_pair(0, m), code_pair(1, m), 0x0400u),
+                     __byte_perm(code_pair(2, m), code_pair(3, m), 0x0400u));
+        }
       }
       {
         const std::uint32_t ones[4] = {kHalfOnes, kHalfOnes, kHalfOnes, kHalfOnes};
@@ -973,6 +1066,8 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
     }
     __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer
     auto& merge = *reinterpret_cast<typename Shared::Merge*>(shared);
+    // High codes were summed as 1 + c / 2^(value bits + 2).
+    constexpr float kHighCodeScale = value_bits(Format) == 4 ? 64.0f : 128.0f;
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
@@ -982,7 +1077,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
 #pragma unroll
         for (int m = 0; m < kDimTiles; ++m) {
           out[16 * g + 2 * m] = acc[nt][m][e] + zero_sum[nt][e];
-          out[16 * g + 2 * m + 1] = fmaf(acc[nt][m][2 + e] - pv_sum[nt][e], 64.0f, zero_sum[nt][e]);
+          out[16 * g + 2 * m + 1] = fmaf(acc[nt][m][2 + e] - pv_sum[nt][e], kHighCodeScale, zero_sum[nt][e]);
         }
         if (g == 0) {
           merge.max[warp][row] = row_max[nt][e];
@@ -1063,17 +1158,17 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Keys, Wide>::kThreads,
   }
 }
 
-template <int HeadTiles, KeyFormat Keys, bool Wide = false>
+template <int HeadTiles, CacheFormat Format, bool Wide = false>
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
-  constexpr int kBytes = SharedLayout<HeadTiles, Keys, Wide>::kBytes;
+  constexpr int kBytes = SharedLayout<HeadTiles, Format, Wide>::kBytes;
   static std::once_flag configured;
   std::call_once(configured, [] {
-    TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles, Keys, Wide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles, Format, Wide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        kBytes));
   });
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
-  config.blockDim = dim3(KernelShape<HeadTiles, Keys, Wide>::kThreads);
+  config.blockDim = dim3(KernelShape<HeadTiles, Format, Wide>::kThreads);
   config.dynamicSmemBytes = kBytes;
   config.stream = stream;
   // After the rotation kernel: start early (programmatic dependent launch);
@@ -1083,17 +1178,17 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   early_start.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &early_start;
   config.numAttrs = params.queries_rotated ? 1 : 0;
-  TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_kernel<HeadTiles, Keys, Wide>, params));
+  TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_kernel<HeadTiles, Format, Wide>, params));
 }
 
-template <KeyFormat Keys>
+template <CacheFormat Format>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
-  if (group > kHeadsPerTile) return launch<2, Keys>(params, stream);
-  if constexpr (Keys == KeyFormat::mse4) {
-    if (params.wide_table) return launch<1, Keys, true>(params, stream);
+  if (group > kHeadsPerTile) return launch<2, Format>(params, stream);
+  if constexpr (Format == CacheFormat::mse4) {
+    if (params.wide_table) return launch<1, Format, true>(params, stream);
   }
-  launch<1, Keys>(params, stream);
+  launch<1, Format>(params, stream);
 }
 
 }  // namespace hopper
@@ -1101,15 +1196,16 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
 // The one dispatch point: key format (preset) and group size.
 void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) {
   switch (params.partitions.layout.preset) {
-    case Preset::turboquant_k8v4: return hopper::launch_for_group<hopper::KeyFormat::fp8>(params, stream);
-    case Preset::turboquant_k3v4_nc: return hopper::launch_for_group<hopper::KeyFormat::mse3>(params, stream);
-    default: return hopper::launch_for_group<hopper::KeyFormat::mse4>(params, stream);
+    case Preset::turboquant_k8v4: return hopper::launch_for_group<hopper::CacheFormat::fp8>(params, stream);
+    case Preset::turboquant_k3v4_nc: return hopper::launch_for_group<hopper::CacheFormat::mse3>(params, stream);
+    case Preset::turboquant_3bit_nc: return hopper::launch_for_group<hopper::CacheFormat::mse3_v3>(params, stream);
+    default: return hopper::launch_for_group<hopper::CacheFormat::mse4>(params, stream);
   }
 }
 
 bool hopper_kernel_runnable() {
   cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, hopper::KeyFormat::mse4, false>) == cudaSuccess;
+  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, hopper::CacheFormat::mse4, false>) == cudaSuccess;
 }
 
 }  // namespace tqdecode::cuda

@@ -117,7 +117,9 @@ struct CheckInputsParams {
 };
 
 void launch_check_decode_inputs(const CheckInputsParams& params, CUstream_st* stream);
-void launch_rotate_queries(const RotateParams& params, CUstream_st* stream);
+/// few_ctas: 64 rows per CTA instead of 8 (head_dim 128, the Hopper path's), for a
+/// Hopper decode launched right behind that should find its SMs free.
+void launch_rotate_queries(const RotateParams& params, CUstream_st* stream, bool few_ctas = false);
 void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream);
 
 /// Generic partition kernel: every preset, head dim, group size, block size.

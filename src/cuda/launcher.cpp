@@ -158,7 +158,7 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
     // Partitions and reduction fused in one launch; the rotation too, unless
     // N partitions would each repeat it (then it runs once, just before).
     const bool rotate_first = plan.num_partitions > 1;
-    if (rotate_first) cuda::launch_rotate_queries(rotate, stream);
+    if (rotate_first) cuda::launch_rotate_queries(rotate, stream, /*few_ctas=*/true);
     cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, rotate_first}, stream);
   } else {
     cuda::launch_rotate_queries(rotate, stream);

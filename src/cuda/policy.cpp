@@ -88,11 +88,6 @@ std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& 
     return "device is sm_" + std::to_string(device.cc_major * 10 + device.cc_minor) +
            "; the Hopper kernel needs sm_90";
   }
-  if (args.layout.preset == Preset::turboquant_3bit_nc) {
-    return std::string("preset ") + preset_info(args.layout.preset).name +
-           " is served by the generic kernel; the Hopper kernel serves turboquant_4bit_nc, turboquant_k3v4_nc and "
-           "turboquant_k8v4";
-  }
   if (args.layout.head_dim != 128) {
     return "head_dim " + std::to_string(args.layout.head_dim) + ": the Hopper kernel needs 128";
   }

@@ -131,32 +131,25 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
 INSTANTIATE_TEST_SUITE_P(Grid, DecodeGpu, ::testing::ValuesIn(decode_cases()),
                          [](const auto& info) { return info.param.name; });
 
-TEST(DecodeGpuPath, HopperKernelServesFourBitThreeBitAndFp8KeysOnSm90) {
+TEST(DecodeGpuPath, HopperKernelServesEveryPresetAtHeadDim128OnSm90) {
   TQ_SKIP_WITHOUT_GPU();
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  const Scenario scenario = build({"headline", Preset::turboquant_4bit_nc, 32, 8, 128, 16, {100}});
-  DeviceScenario device(scenario);
-  const PathChoice choice = choose_decode_path(device.args());
-  if (major == 9 && minor == 0) {
-    EXPECT_TRUE(is_available());
-    EXPECT_EQ(choice.path, DecodePath::hopper) << choice.reason;
-  } else {
-    EXPECT_EQ(choice.path, DecodePath::cuda_generic);
+  const bool sm90 = major == 9 && minor == 0;
+  EXPECT_EQ(is_available(), sm90);
+  for (const Preset preset : kAllPresets) {
+    const Scenario scenario = build({"preset", preset, 32, 8, 128, 16, {100}});
+    DeviceScenario device(scenario);
+    const PathChoice choice = choose_decode_path(device.args());
+    EXPECT_EQ(choice.path, sm90 ? DecodePath::hopper : DecodePath::cuda_generic) << preset_info(preset).name;
     EXPECT_FALSE(choice.reason.empty());
   }
-  for (const Preset preset : {Preset::turboquant_k3v4_nc, Preset::turboquant_k8v4}) {
-    const Scenario other = build({"other", preset, 32, 8, 128, 16, {100}});
-    DeviceScenario other_device(other);
-    EXPECT_EQ(choose_decode_path(other_device.args()).path, major == 9 && minor == 0 ? DecodePath::hopper : DecodePath::cuda_generic)
-        << preset_info(preset).name;
-  }
-  const Scenario three_bit_values = build({"3bit", Preset::turboquant_3bit_nc, 32, 8, 128, 16, {100}});
-  DeviceScenario three_bit_device(three_bit_values);
-  const PathChoice generic = choose_decode_path(three_bit_device.args());
+  const Scenario small_heads = build({"d64", Preset::turboquant_4bit_nc, 32, 8, 64, 16, {100}});
+  DeviceScenario small_device(small_heads);
+  const PathChoice generic = choose_decode_path(small_device.args());
   EXPECT_EQ(generic.path, DecodePath::cuda_generic);
-  EXPECT_NE(generic.reason.find("turboquant_3bit_nc"), std::string::npos) << generic.reason;
+  if (sm90) EXPECT_NE(generic.reason.find("head_dim 64"), std::string::npos) << generic.reason;
 }
 
 // Capture one decode in a CUDA graph, then change seq_lens and block tables in

@@ -437,7 +437,7 @@ TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {
     const DecodeArgs& args = shapes[shape];
     const LaunchPlan& automatic = answers[0][shape * 2];
     const LaunchPlan& generic = answers[0][shape * 2 + 1];
-    const bool hopper = hopper_device && args.layout.preset != Preset::turboquant_3bit_nc && args.layout.head_dim == 128;
+    const bool hopper = hopper_device && args.layout.head_dim == 128;
     SCOPED_TRACE(std::string(preset_info(args.layout.preset).name) + " D=" + std::to_string(args.layout.head_dim) +
                  " block_size=" + std::to_string(args.layout.block_size) + " B=" + std::to_string(args.batch) +
                  " Hk=" + std::to_string(args.layout.num_kv_heads) + " Hq=" + std::to_string(args.num_q_heads));
