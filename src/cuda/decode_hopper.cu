@@ -15,10 +15,7 @@
 // wide table); one CTA of 8 warps for groups over 8 (KernelShape). A CTA
 // 1. puts its first tiles in flight, then rotates the query heads of its
 //    group (q_rot = bf16(q @ PiT), PiT staged in shared memory with cp.async,
-//    whole or in two halves) and builds the key lookup table; with split-KV
-//    partitions the rotation kernel runs first instead (once per query head,
-//    not once per partition) and this kernel, started early by programmatic
-//    dependent launch, reads its q_rot after the table;
+//    whole or in two halves) and builds the key lookup table;
 // 2. streams its token range in 16-token tiles, warps taking tiles round
 //    robin, each warp keeping kStages tiles in flight with cp.async into its
 //    own shared-memory ring, and runs the two products on the tensor cores
@@ -608,15 +605,13 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
     // ---- 1. first tiles in flight, query rotation, lookup table -------------
     // The query first: under a saturated memory system its load waits behind
     // the cache tiles if issued after them (ncu: 6 % of the time at (128, 4096)).
-    // (Already rotated: q_rot is read once the rotation kernel is done.)
-    const bool rotated = params.queries_rotated;
     constexpr int kRowsPerThread = kRows / kRowStep;
     float query_values[kRowsPerThread];
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int row = first_row + kRowStep * i;
       query_values[i] = 0.0f;
-      if (row < group && !rotated) {
+      if (row < group) {
         const std::int64_t hq = std::int64_t(head) * group + row;
         query_values[i] = load_as_float(rq.query, rq.query_dtype, batch * rq.query_stride_batch + hq * rq.query_stride_head + dim);
       }
@@ -646,7 +641,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
       for (int i = threadIdx.x; i < kPiTPassBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, source + 16 * i);
       cp_async_commit();
     };
-    if (!kFp8 && !rotated) stage_pit_pass(0);
+    if constexpr (!kFp8) stage_pit_pass(0);
     // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
     // holds the block of the warp's tile i + j for the window i (a multiple of
     // 32) being issued, `blocks_next` those of the next window, loaded a
@@ -665,15 +660,13 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
       }
       cp_async_commit();
     }
-    if (!rotated) {
 #pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i) query_rows[first_row + kRowStep * i][dim] = query_values[i];
-    }
+    for (int i = 0; i < kRowsPerThread; ++i) query_rows[first_row + kRowStep * i][dim] = query_values[i];
     // MSE keys: rotate the query rows and build the lookup table; fp8 keys
     // use the query as it is.
     if constexpr (!kFp8) {
       if (threadIdx.x < Shared::kCodebookSize) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
-      if (!rotated) {
+      {
         constexpr int kPassRows = kHeadDim / Shared::kPiTPasses;  // PiT rows per pass
         const float* pit = reinterpret_cast<const float*>(shared);
         float sums[kRowsPerThread];
@@ -713,23 +706,12 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
           if (row < group) query_rows[row][dim] = round_to_bf16(sums[k]);
         }
       }
-      if (rotated) __syncthreads();  // publishes the centroids (the rotation's barriers do otherwise)
       // Lookup table over the dead PiT staging; each warp writes whole
       // 32-lane rows. Entry (high code, low code) -> (centroid[low], centroid[high]).
       constexpr int kCodeBits = Format == CacheFormat::mse4 ? 4 : 3;
       for (int entry = warp; entry < Shared::kLutEntries; entry += kWarps) {
         reinterpret_cast<std::uint32_t*>(shared)[entry * (Shared::kLutRowBytes / 4) + lane] =
             pack_bf16(centroids[entry & (Shared::kCodebookSize - 1)], centroids[entry >> kCodeBits]);
-      }
-    }
-    if (rotated) {
-      // Everything above overlapped the rotation kernel; its q_rot rows are
-      // already rounded to bf16 (fp32 copies for fp8 keys).
-      wait_for_previous_grid();
-#pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i) {
-        const int row = first_row + kRowStep * i;
-        query_rows[row][dim] = row < group ? p.q_rot[(row_base + row) * kHeadDim + dim] : 0.0f;
       }
     }
     __syncthreads();
@@ -1166,19 +1148,9 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
     TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles, Format, Wide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        kBytes));
   });
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
-  config.blockDim = dim3(KernelShape<HeadTiles, Format, Wide>::kThreads);
-  config.dynamicSmemBytes = kBytes;
-  config.stream = stream;
-  // After the rotation kernel: start early (programmatic dependent launch);
-  // the kernel waits for q_rot after its prologue.
-  cudaLaunchAttribute early_start{};
-  early_start.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early_start.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &early_start;
-  config.numAttrs = params.queries_rotated ? 1 : 0;
-  TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_kernel<HeadTiles, Format, Wide>, params));
+  const dim3 grid(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
+  decode_kernel<HeadTiles, Format, Wide><<<grid, KernelShape<HeadTiles, Format, Wide>::kThreads, kBytes, stream>>>(params);
+  TQ_CUDA_CHECK_LAUNCH();
 }
 
 template <CacheFormat Format>

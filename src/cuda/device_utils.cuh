@@ -1,6 +1,5 @@
 // Small device helpers shared by the CUDA kernels (internal): warp
-// reductions, asynchronous global->shared copies, named barriers and
-// programmatic dependent launch.
+// reductions, asynchronous global->shared copies and named barriers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -75,23 +74,6 @@ __device__ __forceinline__ void cp_async_wait() {
 /// (1..15; 0 is __syncthreads). Also orders their shared-memory accesses.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-/// Programmatic dependent launch (sm_90): lets the next kernel of the stream,
-/// launched with the programmatic-serialization attribute, start its CTAs
-/// before this grid ends. No effect on older devices or without the attribute.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-/// Waits until the previous kernel of the stream has finished and its writes
-/// are visible (returns at once when this kernel was launched normally).
-__device__ __forceinline__ void wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
 }
 
 }  // namespace tqdecode::cuda

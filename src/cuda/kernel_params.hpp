@@ -70,16 +70,11 @@ struct ReduceParams {
 /// launch. The last CTA of each (sequence, kv head) to finish its partition
 /// (counted in `arrivals`, which it resets to 0) reduces the N partitions.
 struct FusedDecodeParams {
-  PartitionParams partitions;  ///< q_rot read only when queries_rotated
+  PartitionParams partitions;  ///< q_rot unused: each CTA rotates its own query heads
   RotateParams rotate;         ///< query, dtype, strides, PiT
   ReduceParams reduce;         ///< sinks and output; partition buffers as in `partitions`
   unsigned* arrivals;          ///< [B * Hk], all zero between launches
   bool wide_table;             ///< 4-bit keys, group <= 8: the 16-warp kernel (LaunchPlan::wide_table)
-  /// false: each CTA rotates its own query heads; true: launch_rotate_queries
-  /// wrote q_rot just before (the decode starts early by programmatic
-  /// dependent launch and waits for it), which saves the N-fold rotation of
-  /// split-KV partitions.
-  bool queries_rotated;
 };
 
 /// The device-side record behind DeviceCheckReport, one per pool. All zero
@@ -117,9 +112,7 @@ struct CheckInputsParams {
 };
 
 void launch_check_decode_inputs(const CheckInputsParams& params, CUstream_st* stream);
-/// few_ctas: 64 rows per CTA instead of 8 (head_dim 128, the Hopper path's), for a
-/// Hopper decode launched right behind that should find its SMs free.
-void launch_rotate_queries(const RotateParams& params, CUstream_st* stream, bool few_ctas = false);
+void launch_rotate_queries(const RotateParams& params, CUstream_st* stream);
 void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream);
 
 /// Generic partition kernel: every preset, head dim, group size, block size.

@@ -155,11 +155,8 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
                                   call.query_dtype, call.out_stride_b(), call.out_stride_h(), call.batch,
                                   call.num_q_heads, call.layout.head_dim, plan.num_partitions};
   if (plan.path == DecodePath::hopper) {
-    // Partitions and reduction fused in one launch; the rotation too, unless
-    // N partitions would each repeat it (then it runs once, just before).
-    const bool rotate_first = plan.num_partitions > 1;
-    if (rotate_first) cuda::launch_rotate_queries(rotate, stream, /*few_ctas=*/true);
-    cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, rotate_first}, stream);
+    // One launch: rotation, partitions and reduction fused.
+    cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table}, stream);
   } else {
     cuda::launch_rotate_queries(rotate, stream);
     cuda::launch_partitions_generic(partitions, stream);
