@@ -485,7 +485,7 @@ struct SharedLayout {
   // from here for each tile, since recomputing it in the loop (what the
   // compiler does at 128 registers) costs about 70 instructions per tile.
   static constexpr int kPlanOffset = kCentroidOffset + kCentroidBytes;
-  // 214080 (4-bit, wide), 111680 (4-bit), 102976 (k3v4), 93760 (3bit), 110144 (fp8)
+  // 214080 (4-bit, wide), 111680 (4-bit), 102976 (k3v4), 94272 (3bit), 110144 (fp8)
   static constexpr int kBytes = kPlanOffset + 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
   using Merge = MergeStorage<Shape::kWarps, Shape::kRows>;
   static_assert(sizeof(Merge) <= kMainBytes, "merge buffer must fit the main region");
@@ -1048,7 +1048,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
     }
     __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer
     auto& merge = *reinterpret_cast<typename Shared::Merge*>(shared);
-    // High codes were summed as 1 + c / 2^(value bits + 2).
+    // High codes were summed as fp16 1 + c/64 (4-bit codes) or 1 + c/128 (3-bit).
     constexpr float kHighCodeScale = value_bits(Format) == 4 ? 64.0f : 128.0f;
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) {
