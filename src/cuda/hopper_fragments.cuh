@@ -1,0 +1,89 @@
+// Register-level operations of the Hopper decode kernel (internal): packing
+// fp32 pairs to bf16 / fp16, fp8 pairs to fp16, the m16n8k16 tensor-core
+// products, the 8x8 fragment transpose, and two instruction-shaping helpers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tqdecode::cuda::hopper {
+
+constexpr std::uint32_t kHalfOnes = 0x3c003c00u;  // fp16 (1, 1)
+constexpr std::uint32_t kHalf1024 = 0x64006400u;  // fp16 (1024, 1024)
+
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&pair);
+}
+
+__device__ __forceinline__ std::uint32_t pack_f16(float lo, float hi) {
+  const __half2 pair = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&pair);
+}
+
+__device__ __forceinline__ std::uint32_t sub_f16x2(std::uint32_t a, std::uint32_t b) {
+  const __half2 difference = __hsub2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const std::uint32_t*>(&difference);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two fp8 e4m3 values (the low 16 bits of `pair`, low byte first) as an
+// fp16 pair; exact, since every e4m3 value is an fp16 value.
+__device__ __forceinline__ std::uint32_t fp8_pair_to_f16(std::uint32_t pair) {
+  const __half2_raw halves = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  return static_cast<std::uint32_t>(halves.x) | (static_cast<std::uint32_t>(halves.y) << 16);
+}
+
+// Transpose of an 8x8 b16 matrix held as mma fragments (lane (g, c) holds
+// row g, columns 2c and 2c + 1).
+__device__ __forceinline__ std::uint32_t transpose_8x8(std::uint32_t fragment) {
+  std::uint32_t result;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(result) : "r"(fragment));
+  return result;
+}
+
+template <typename T>
+__device__ __forceinline__ T load_shared(const std::uint8_t* address) {
+  return *reinterpret_cast<const T*>(address);
+}
+
+// `x` through a move the compiler cannot see into, so it keeps the value in
+// a register instead of recomputing it from the thread index in the loop.
+__device__ __forceinline__ std::uint32_t opaque(std::uint32_t x) {
+  std::uint32_t result;
+  asm("mov.b32 %0, %1;" : "=r"(result) : "r"(x));
+  return result;
+}
+
+// (x & mask) | bits in one LOP3 (the compiler splits it when both are immediates).
+template <std::uint32_t Mask, std::uint32_t Bits>
+__device__ __forceinline__ std::uint32_t mask_or(std::uint32_t x) {
+  std::uint32_t result;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(result) : "r"(x), "n"(Mask), "n"(Bits));
+  return result;
+}
+
+}  // namespace tqdecode::cuda::hopper

@@ -1,0 +1,331 @@
+// Where one 16-token tile of the paged cache lives in a stage of a Hopper
+// decode warp's shared-memory ring, and how cp.async gets it there, per cache
+// format (internal; used by decode_hopper.cu). Every layout keeps the lanes'
+// operand loads free of bank conflicts (or at most pairwise) and makes each
+// 32-byte sector of the cache come from one copy instruction.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "hopper_fragments.cuh"
+#include "kernel_params.hpp"
+
+namespace tqdecode::cuda::hopper {
+
+constexpr int kHeadDim = 128;
+constexpr int kTileTokens = 16;
+
+// copy_to_shared<16> (device_utils.cuh) takes a generic pointer; the ring
+// keeps precomputed 32-bit shared addresses, which save its conversion per copy.
+__device__ __forceinline__ void cp_async_16(std::uint32_t shared_address, const std::uint8_t* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global) : "memory");
+}
+
+// Physical block of a tile.
+__device__ __forceinline__ int tile_block(const std::int32_t* table, int tile, int block_shift) {
+  return __ldg(table + ((tile * kTileTokens) >> block_shift));
+}
+
+// The fp16 fields of a tile: `Fields` fields x 16 tokens x 2 bytes, one
+// 16-byte chunk for each of lanes 0 .. 2 Fields - 1.
+template <int Fields, int MetaOffset>
+struct FieldChunk {
+  std::uint32_t source;       // from the block start, for slot 0 of the tile
+  std::uint32_t destination;  // within a stage
+
+  __device__ static FieldChunk make(const PartitionParams& p, int head, int lane) {
+    const int field = lane >> 1;
+    return {static_cast<std::uint32_t>(p.layout.metadata_region_offset() +
+                                       2 * (head * Fields + field) * p.layout.block_size + 16 * (lane & 1)),
+            static_cast<std::uint32_t>(MetaOffset + 32 * field + 16 * (lane & 1))};
+  }
+  __device__ void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, int lane) const {
+    if (lane < 2 * Fields) cp_async_16(stage + destination, block + (2 * slot0 + source));
+  }
+};
+
+// A per-token run of `Chunks` 16-byte chunks for the tile's 16 tokens (one
+// slot stride apart), copied so that every 32-byte sector comes from one
+// instruction: copy i takes tokens kTokensPerCopy i .. + kTokensPerCopy - 1,
+// lane l chunk l % Chunks of token kTokensPerCopy i + l / Chunks. (Two copies
+// per sector cost a second L2 request for each.) A copy fills 512 stage
+// bytes; the layouts' swizzles repeat every two copies, so copy i lands at
+// destination[i & 1] + 1024 (i >> 1).
+template <int Chunks>
+struct TokenRunCopy {
+  static constexpr int kTokensPerCopy = 32 / Chunks;
+  static constexpr int kCopies = kTileTokens / kTokensPerCopy;
+  std::uint32_t source;       // the lane's chunk, from the tile's first slot
+  std::uint32_t copy_stride;  // kTokensPerCopy slots
+  std::uint32_t destination[2];
+
+  /// `destination_of(token, chunk)`: the chunk's offset within a stage.
+  template <class Destination>
+  __device__ static TokenRunCopy make(int slot_stride, int run_offset, int lane, Destination destination_of) {
+    const int token = lane / Chunks;
+    const int chunk = lane % Chunks;
+    return {static_cast<std::uint32_t>(token * slot_stride + run_offset + 16 * chunk),
+            static_cast<std::uint32_t>(kTokensPerCopy * slot_stride),
+            {static_cast<std::uint32_t>(destination_of(token, chunk)),
+             static_cast<std::uint32_t>(destination_of(token + kTokensPerCopy, chunk))}};
+  }
+  __device__ void issue(std::uint32_t stage, const std::uint8_t* tile) const {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      cp_async_16(stage + destination[i & 1] + 1024 * (i >> 1), tile + (source + i * copy_stride));
+    }
+  }
+};
+
+// Where one tile lives in a stage of a warp's ring and how it gets there, per
+// key format. Lane (g, c) = (lane >> 2, lane & 3) reads the keys of tokens g
+// and g + 8 (dims 32c..32c+31) and the value bytes 8g..8g+7 of tokens 2c,
+// 2c + 1, 2c + 8, 2c + 9; every layout keeps those loads free of bank
+// conflicts. Offsets into the cache are within a block
+// (hopper_unsupported_reason requires block_stride < 2^31).
+//   mse4     4-bit MSE keys, 4-bit values (turboquant_4bit_nc)
+//   mse3     3-bit MSE keys, 4-bit values (turboquant_k3v4_nc)
+//   mse3_v3  3-bit MSE keys, 3-bit values (turboquant_3bit_nc)
+//   fp8      fp8 keys, 4-bit values (turboquant_k8v4)
+enum class CacheFormat { mse4, mse3, mse3_v3, fp8 };
+
+constexpr bool three_bit_keys(CacheFormat format) { return format == CacheFormat::mse3 || format == CacheFormat::mse3_v3; }
+constexpr int value_bits(CacheFormat format) { return format == CacheFormat::mse3_v3 ? 3 : 4; }
+
+// 48 bytes per token (3-bit data of 128 dims) copied into a dense area: lane l
+// copies chunks l and l + 32 (when under 48) of the tile, chunk q being part
+// q % 3 of token q / 3 (runs of 48 bytes, one instruction each but token 10's).
+template <int Area>
+struct DenseRunCopy {
+  static constexpr int kRunBytes = kHeadDim * 3 / 8;          // 48
+  static constexpr int kChunks = kTileTokens * kRunBytes / 16;  // 48
+  std::uint32_t source[2];  // from the tile's first slot
+
+  __device__ static DenseRunCopy make(int slot_stride, int run_offset, int lane) {
+    DenseRunCopy copy;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int chunk = lane + 32 * k;
+      copy.source[k] = (chunk / 3) * slot_stride + run_offset + 16 * (chunk % 3);
+    }
+    return copy;
+  }
+  __device__ void issue(std::uint32_t stage, const std::uint8_t* tile, int lane) const {
+    cp_async_16(stage + Area + 16 * lane, tile + source[0]);
+    if (lane + 32 < kChunks) cp_async_16(stage + Area + 16 * (lane + 32), tile + source[1]);
+  }
+};
+
+template <CacheFormat Format>
+struct TileLayout;
+
+// 4-bit MSE keys: one 128-byte row per token (64 key bytes, then 64 value
+// bytes), its 16-byte chunks XOR-swizzled by token; then the 3 fp16 fields.
+template <>
+struct TileLayout<CacheFormat::mse4> {
+  static constexpr int kRecordBytes = 128;  // key + value data of one (slot, head)
+  static constexpr int kFields = 3;         // key norm, value scale, value zero
+  static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
+  static constexpr int kMetaOffset = kTileTokens * kRecordBytes;  // 2048
+  static constexpr int kStageBytes = kMetaOffset + 128;          // 3 x 32 B of fields, padded
+
+  __device__ static int swizzle(int token) { return ((token & 1) << 2) ^ (token & 6); }
+  /// The lane's 16 key bytes (one load) of `token`.
+  __device__ static int key_offset(int token, int c) { return token * kRecordBytes + ((c ^ swizzle(token)) << 4); }
+  /// The lane's 8 value bytes of `token`.
+  __device__ static int value_offset(int token, int g) {
+    return token * kRecordBytes + (((4 + (g >> 1)) ^ swizzle(token)) << 4) + 8 * (g & 1);
+  }
+
+  struct alignas(16) IssuePlan {
+    std::uint32_t slot_stride;  // Hk * 128 bytes
+    TokenRunCopy<kRecordBytes / 16> records;
+    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
+  };
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
+    const auto destination = [](int token, int chunk) { return token * kRecordBytes + ((chunk ^ swizzle(token)) << 4); };
+    return {static_cast<std::uint32_t>(slot_stride),
+            TokenRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, destination),
+            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
+  }
+
+  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
+                               int lane) {
+    plan.records.issue(stage, block + slot0 * plan.slot_stride);
+    plan.fields.issue(stage, block, slot0, lane);
+  }
+};
+
+// Value areas of the fp8 and 3-bit layouts: two tokens' 64 value bytes per
+// 128-byte row (token t at row t / 2, half t & 1), 16-byte unit u stored at
+// u ^ 2 (row & 3), so the lanes' 8-byte value loads never share a bank.
+struct ValueArea {
+  /// Bytes 8g..8g+7 of `token`'s values, from the area start.
+  __device__ static int offset(int token, int g) {
+    const int row = token >> 1;
+    return row * 128 + (((4 * (token & 1) + (g >> 1)) ^ (2 * (row & 3))) << 4) + 8 * (g & 1);
+  }
+  /// Unit `chunk` (bytes 16 chunk .. 16 chunk + 15) of `token`'s values.
+  __device__ static int chunk_offset(int token, int chunk) {
+    const int row = token >> 1;
+    return row * 128 + (((4 * (token & 1) + chunk) ^ (2 * (row & 3))) << 4);
+  }
+  /// The values' copy plan of a layout whose value area starts at `area`.
+  template <int Area>
+  __device__ static TokenRunCopy<4> copy_plan(int slot_stride, int value_offset, int lane) {
+    return TokenRunCopy<4>::make(slot_stride, value_offset, lane,
+                                 [](int token, int chunk) { return Area + chunk_offset(token, chunk); });
+  }
+};
+
+// 3-bit MSE keys (turboquant_k3v4_nc): a key area of 48 dense bytes per token
+// (a lane's 12 bytes are three 4-byte loads; 12 t + 3 c covers all 32 banks),
+// the value area, then the 3 fp16 fields.
+template <>
+struct TileLayout<CacheFormat::mse3> {
+  static constexpr int kKeyBytes = kHeadDim * 3 / 8;     // 48
+  static constexpr int kRecordBytes = kKeyBytes + 64;     // 112
+  static constexpr int kFields = 3;                       // key norm, value scale, value zero
+  static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
+  static constexpr int kValueArea = kTileTokens * kKeyBytes;         // 768
+  static constexpr int kMetaOffset = kValueArea + kTileTokens * 64;  // 1792
+  static constexpr int kStageBytes = kMetaOffset + 96;               // 1888
+
+  /// The lane's 12 key bytes (dims 32c..32c+31, 3 bits each) of `token`.
+  __device__ static int key_offset(int token, int c) { return token * kKeyBytes + 12 * c; }
+  __device__ static int value_offset(int token, int g) { return kValueArea + ValueArea::offset(token, g); }
+
+  struct alignas(16) IssuePlan {
+    std::uint32_t slot_stride;  // Hk * 112 bytes
+    DenseRunCopy<0> keys;
+    TokenRunCopy<4> values;
+    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
+  };
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
+    return {static_cast<std::uint32_t>(slot_stride), DenseRunCopy<0>::make(slot_stride, head * kRecordBytes, lane),
+            ValueArea::copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane),
+            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
+  }
+
+  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
+                               int lane) {
+    const std::uint8_t* tile = block + slot0 * plan.slot_stride;
+    plan.keys.issue(stage, tile, lane);
+    plan.values.issue(stage, tile);
+    plan.fields.issue(stage, block, slot0, lane);
+  }
+};
+
+// 3-bit MSE keys and 3-bit values (turboquant_3bit_nc): the key area as for
+// turboquant_k3v4_nc, a value area of 48 dense bytes per token, then the 3
+// fp16 fields. Lane g's values (dims 16g..16g+15) are the 6 bytes at 6g: the
+// two 4-byte words from byte 6g & ~3 (bit 16 (g & 1) onwards); the words of
+// the four tokens a lane reads share a bank at most pairwise.
+template <>
+struct TileLayout<CacheFormat::mse3_v3> {
+  static constexpr int kKeyBytes = kHeadDim * 3 / 8;    // 48
+  static constexpr int kValueBytes = kHeadDim * 3 / 8;  // 48
+  static constexpr int kRecordBytes = kKeyBytes + kValueBytes;  // 96
+  static constexpr int kFields = 3;  // key norm, value scale, value zero
+  static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
+  static constexpr int kValueArea = kTileTokens * kKeyBytes;                  // 768
+  static constexpr int kMetaOffset = kValueArea + kTileTokens * kValueBytes;  // 1536
+  static constexpr int kStageBytes = kMetaOffset + 96;                        // 1632
+
+  __device__ static int key_offset(int token, int c) { return token * kKeyBytes + 12 * c; }
+  /// The first of the two value words of lane g for `token`.
+  __device__ static int value_offset(int token, int g) { return kValueArea + token * kValueBytes + ((6 * g) & ~3); }
+
+  struct alignas(16) IssuePlan {
+    std::uint32_t slot_stride;  // Hk * 96 bytes
+    DenseRunCopy<0> keys;
+    DenseRunCopy<kValueArea> values;
+    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
+  };
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
+    return {static_cast<std::uint32_t>(slot_stride), DenseRunCopy<0>::make(slot_stride, head * kRecordBytes, lane),
+            DenseRunCopy<kValueArea>::make(slot_stride, head * kRecordBytes + kKeyBytes, lane),
+            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
+  }
+
+  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
+                               int lane) {
+    const std::uint8_t* tile = block + slot0 * plan.slot_stride;
+    plan.keys.issue(stage, tile, lane);
+    plan.values.issue(stage, tile, lane);
+    plan.fields.issue(stage, block, slot0, lane);
+  }
+};
+
+// fp8 keys (turboquant_k8v4): a key area of one 128-byte row per token
+// (16-byte chunk j at j ^ (token & 1)), the value area, then the 2 fp16 fields.
+template <>
+struct TileLayout<CacheFormat::fp8> {
+  static constexpr int kKeyBytes = kHeadDim;          // one fp8 byte per dim
+  static constexpr int kRecordBytes = kKeyBytes + 64;  // then 64 bytes of 4-bit values
+  static constexpr int kFields = 2;                    // value scale, value zero
+  static constexpr int kValueScaleField = 0, kValueZeroField = 1;
+  static constexpr int kValueArea = kTileTokens * kKeyBytes;        // 2048
+  static constexpr int kMetaOffset = kValueArea + kTileTokens * 64;  // 3072
+  static constexpr int kStageBytes = kMetaOffset + 64;               // 3136
+
+  /// The lane's 32 key bytes of `token` are two 16-byte loads, part 0 and 1.
+  __device__ static int key_offset(int token, int c, int part) {
+    return token * kKeyBytes + (((2 * c + part) ^ (token & 1)) << 4);
+  }
+  __device__ static int value_offset(int token, int g) { return kValueArea + ValueArea::offset(token, g); }
+
+  struct alignas(16) IssuePlan {
+    std::uint32_t slot_stride;  // Hk * 192 bytes
+    TokenRunCopy<kKeyBytes / 16> keys;
+    TokenRunCopy<4> values;
+    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..3
+  };
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
+    const auto key_destination = [](int token, int chunk) { return token * kKeyBytes + ((chunk ^ (token & 1)) << 4); };
+    return {static_cast<std::uint32_t>(slot_stride),
+            TokenRunCopy<kKeyBytes / 16>::make(slot_stride, head * kRecordBytes, lane, key_destination),
+            ValueArea::copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane),
+            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
+  }
+
+  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
+                               int lane) {
+    const std::uint8_t* tile = block + slot0 * plan.slot_stride;
+    plan.keys.issue(stage, tile);
+    plan.values.issue(stage, tile);
+    plan.fields.issue(stage, block, slot0, lane);
+  }
+};
+
+// Copies one tile into a stage: block and first slot from the tile index.
+template <class Layout>
+__device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8_t* cache, std::int64_t block_stride,
+                                           int physical, int tile, int block_mask,
+                                           const typename Layout::IssuePlan& plan, int lane) {
+  // block_stride < 2^31 (hopper_unsupported_reason) and entries are
+  // non-negative: one 32 x 32 -> 64-bit multiply-add.
+  const std::uint8_t* block = cache + static_cast<std::uint64_t>(static_cast<std::uint32_t>(physical)) *
+                                          static_cast<std::uint32_t>(block_stride);
+  Layout::issue(stage, block, static_cast<std::uint32_t>((tile * kTileTokens) & block_mask), plan,
+                lane);
+}
+
+// fp16 field `field` of token `token` in a stage.
+template <class Layout>
+__device__ __forceinline__ float stage_field(const std::uint8_t* stage, int field, int token) {
+  return __half2float(load_shared<__half>(stage + Layout::kMetaOffset + 32 * field + 2 * token));
+}
+
+}  // namespace tqdecode::cuda::hopper
