@@ -135,7 +135,6 @@ def merge(tq, bf16, commit):
             "name": r["name"], "preset": r["preset"], "B": r["B"], "L": r["L"], "Hq": r["Hq"], "Hk": r["Hk"],
             "D": r["D"], "block_size": r["block_size"], "request": r["request"], "path": r["path"],
             "instances": r["instances"], "partitions": r["partitions"],
-            "ctas": r.get("ctas"), "queries_rotated_ahead": r.get("queries_rotated_ahead"),
             "tq_us": r["tq_us"], "bf16_us": bf16_us, "bf16_impl": b.get("best_impl"),
             "copy_tbps": r["copy_tbps"], "read_tbps": r["read_tbps"], "tq_tbps": r["tq_tbps"],
             "frac_of_read": r["frac_of_read"], "bf16_tbps": b.get("best_tbps"),

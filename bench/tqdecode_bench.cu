@@ -637,8 +637,6 @@ struct Record {
   std::string reason;   // why the launcher chose it
   int instances = 0;
   int partitions = 0;
-  int ctas = 0;                        // Hopper kernel: CTAs launched (LaunchPlan::ctas)
-  bool queries_rotated_ahead = false;  // Hopper kernel: rotation kernel first
   double tq_us = NAN;      // median replay / R
   double tq_us_min = NAN;  // fastest replay / R
   std::int64_t cache_bytes = 0;
@@ -694,8 +692,6 @@ void run_shape(const Shape& shape, const Ceilings& ceilings, cudaStream_t stream
         record.path = decode_path_name(launch.path);
         record.reason = launch.reason;
         record.partitions = launch.num_partitions;
-        record.ctas = launch.ctas;
-        record.queries_rotated_ahead = launch.queries_rotated_ahead;
         const std::vector<float> replay_ms = time_decode(problem.args(), request, workspace, stream);
         record.tq_us = median(replay_ms) * 1e3 / plan.instances;
         record.tq_us_min = *std::min_element(replay_ms.begin(), replay_ms.end()) * 1e3 / plan.instances;
@@ -797,8 +793,6 @@ void write_json(const std::string& path, const RunInfo& info, const Ceilings& ce
     out += ", \"request\": " + json_string(r.request) + ", \"path\": " + json_string(r.path);
     out += ", \"reason\": " + json_string(r.reason);
     out += ", \"instances\": " + std::to_string(r.instances) + ", \"partitions\": " + std::to_string(r.partitions);
-    out += ", \"ctas\": " + std::to_string(r.ctas);
-    out += std::string(", \"queries_rotated_ahead\": ") + (r.queries_rotated_ahead ? "true" : "false");
     out += ", \"tq_us\": " + json_number(r.tq_us) + ", \"tq_us_min\": " + json_number(r.tq_us_min);
     out += ", \"cache_bytes\": " + std::to_string(r.cache_bytes) + ", \"bytes\": " + std::to_string(r.bytes);
     out += ", \"flops\": " + json_number(r.flops);

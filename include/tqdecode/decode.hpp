@@ -43,14 +43,6 @@ struct LaunchPlan {
   /// CTAs of 8 warps (larger grids, where one CTA's prologue then overlaps
   /// the other's streaming).
   bool wide_table = false;
-  /// Hopper path: CTAs launched. A grid of more work items (B * Hk * N
-  /// partitions) than resident CTAs launches one wave of CTAs, each taking
-  /// items `ctas` apart and starting the next item's tiles while it merges
-  /// the current one; then the queries are rotated by a kernel of their own
-  /// first (`queries_rotated_ahead`, MSE presets), once per call instead of
-  /// once per item.
-  int ctas = 0;
-  bool queries_rotated_ahead = false;
 };
 
 /// True when a CUDA device is present and this build has CUDA.

@@ -87,15 +87,10 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
 
-/// Per-warp partial results of a CTA, merged before the partition's are
-/// written: the output rows over the table region (and, for two head tiles,
-/// the rings), the maxima and sums over the query rows.
+/// Per-warp partial results of a CTA, merged before the partition's are written.
 template <int Warps, int Rows>
-struct MergeRows {
+struct MergeStorage {
   float out[Warps][Rows][kHeadDim];
-};
-template <int Warps, int Rows>
-struct MergeStats {
   float max[Warps][Rows];
   float sum[Warps][Rows];
 };
@@ -144,13 +139,8 @@ struct SharedLayout {
   static constexpr int kPlanOffset = kCentroidOffset + kCentroidBytes;
   // 214080 (4-bit, wide), 111680 (4-bit), 102976 (k3v4), 94272 (3bit), 110144 (fp8)
   static constexpr int kBytes = kPlanOffset + 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
-  using MergeRows = hopper::MergeRows<Shape::kWarps, Shape::kRows>;
-  using MergeStats = hopper::MergeStats<Shape::kWarps, Shape::kRows>;
-  static_assert(sizeof(MergeRows) <= kMainBytes, "merge rows must fit the main region");
-  static_assert(sizeof(MergeStats) <= kQueryBytes, "merge maxima and sums must fit the query rows");
-  // One head tile's merge rows fit the table region exactly, so the rings
-  // can take the next item's first tiles during the merge.
-  static constexpr bool kMergeBesideRings = sizeof(MergeRows) <= kLutRegionBytes;
+  using Merge = MergeStorage<Shape::kWarps, Shape::kRows>;
+  static_assert(sizeof(Merge) <= kMainBytes, "merge buffer must fit the main region");
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
   // per CTA, 128 bytes static.
   static_assert(kBytes <= 227 * 1024, "dynamic shared memory per CTA");
@@ -192,7 +182,9 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
   float* centroids = reinterpret_cast<float*>(shared + Shared::kCentroidOffset);
   const PartitionParams& p = params.partitions;
   const RotateParams& rq = params.rotate;
-  const ReduceParams& r = params.reduce;
+  const int partition = blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
   const int warp = threadIdx.x >> 5;
   // MSE keys: kept in a register rather than recomputed per tile (fewer
   // instructions in their loops; the fp8 loop comes out longer).
@@ -202,119 +194,96 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
   const int num_kv_heads = p.layout.num_kv_heads;
   const int group = p.num_q_heads / num_kv_heads;
   const int num_partitions = p.num_partitions;
-  // Work items (partition, kv head, sequence), partition fastest; CTA i takes
-  // items i, i + gridDim.x, ... (a grid of more items than resident CTAs
-  // runs as that many CTAs, each starting its next item's tiles while it
-  // merges the current one; LaunchPlan::ctas).
-  const int num_items = num_partitions * num_kv_heads * p.batch;
+  const std::int64_t row_base = static_cast<std::int64_t>(batch) * p.num_q_heads + std::int64_t(head) * group;
+  const TokenRange range = partition_range(__ldg(p.seq_lens + batch), num_partitions, p.partition_align, partition);
+  const ReduceParams& r = params.reduce;
   const bool has_sink = r.sinks != nullptr;
-  // MSE keys: q_rot from the rotation kernel (LaunchPlan::queries_rotated_ahead,
-  // required when a CTA takes more than one item), else rotated here.
-  const bool queries_rotated = !kFp8 && params.queries_rotated;
-  const int block_shift = 31 - __clz(p.layout.block_size);
-  const int block_mask = p.layout.block_size - 1;
-  const std::uint8_t* cache = p.cache;
-  const std::int64_t block_stride = p.layout.block_stride;
-  const std::uint32_t ring_offset = opaque(Shared::kLutRegionBytes + warp * kStages * Layout::kStageBytes);
-  const std::uint8_t* ring = shared + ring_offset;
-  const std::uint32_t ring_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared)) + ring_offset;
-  auto* plans = reinterpret_cast<typename Layout::IssuePlan*>(shared + Shared::kPlanOffset);
-  constexpr int kRowsPerThread = kRows / kRowStep;
-  if constexpr (!kFp8) {
-    // Published by the first item's barriers, before its table is built.
-    if (threadIdx.x < Shared::kCodebookSize) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
-  }
-
-  constexpr int kPiTPassBytes = kPiTBytes / Shared::kPiTPasses;
-  const auto stage_pit_pass = [&](int pass) {
-    const std::uint8_t* source = reinterpret_cast<const std::uint8_t*>(rq.PiT) + pass * kPiTPassBytes;
-    for (int i = threadIdx.x; i < kPiTPassBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, source + 16 * i);
-    cp_async_commit();
+  // The partition's result for query row `row` (max in natural-log units, as
+  // the spec's reducer expects): with one partition it is the output row, so
+  // the reduction's rule runs here and nothing goes through the partition buffers.
+  const auto finish_row = [&](int row, float max, float sum, float out) {
+    if (num_partitions == 1) {
+      const float sink = has_sink ? __ldg(r.sinks + std::int64_t(head) * group + row) : -INFINITY;
+      store_output(r, batch, std::int64_t(head) * group + row, dim, single_partition_element(max, sum, out, has_sink, sink));
+      return;
+    }
+    const std::int64_t index = (row_base + row) * num_partitions + partition;
+    p.part_out[index * kHeadDim + dim] = out;
+    if (dim == 0) {
+      p.part_max[index] = max;
+      p.part_sum[index] = sum;
+    }
   };
 
-  // Where an item's results go: partition, kv head, sequence.
-  struct ItemCoords {
-    int partition, head, batch;
-  };
-  const auto coords_of = [&](int index) {
-    return ItemCoords{index % num_partitions, index / num_partitions % num_kv_heads, index / num_partitions / num_kv_heads};
-  };
-  struct WorkItem {
-    int index;  // num_items or more: none
-    int head, batch;
-    TokenRange range;
-    int first_tile, count;  // the warp's tiles: first_tile, first_tile + kWarps, ... (count of them)
-    int blocks, blocks_next;
-    float query[kRowsPerThread];  // the thread's query elements, rotated or not
-  };
-  // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
-  // holds the block of the warp's tile i + j for the window i (a multiple of
-  // 32) being issued, `blocks_next` those of the next window, loaded a
-  // window ahead; one shuffle per tile instead of a dependent table load.
-  const auto item_blocks = [&](const WorkItem& item, int window) {
-    const int index = window + lane;
-    const std::int32_t* table = p.block_table + static_cast<std::int64_t>(item.batch) * p.block_table_stride;
-    return index < item.count ? tile_block(table, item.first_tile + index * kWarps, block_shift) : 0;
-  };
-  // Starts item `index`: its query loads first (under a saturated memory
-  // system they wait behind cache tiles issued before them; ncu: 6 % of the
-  // time at (128, 4096)), then, with the rotation in this kernel, PiT's first
-  // pass, then the ring's first kStages - 1 tiles, so their HBM latency
-  // overlaps the prologue (or the previous item's merge). An empty range
-  // reads nothing.
-  const auto start_item = [&](int index) {
-    WorkItem item;
-    item.index = index;
-    item.count = 0;
-    if (index >= num_items) return item;
-    const ItemCoords at = coords_of(index);
-    item.head = at.head;
-    item.batch = at.batch;
-    item.range = partition_range(__ldg(p.seq_lens + at.batch), num_partitions, p.partition_align, at.partition);
-    if (item.range.begin >= item.range.end) return item;
+  if (range.begin >= range.end) {
+    // NOTE: an empty partition writes the empty values and reads nothing else.
+    for (int row = first_row; row < group; row += kRowStep) finish_row(row, -INFINITY, 0.0f, 0.0f);
+  } else {
+    // ---- 1. first tiles in flight, query rotation, lookup table -------------
+    // The query first: under a saturated memory system its load waits behind
+    // the cache tiles if issued after them (ncu: 6 % of the time at (128, 4096)).
+    constexpr int kRowsPerThread = kRows / kRowStep;
+    float query_values[kRowsPerThread];
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int row = first_row + kRowStep * i;
-      item.query[i] = 0.0f;
+      query_values[i] = 0.0f;
       if (row < group) {
-        const std::int64_t hq = std::int64_t(item.head) * group + row;
-        item.query[i] = queries_rotated
-                            ? __ldg(p.q_rot + (item.batch * std::int64_t(p.num_q_heads) + hq) * kHeadDim + dim)
-                            : load_as_float(rq.query, rq.query_dtype,
-                                            item.batch * rq.query_stride_batch + hq * rq.query_stride_head + dim);
+        const std::int64_t hq = std::int64_t(head) * group + row;
+        query_values[i] = load_as_float(rq.query, rq.query_dtype, batch * rq.query_stride_batch + hq * rq.query_stride_head + dim);
       }
     }
-    // PiT (64 KB) is staged in the lookup table's region (whole, or in two
-    // 32 KB halves), which the ring does not touch.
-    if constexpr (!kFp8) {
-      if (!queries_rotated) stage_pit_pass(0);
-    }
-    item.first_tile = item.range.begin / kTileTokens + warp;
-    const int end_tile = (item.range.end + kTileTokens - 1) / kTileTokens;
-    item.count = item.first_tile < end_tile ? (end_tile - item.first_tile + kWarps - 1) / kWarps : 0;
-    item.blocks = item_blocks(item, 0);
-    item.blocks_next = item_blocks(item, 32);
-    const typename Layout::IssuePlan plan = Layout::make_plan(p, item.head, lane);
+    // The ring's first kStages - 1 tiles are issued before anything else so
+    // their HBM latency overlaps the prologue. MSE keys: PiT (64 KB) is staged
+    // in the lookup table's region (whole, or in two 32 KB halves), which the
+    // ring does not touch.
+    const int block_shift = 31 - __clz(p.layout.block_size);
+    const int block_mask = p.layout.block_size - 1;
+    const std::uint8_t* cache = p.cache;
+    const std::int64_t block_stride = p.layout.block_stride;
+    const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
+    const std::uint32_t ring_offset = opaque(Shared::kLutRegionBytes + warp * kStages * Layout::kStageBytes);
+    const std::uint8_t* ring = shared + ring_offset;
+    const std::uint32_t ring_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared)) + ring_offset;
+    const typename Layout::IssuePlan plan = Layout::make_plan(p, head, lane);
+    auto* plans = reinterpret_cast<typename Layout::IssuePlan*>(shared + Shared::kPlanOffset);
+    if (warp == 0) plans[lane] = plan;  // published by the __syncthreads before the main loop
+    const int first_tile = range.begin / kTileTokens + warp;
+    const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
+    const int count = first_tile < end_tile ? (end_tile - first_tile + kWarps - 1) / kWarps : 0;
+
+    constexpr int kPiTPassBytes = kPiTBytes / Shared::kPiTPasses;
+    const auto stage_pit_pass = [&](int pass) {
+      const std::uint8_t* source = reinterpret_cast<const std::uint8_t*>(rq.PiT) + pass * kPiTPassBytes;
+      for (int i = threadIdx.x; i < kPiTPassBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, source + 16 * i);
+      cp_async_commit();
+    };
+    if constexpr (!kFp8) stage_pit_pass(0);
+    // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
+    // holds the block of the warp's tile i + j for the window i (a multiple of
+    // 32) being issued, `blocks_next` those of the next window, loaded a
+    // window ahead; one shuffle per tile instead of a dependent table load.
+    const auto load_blocks = [&](int window) {
+      const int index = window + lane;
+      return index < count ? tile_block(table, first_tile + index * kWarps, block_shift) : 0;
+    };
+    int blocks = load_blocks(0);
+    int blocks_next = load_blocks(32);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < item.count) {
-        issue_tile<Layout>(ring_address + s * Layout::kStageBytes, cache, block_stride, __shfl_sync(kFullMask, item.blocks, s),
-                           item.first_tile + s * kWarps, block_mask, plan, lane);
+      if (s < count) {
+        issue_tile<Layout>(ring_address + s * Layout::kStageBytes, cache, block_stride, __shfl_sync(kFullMask, blocks, s),
+                           first_tile + s * kWarps, block_mask, plan, lane);
       }
       cp_async_commit();
     }
-    return item;
-  };
-  // The query rows (rotated here unless the rotation kernel did it), the key
-  // lookup table and the copy plans of an item with tokens.
-  const auto prepare_item = [&](const WorkItem& item) {
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) query_rows[first_row + kRowStep * i][dim] = item.query[i];
-    if (warp == 0) plans[lane] = Layout::make_plan(p, item.head, lane);
+    for (int i = 0; i < kRowsPerThread; ++i) query_rows[first_row + kRowStep * i][dim] = query_values[i];
+    // MSE keys: rotate the query rows and build the lookup table; fp8 keys
+    // use the query as it is.
     if constexpr (!kFp8) {
-      if (queries_rotated) {
-        if (item.index == blockIdx.x) __syncthreads();  // the centroids
-      } else {
+      if (threadIdx.x < Shared::kCodebookSize) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
+      {
         constexpr int kPassRows = kHeadDim / Shared::kPiTPasses;  // PiT rows per pass
         const float* pit = reinterpret_cast<const float*>(shared);
         float sums[kRowsPerThread];
@@ -354,9 +323,8 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
           if (row < group) query_rows[row][dim] = round_to_bf16(sums[k]);
         }
       }
-      // Lookup table over the dead PiT staging (or the previous item's
-      // merge); each warp writes whole 32-lane rows. Entry (high code, low
-      // code) -> (centroid[low], centroid[high]).
+      // Lookup table over the dead PiT staging; each warp writes whole
+      // 32-lane rows. Entry (high code, low code) -> (centroid[low], centroid[high]).
       constexpr int kCodeBits = Format == CacheFormat::mse4 ? 4 : 3;
       for (int entry = warp; entry < Shared::kLutEntries; entry += kWarps) {
         reinterpret_cast<std::uint32_t*>(shared)[entry * (Shared::kLutRowBytes / 4) + lane] =
@@ -364,483 +332,428 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
       }
     }
     __syncthreads();
-  };
 
-  __shared__ bool is_last;
-  WorkItem item = start_item(blockIdx.x);
-  while (item.index < num_items) {
-    const TokenRange range = item.range;
-    // The item's coordinates for its results; after the main loop they are
-    // recomputed from an opaque copy of the index, so the loop does not keep
-    // them in registers.
-    ItemCoords at{};
-    const auto row_base = [&] { return static_cast<std::int64_t>(at.batch) * p.num_q_heads + std::int64_t(at.head) * group; };
-    // The partition's result for query row `row` (max in natural-log units, as
-    // the spec's reducer expects): with one partition it is the output row, so
-    // the reduction's rule runs here and nothing goes through the partition buffers.
-    const auto finish_row = [&](int row, float max, float sum, float out) {
-      if (num_partitions == 1) {
-        const float sink = has_sink ? __ldg(r.sinks + std::int64_t(at.head) * group + row) : -INFINITY;
-        store_output(r, at.batch, std::int64_t(at.head) * group + row, dim,
-                     single_partition_element(max, sum, out, has_sink, sink));
-        return;
+    const int c = lane & 3;
+    const int g = lane >> 2;
+    // Query operand (B of S^T = K Q^T), permuted: k-step ks, lane (g, c)
+    // holds head g of the tile, dims 32c + 4ks + {0, 1} and {2, 3}.
+    std::uint32_t qb[HeadTiles][8][2];
+#pragma unroll
+    for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        const float* q = query_rows[kHeadsPerTile * nt + g] + 32 * c + 4 * ks;
+        // fp16 against fp8 keys (exact: e4m3 values are fp16 values), bf16 against the table's bf16 centroids.
+        qb[nt][ks][0] = kFp8 ? pack_f16(q[0], q[1]) : pack_bf16(q[0], q[1]);
+        qb[nt][ks][1] = kFp8 ? pack_f16(q[2], q[3]) : pack_bf16(q[2], q[3]);
       }
-      const std::int64_t index = (row_base() + row) * num_partitions + at.partition;
-      p.part_out[index * kHeadDim + dim] = out;
-      if (dim == 0) {
-        p.part_max[index] = max;
-        p.part_sum[index] = sum;
-      }
-    };
-    WorkItem next;
-    const auto start_next = [&] { next = start_item(item.index + gridDim.x); };
+    }
 
-    if (range.begin >= range.end) {
-      // NOTE: an empty partition writes the empty values and reads nothing else.
-      at = coords_of(item.index);
-      for (int row = first_row; row < group; row += kRowStep) finish_row(row, -INFINITY, 0.0f, 0.0f);
-      start_next();
-    } else {
-      // ---- 1. query rows, lookup table (the first tiles are in flight) ------
-      prepare_item(item);
-      const int first_tile = item.first_tile;
-      const int count = item.count;
-      int blocks = item.blocks;
-      int blocks_next = item.blocks_next;
-      const auto load_blocks = [&](int window) { return item_blocks(item, window); };
-      const int c = lane & 3;
-      const int g = lane >> 2;
-      // Query operand (B of S^T = K Q^T), permuted: k-step ks, lane (g, c)
-      // holds head g of the tile, dims 32c + 4ks + {0, 1} and {2, 3}.
-      std::uint32_t qb[HeadTiles][8][2];
+    // ---- 2. stream the token range ------------------------------------------
+    // Opaque to the compiler, so (offset & 0x7f80) | lane_lut stays one LOP3;
+    // for 256-byte table rows it is byte 0 of each lookup's byte permute.
+    [[maybe_unused]] std::uint32_t lane_lut;
+    asm("mov.b32 %0, %1;" : "=r"(lane_lut) : "r"(static_cast<std::uint32_t>(lane) << 2));
+    [[maybe_unused]] const std::uint8_t* lut = shared;
+
+    // Keys of tokens g and g + 8 (chunk c: dims 32c..32c+31); values of tokens
+    // 2c, 2c + 1, 2c + 8, 2c + 9 (bytes 8g..8g+7 of the value data).
+    constexpr int kKeyLoads = kFp8 ? 2 : 1;  // key load bases per token
+    int key_offset[2][kKeyLoads], value_offset[4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int token = 8 * j + g;
+      if constexpr (kFp8) {
+        key_offset[j][0] = Layout::key_offset(token, c, 0);
+        key_offset[j][1] = Layout::key_offset(token, c, 1);
+      } else {
+        key_offset[j][0] = static_cast<int>(opaque(Layout::key_offset(token, c)));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) value_offset[k] = Layout::value_offset(2 * c + (k & 1) + 8 * (k >> 1), g);
+    [[maybe_unused]] const std::uint32_t value_shift = 16 * (g & 1);  // 3-bit values: the lane's bits start at byte 6g
+
+    // O^T accumulators: dim tile m, rows g (dim 16g + 2m) and g + 8 (dim 16g + 2m + 1), heads 2c, 2c + 1.
+    float acc[HeadTiles][kDimTiles][4];
+    float pv_sum[HeadTiles][4];  // sum_t P'_t per head (columns 2c, 2c + 1; every row)
+    float row_max[HeadTiles][2], row_sum[HeadTiles][2], zero_sum[HeadTiles][2];  // heads 2c + e; max in base-2 units
+#pragma unroll
+    for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+      for (int m = 0; m < kDimTiles; ++m) acc[nt][m][0] = acc[nt][m][1] = acc[nt][m][2] = acc[nt][m][3] = 0.0f;
+      pv_sum[nt][0] = pv_sum[nt][1] = pv_sum[nt][2] = pv_sum[nt][3] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        row_max[nt][e] = -INFINITY;
+        row_sum[nt][e] = zero_sum[nt][e] = 0.0f;
+      }
+    }
+    const float score_scale = p.scale * kLog2e;
+
+    for (int k = 0; k < count; ++k) {
+      const int ahead = k + kStages - 1;
+      if (ahead < count) {
+        if ((ahead & 31) == 0) {
+          blocks = blocks_next;
+          blocks_next = load_blocks(ahead + 32);
+        }
+        const int tile = first_tile + ahead * kWarps;
+        issue_tile<Layout>(ring_address + (ahead % kStages) * Layout::kStageBytes, cache, block_stride,
+                           __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask,
+                           typename Layout::IssuePlan(plans[lane]), lane);
+      }
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      __syncwarp();
+      const std::uint8_t* stage = ring + (k % kStages) * Layout::kStageBytes;
+      const int tile_token = (first_tile + k * kWarps) * kTileTokens;
+
+      // S^T = K Q^T: rows are tokens g and g + 8, columns heads 2c, 2c + 1.
+      // Two accumulator chains (even and odd k-steps) halve the mma dependency chain.
+      float score[HeadTiles][4], score_odd[HeadTiles][4];
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
-          const float* q = query_rows[kHeadsPerTile * nt + g] + 32 * c + 4 * ks;
-          // fp16 against fp8 keys (exact: e4m3 values are fp16 values), bf16 against the table's bf16 centroids.
-          qb[nt][ks][0] = kFp8 ? pack_f16(q[0], q[1]) : pack_bf16(q[0], q[1]);
-          qb[nt][ks][1] = kFp8 ? pack_f16(q[2], q[3]) : pack_bf16(q[2], q[3]);
-        }
+        score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;
+        score_odd[nt][0] = score_odd[nt][1] = score_odd[nt][2] = score_odd[nt][3] = 0.0f;
       }
-
-      // ---- 2. stream the token range ------------------------------------------
-      // Opaque to the compiler, so (offset & 0x7f80) | lane_lut stays one LOP3;
-      // for 256-byte table rows it is byte 0 of each lookup's byte permute.
-      [[maybe_unused]] std::uint32_t lane_lut;
-      asm("mov.b32 %0, %1;" : "=r"(lane_lut) : "r"(static_cast<std::uint32_t>(lane) << 2));
-      [[maybe_unused]] const std::uint8_t* lut = shared;
-
-      // Keys of tokens g and g + 8 (chunk c: dims 32c..32c+31); values of tokens
-      // 2c, 2c + 1, 2c + 8, 2c + 9 (bytes 8g..8g+7 of the value data).
-      constexpr int kKeyLoads = kFp8 ? 2 : 1;  // key load bases per token
-      int key_offset[2][kKeyLoads], value_offset[4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int token = 8 * j + g;
-        if constexpr (kFp8) {
-          key_offset[j][0] = Layout::key_offset(token, c, 0);
-          key_offset[j][1] = Layout::key_offset(token, c, 1);
-        } else {
-          key_offset[j][0] = static_cast<int>(opaque(Layout::key_offset(token, c)));
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k) value_offset[k] = Layout::value_offset(2 * c + (k & 1) + 8 * (k >> 1), g);
-      [[maybe_unused]] const std::uint32_t value_shift = 16 * (g & 1);  // 3-bit values: the lane's bits start at byte 6g
-
-      // O^T accumulators: dim tile m, rows g (dim 16g + 2m) and g + 8 (dim 16g + 2m + 1), heads 2c, 2c + 1.
-      float acc[HeadTiles][kDimTiles][4];
-      float pv_sum[HeadTiles][4];  // sum_t P'_t per head (columns 2c, 2c + 1; every row)
-      float row_max[HeadTiles][2], row_sum[HeadTiles][2], zero_sum[HeadTiles][2];  // heads 2c + e; max in base-2 units
-#pragma unroll
-      for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-        for (int m = 0; m < kDimTiles; ++m) acc[nt][m][0] = acc[nt][m][1] = acc[nt][m][2] = acc[nt][m][3] = 0.0f;
-        pv_sum[nt][0] = pv_sum[nt][1] = pv_sum[nt][2] = pv_sum[nt][3] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          row_max[nt][e] = -INFINITY;
-          row_sum[nt][e] = zero_sum[nt][e] = 0.0f;
-        }
-      }
-      const float score_scale = p.scale * kLog2e;
-
-      for (int k = 0; k < count; ++k) {
-        const int ahead = k + kStages - 1;
-        if (ahead < count) {
-          if ((ahead & 31) == 0) {
-            blocks = blocks_next;
-            blocks_next = load_blocks(ahead + 32);
-          }
-          const int tile = first_tile + ahead * kWarps;
-          issue_tile<Layout>(ring_address + (ahead % kStages) * Layout::kStageBytes, cache, block_stride,
-                             __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask,
-                             typename Layout::IssuePlan(plans[lane]), lane);
-        }
-        cp_async_commit();
-        cp_async_wait<kStages - 1>();
-        __syncwarp();
-        const std::uint8_t* stage = ring + (k % kStages) * Layout::kStageBytes;
-        const int tile_token = (first_tile + k * kWarps) * kTileTokens;
-
-        // S^T = K Q^T: rows are tokens g and g + 8, columns heads 2c, 2c + 1.
-        // Two accumulator chains (even and odd k-steps) halve the mma dependency chain.
-        float score[HeadTiles][4], score_odd[HeadTiles][4];
-#pragma unroll
-        for (int nt = 0; nt < HeadTiles; ++nt) {
-          score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;
-          score_odd[nt][0] = score_odd[nt][1] = score_odd[nt][2] = score_odd[nt][3] = 0.0f;
-        }
-        if constexpr (kFp8) {
-          // Word ks of the lane's 32 key bytes holds dims 32c + 4ks + {0..3}:
-          // its low fp8 pair is a0 / a1 (columns 2c, 2c + 1), its high pair a2 / a3.
-          std::uint32_t words[2][8];
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-#pragma unroll
-            for (int part = 0; part < 2; ++part) {
-              const uint4 chunk = load_shared<uint4>(stage + key_offset[j][part]);
-              words[j][4 * part + 0] = chunk.x;
-              words[j][4 * part + 1] = chunk.y;
-              words[j][4 * part + 2] = chunk.z;
-              words[j][4 * part + 3] = chunk.w;
-            }
-          }
-#pragma unroll
-          for (int ks = 0; ks < 8; ++ks) {
-            const std::uint32_t a[4] = {fp8_pair_to_f16(words[0][ks]), fp8_pair_to_f16(words[1][ks]),
-                                        fp8_pair_to_f16(words[0][ks] >> 16), fp8_pair_to_f16(words[1][ks] >> 16)};
-#pragma unroll
-            for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
-          }
-        } else if constexpr (three_bit_keys(Format)) {
-          // The lane's 96 key bits: code pair p (dims 32c + 2p, + 1) is bits
-          // 6p..6p+5; k-step ks takes pairs 2ks (a0 / a1) and 2ks + 1 (a2 / a3).
-          // A funnel shift brings the pair to bits 7..12, the table's row index.
-          std::uint32_t words[2][3];
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-#pragma unroll
-            for (int w = 0; w < 3; ++w) words[j][w] = load_shared<std::uint32_t>(stage + key_offset[j][0] + 4 * w);
-          }
-          const auto lookup = [&](const std::uint32_t (&bits)[3], int first_bit) {
-            const int word = first_bit >> 5;
-            const int shift = (first_bit & 31) - 7;
-            std::uint32_t x;
-            if (shift < 0) {
-              x = bits[word] << -shift;
-            } else if (word + 1 < 3) {
-              x = __funnelshift_r(bits[word], bits[word + 1], shift);
-            } else {
-              x = bits[word] >> shift;
-            }
-            return load_shared<std::uint32_t>(lut + ((x & 0x1f80u) | lane_lut));
-          };
-#pragma unroll
-          for (int ks = 0; ks < 8; ++ks) {
-            const std::uint32_t a[4] = {lookup(words[0], 12 * ks), lookup(words[1], 12 * ks), lookup(words[0], 12 * ks + 6),
-                                        lookup(words[1], 12 * ks + 6)};
-#pragma unroll
-            for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
-          }
-        } else {
-          const uint4 key_g = load_shared<uint4>(stage + key_offset[0][0]);
-          const uint4 key_g8 = load_shared<uint4>(stage + key_offset[1][0]);
-          const std::uint32_t words_g[4] = {key_g.x, key_g.y, key_g.z, key_g.w};
-          const std::uint32_t words_g8[4] = {key_g8.x, key_g8.y, key_g8.z, key_g8.w};
-#pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            // Byte b of word w holds dims 32c + 8w + 2b + {0, 1}: k-step 2w takes bytes 0, 1, k-step 2w + 1 bytes 2, 3.
-            // The table row of byte b: one permute (256-byte rows) or a shift and a LOP3 (128-byte rows).
-            const auto lookup = [&](std::uint32_t word, int byte) {
-              std::uint32_t offset;
-              if constexpr (Shape::kWideTable) {
-                offset = __byte_perm(word, lane_lut, 0x5504u | (byte << 4));
-              } else {
-                const int shift = 7 - 8 * byte;
-                offset = ((shift >= 0 ? (word << shift) : (word >> -shift)) & 0x7f80u) | lane_lut;
-              }
-              return load_shared<std::uint32_t>(lut + offset);
-            };
-            const std::uint32_t even[4] = {lookup(words_g[w], 0), lookup(words_g8[w], 0), lookup(words_g[w], 1),
-                                           lookup(words_g8[w], 1)};
-#pragma unroll
-            for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score[nt], even, qb[nt][2 * w][0], qb[nt][2 * w][1]);
-            const std::uint32_t odd[4] = {lookup(words_g[w], 2), lookup(words_g8[w], 2), lookup(words_g[w], 3),
-                                          lookup(words_g8[w], 3)};
-#pragma unroll
-            for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score_odd[nt], odd, qb[nt][2 * w + 1][0], qb[nt][2 * w + 1][1]);
-          }
-        }
-
-        // Per-token fields of tokens g and g + 8.
-        float norm_scale[2], value_scale[2], value_zero[2];
+      if constexpr (kFp8) {
+        // Word ks of the lane's 32 key bytes holds dims 32c + 4ks + {0..3}:
+        // its low fp8 pair is a0 / a1 (columns 2c, 2c + 1), its high pair a2 / a3.
+        std::uint32_t words[2][8];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          if constexpr (kFp8) {
-            norm_scale[j] = score_scale;  // fp8 keys carry no norm
+#pragma unroll
+          for (int part = 0; part < 2; ++part) {
+            const uint4 chunk = load_shared<uint4>(stage + key_offset[j][part]);
+            words[j][4 * part + 0] = chunk.x;
+            words[j][4 * part + 1] = chunk.y;
+            words[j][4 * part + 2] = chunk.z;
+            words[j][4 * part + 3] = chunk.w;
+          }
+        }
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) {
+          const std::uint32_t a[4] = {fp8_pair_to_f16(words[0][ks]), fp8_pair_to_f16(words[1][ks]),
+                                      fp8_pair_to_f16(words[0][ks] >> 16), fp8_pair_to_f16(words[1][ks] >> 16)};
+#pragma unroll
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
+        }
+      } else if constexpr (three_bit_keys(Format)) {
+        // The lane's 96 key bits: code pair p (dims 32c + 2p, + 1) is bits
+        // 6p..6p+5; k-step ks takes pairs 2ks (a0 / a1) and 2ks + 1 (a2 / a3).
+        // A funnel shift brings the pair to bits 7..12, the table's row index.
+        std::uint32_t words[2][3];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int w = 0; w < 3; ++w) words[j][w] = load_shared<std::uint32_t>(stage + key_offset[j][0] + 4 * w);
+        }
+        const auto lookup = [&](const std::uint32_t (&bits)[3], int first_bit) {
+          const int word = first_bit >> 5;
+          const int shift = (first_bit & 31) - 7;
+          std::uint32_t x;
+          if (shift < 0) {
+            x = bits[word] << -shift;
+          } else if (word + 1 < 3) {
+            x = __funnelshift_r(bits[word], bits[word + 1], shift);
           } else {
-            norm_scale[j] = stage_field<Layout>(stage, Layout::kNormField, 8 * j + g) * score_scale;
+            x = bits[word] >> shift;
           }
-          value_scale[j] = stage_field<Layout>(stage, Layout::kValueScaleField, 8 * j + g);
-          value_zero[j] = stage_field<Layout>(stage, Layout::kValueZeroField, 8 * j + g);
-        }
-        float s[HeadTiles][2][2];  // [head tile][head 2c + e][token g / g + 8]
-#pragma unroll
-        for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-#pragma unroll
-            for (int j = 0; j < 2; ++j) s[nt][e][j] = (score[nt][2 * j + e] + score_odd[nt][2 * j + e]) * norm_scale[j];
-          }
-        }
-        if (tile_token + kTileTokens > range.end) {
-          // Slots past the sequence end hold junk (fp8 key bytes or fp16 fields
-          // that may be NaN or inf): exclude them by selection, never by
-          // arithmetic; score -inf, value fields 0.
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            if (tile_token + 8 * j + g >= range.end) {
-              value_scale[j] = value_zero[j] = 0.0f;
-#pragma unroll
-              for (int nt = 0; nt < HeadTiles; ++nt) s[nt][0][j] = s[nt][1][j] = -INFINITY;
-            }
-          }
-        }
-
-        // Online softmax per head, then P' = p * value scale as the B operand of
-        // O^T += V^T P'^T. The running maxima change only when a score exceeds
-        // them (rarely after the first tiles): one vote, and only then the
-        // shuffles for the tile maxima and the rescale of the accumulators.
-        bool grows = false;
-#pragma unroll
-        for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-#pragma unroll
-            for (int j = 0; j < 2; ++j) grows |= s[nt][e][j] > row_max[nt][e];
-          }
-        }
-        if (__any_sync(kFullMask, grows)) {
-#pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) {
-            float alpha[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float tile_max = fmaxf(s[nt][e][0], s[nt][e][1]);
-              tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 4));
-              tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 8));
-              tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 16));
-              const float new_max = fmaxf(row_max[nt][e], tile_max);
-              alpha[e] = fast_exp2(row_max[nt][e] - new_max);
-              row_max[nt][e] = new_max;
-              row_sum[nt][e] *= alpha[e];
-              zero_sum[nt][e] *= alpha[e];
-            }
-#pragma unroll
-            for (int m = 0; m < kDimTiles; ++m) {
-              acc[nt][m][0] *= alpha[0];
-              acc[nt][m][1] *= alpha[1];
-              acc[nt][m][2] *= alpha[0];
-              acc[nt][m][3] *= alpha[1];
-            }
-            pv_sum[nt][0] *= alpha[0];
-            pv_sum[nt][1] *= alpha[1];
-            pv_sum[nt][2] *= alpha[0];
-            pv_sum[nt][3] *= alpha[1];
-          }
-        }
-        std::uint32_t pb[HeadTiles][2];
-#pragma unroll
-        for (int nt = 0; nt < HeadTiles; ++nt) {
-          float p_token[2][2];  // [token g / g + 8][head 2c + e]
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float p0 = fast_exp2(s[nt][e][0] - row_max[nt][e]);
-            const float p1 = fast_exp2(s[nt][e][1] - row_max[nt][e]);
-            row_sum[nt][e] += p0 + p1;
-            zero_sum[nt][e] = fmaf(p0, value_zero[0], fmaf(p1, value_zero[1], zero_sum[nt][e]));
-            p_token[0][e] = p0 * value_scale[0];
-            p_token[1][e] = p1 * value_scale[1];
-          }
-          // (token, head) fragments of tokens 0..7 and 8..15 -> (head, token): the B operand halves.
-          pb[nt][0] = transpose_8x8(pack_f16(p_token[0][0], p_token[0][1]));
-          pb[nt][1] = transpose_8x8(pack_f16(p_token[1][0], p_token[1][1]));
-        }
-
-        // O^T += V^T P'^T. Dim tile m takes the codes of dims 16g + 2m (row g,
-        // exact c) and 16g + 2m + 1 (row g + 8, fp16 1 + c/64 for 4 bits, 1 + c/128
-        // for 3 bits) of the tokens 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9 (a2, a3).
-        const auto mma_values = [&](int m, std::uint32_t first, std::uint32_t second) {
-          // first / second: the code pair (low code, high code) of two tokens at bits 0.. and 16..
-          constexpr std::uint32_t kLow = value_bits(Format) == 4 ? 0x000f000fu : 0x00070007u;
-          constexpr std::uint32_t kHigh = value_bits(Format) == 4 ? 0x00f000f0u : 0x00380038u;
-          const std::uint32_t a[4] = {sub_f16x2(mask_or<kLow, kHalf1024>(first), kHalf1024), mask_or<kHigh, kHalfOnes>(first),
-                                      sub_f16x2(mask_or<kLow, kHalf1024>(second), kHalf1024), mask_or<kHigh, kHalfOnes>(second)};
-#pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(acc[nt][m], a, pb[nt][0], pb[nt][1]);
+          return load_shared<std::uint32_t>(lut + ((x & 0x1f80u) | lane_lut));
         };
-        if constexpr (value_bits(Format) == 4) {
-          // Byte m of each token's 8 bytes: low nibble dim 16g + 2m, high nibble 16g + 2m + 1.
-          const uint2 v0 = load_shared<uint2>(stage + value_offset[0]);
-          const uint2 v1 = load_shared<uint2>(stage + value_offset[1]);
-          const uint2 v2 = load_shared<uint2>(stage + value_offset[2]);
-          const uint2 v3 = load_shared<uint2>(stage + value_offset[3]);
 #pragma unroll
-          for (int m = 0; m < kDimTiles; ++m) {
-            const int b = m & 3;
-            const std::uint32_t selector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
-            mma_values(m, __byte_perm(m < 4 ? v0.x : v0.y, m < 4 ? v1.x : v1.y, selector),   // tokens 2c, 2c + 1
-                       __byte_perm(m < 4 ? v2.x : v2.y, m < 4 ? v3.x : v3.y, selector));  // tokens 2c + 8, 2c + 9
-          }
-        } else {
-          // The lane's 48 bits of each token (dims 16g..16g+15) brought to bit
-          // 0 of (high : low); the 6 bits at 6m are the code pair of dim tile m.
-          std::uint32_t low[4], high[4];
+        for (int ks = 0; ks < 8; ++ks) {
+          const std::uint32_t a[4] = {lookup(words[0], 12 * ks), lookup(words[1], 12 * ks), lookup(words[0], 12 * ks + 6),
+                                      lookup(words[1], 12 * ks + 6)};
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const std::uint32_t w0 = load_shared<std::uint32_t>(stage + value_offset[k]);
-            const std::uint32_t w1 = load_shared<std::uint32_t>(stage + value_offset[k] + 4);
-            low[k] = __funnelshift_r(w0, w1, value_shift);
-            high[k] = w1 >> value_shift;
-          }
-          const auto code_pair = [&](int k, int m) {
-            if (m < 5) return low[k] >> (6 * m);
-            if (m == 5) return __funnelshift_r(low[k], high[k], 30);
-            return high[k] >> (6 * m - 32);
-          };
-#pragma unroll
-          for (int m = 0; m < kDimTiles; ++m) {
-            // Byte 0 of each token's pair to byte 0 (first token) and byte 2 (second).
-            mma_values(m, __byte_perm(code_pair(0, m), code_pair(1, m), 0x0400u),
-                       __byte_perm(code_pair(2, m), code_pair(3, m), 0x0400u));
-          }
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
         }
-        {
-          const std::uint32_t ones[4] = {kHalfOnes, kHalfOnes, kHalfOnes, kHalfOnes};
+      } else {
+        const uint4 key_g = load_shared<uint4>(stage + key_offset[0][0]);
+        const uint4 key_g8 = load_shared<uint4>(stage + key_offset[1][0]);
+        const std::uint32_t words_g[4] = {key_g.x, key_g.y, key_g.z, key_g.w};
+        const std::uint32_t words_g8[4] = {key_g8.x, key_g8.y, key_g8.z, key_g8.w};
 #pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(pv_sum[nt], ones, pb[nt][0], pb[nt][1]);
-        }
-        __syncwarp();  // the stage is refilled by the next iteration's issue
-      }
-      cp_async_wait<0>();
-      // The rings are drained: the next item's first tiles go out now when the
-      // merge leaves them alone, so HBM keeps streaming during the merge.
-      if constexpr (Shared::kMergeBesideRings) start_next();
-      at = coords_of(static_cast<int>(opaque(static_cast<std::uint32_t>(item.index))));
-
-      // ---- 3. merge the warps ---------------------------------------------------
-#pragma unroll
-      for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-#pragma unroll
-          for (int offset = 4; offset < 32; offset <<= 1) {
-            row_sum[nt][e] += __shfl_xor_sync(kFullMask, row_sum[nt][e], offset);
-            zero_sum[nt][e] += __shfl_xor_sync(kFullMask, zero_sum[nt][e], offset);
-          }
-        }
-      }
-      __syncthreads();  // the lookup table (and rings) are dead: the merge rows go over them
-      auto& merge_rows = *reinterpret_cast<typename Shared::MergeRows*>(shared);
-      auto& merge_stats = *reinterpret_cast<typename Shared::MergeStats*>(shared + Shared::kQueryOffset);
-      // High codes were summed as fp16 1 + c/64 (4-bit codes) or 1 + c/128 (3-bit).
-      constexpr float kHighCodeScale = value_bits(Format) == 4 ? 64.0f : 128.0f;
-#pragma unroll
-      for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int row = kHeadsPerTile * nt + 2 * c + e;
-          float* out = merge_rows.out[warp][row];
-#pragma unroll
-          for (int m = 0; m < kDimTiles; ++m) {
-            out[16 * g + 2 * m] = acc[nt][m][e] + zero_sum[nt][e];
-            out[16 * g + 2 * m + 1] = fmaf(acc[nt][m][2 + e] - pv_sum[nt][e], kHighCodeScale, zero_sum[nt][e]);
-          }
-          if (g == 0) {
-            merge_stats.max[warp][row] = row_max[nt][e];
-            merge_stats.sum[warp][row] = row_sum[nt][e];
-          }
-        }
-      }
-      __syncthreads();
-      for (int row = first_row; row < group; row += kRowStep) {
-        // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
-        // non-finite query) makes the partition NaN so the reduction keeps it.
-        float merged_max = -INFINITY;
-        bool any_nan = false;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          merged_max = merge_max(merged_max, merge_stats.max[w][row]);
-          any_nan |= partition_is_nan(merge_stats.max[w][row], merge_stats.sum[w][row]);
-        }
-        float merged_sum = 0.0f, merged_out = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const float weight = merge_stats.max[w][row] == -INFINITY ? 0.0f : fast_exp2(merge_stats.max[w][row] - merged_max);
-          merged_sum = fmaf(weight, merge_stats.sum[w][row], merged_sum);
-          merged_out = fmaf(weight, merge_rows.out[w][row][dim], merged_out);
-        }
-        if (any_nan) merged_max = merged_sum = merged_out = __uint_as_float(0x7fc00000u);
-        finish_row(row, merged_max * kLn2, merged_sum, merged_out / merged_sum);
-      }
-      if constexpr (!Shared::kMergeBesideRings) {
-        __syncthreads();  // the merge rows are read before the rings refill
-        start_next();
-      }
-    }
-
-    // ---- 4. the last CTA of (sequence, kv head) reduces the partitions -------
-    // (With one partition finish_row wrote the output.)
-    if (num_partitions > 1) {
-      __threadfence();  // this CTA's partition results are visible before it arrives
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        unsigned* arrival = params.arrivals + static_cast<std::int64_t>(at.batch) * num_kv_heads + at.head;
-        is_last = atomicAdd(arrival, 1u) == static_cast<unsigned>(num_partitions - 1);
-        if (is_last) *arrival = 0u;  // ready for the next launch (graph replay)
-      }
-      __syncthreads();
-      if (is_last) {
-        __threadfence();
-        // One warp per output row, lane q holding partition q, so each phase is
-        // one round trip to L2 however many partitions there are. The merge rule
-        // is partition_merge.cuh's, shared with the CUDA and CPU reducers.
-        static_assert(kMaxPartitions <= 32, "one lane per partition");
-        for (int row = warp; row < group; row += kWarps) {
-          const std::int64_t base = (row_base() + row) * num_partitions;
-          const bool present = lane < num_partitions;
-          const float max = present ? __ldcg(p.part_max + base + lane) : -INFINITY;
-          const float sum = present ? __ldcg(p.part_sum + base + lane) : 0.0f;
-          const float sink = has_sink ? __ldg(r.sinks + std::int64_t(at.head) * group + row) : -INFINITY;
-          const bool any_tokens = __any_sync(kFullMask, partition_has_tokens(max, sum));
-          const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
-          const float merged_max = merge_max(sink, warp_max(isnan(max) ? -INFINITY : max));
-          const float weight = present ? partition_weight(max, sum, merged_max) : 0.0f;
-          const float own_weight = output_weight(weight, warp_sum(weight), any_tokens, any_nan, has_sink, sink, merged_max);
-          float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // dims 4 lane .. 4 lane + 3
-#pragma unroll 16
-          for (int q = 0; q < num_partitions; ++q) {
-            const float w = __shfl_sync(kFullMask, own_weight, q);
-            if (w != 0.0f) {
-              const float4 o = __ldcg(reinterpret_cast<const float4*>(p.part_out + (base + q) * kHeadDim) + lane);
-              value.x = fmaf(w, o.x, value.x);
-              value.y = fmaf(w, o.y, value.y);
-              value.z = fmaf(w, o.z, value.z);
-              value.w = fmaf(w, o.w, value.w);
+        for (int w = 0; w < 4; ++w) {
+          // Byte b of word w holds dims 32c + 8w + 2b + {0, 1}: k-step 2w takes bytes 0, 1, k-step 2w + 1 bytes 2, 3.
+          // The table row of byte b: one permute (256-byte rows) or a shift and a LOP3 (128-byte rows).
+          const auto lookup = [&](std::uint32_t word, int byte) {
+            std::uint32_t offset;
+            if constexpr (Shape::kWideTable) {
+              offset = __byte_perm(word, lane_lut, 0x5504u | (byte << 4));
+            } else {
+              const int shift = 7 - 8 * byte;
+              offset = ((shift >= 0 ? (word << shift) : (word >> -shift)) & 0x7f80u) | lane_lut;
             }
+            return load_shared<std::uint32_t>(lut + offset);
+          };
+          const std::uint32_t even[4] = {lookup(words_g[w], 0), lookup(words_g8[w], 0), lookup(words_g[w], 1),
+                                         lookup(words_g8[w], 1)};
+#pragma unroll
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score[nt], even, qb[nt][2 * w][0], qb[nt][2 * w][1]);
+          const std::uint32_t odd[4] = {lookup(words_g[w], 2), lookup(words_g8[w], 2), lookup(words_g[w], 3),
+                                        lookup(words_g8[w], 3)};
+#pragma unroll
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score_odd[nt], odd, qb[nt][2 * w + 1][0], qb[nt][2 * w + 1][1]);
+        }
+      }
+
+      // Per-token fields of tokens g and g + 8.
+      float norm_scale[2], value_scale[2], value_zero[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if constexpr (kFp8) {
+          norm_scale[j] = score_scale;  // fp8 keys carry no norm
+        } else {
+          norm_scale[j] = stage_field<Layout>(stage, Layout::kNormField, 8 * j + g) * score_scale;
+        }
+        value_scale[j] = stage_field<Layout>(stage, Layout::kValueScaleField, 8 * j + g);
+        value_zero[j] = stage_field<Layout>(stage, Layout::kValueZeroField, 8 * j + g);
+      }
+      float s[HeadTiles][2][2];  // [head tile][head 2c + e][token g / g + 8]
+#pragma unroll
+      for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) s[nt][e][j] = (score[nt][2 * j + e] + score_odd[nt][2 * j + e]) * norm_scale[j];
+        }
+      }
+      if (tile_token + kTileTokens > range.end) {
+        // Slots past the sequence end hold junk (fp8 key bytes or fp16 fields
+        // that may be NaN or inf): exclude them by selection, never by
+        // arithmetic; score -inf, value fields 0.
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          if (tile_token + 8 * j + g >= range.end) {
+            value_scale[j] = value_zero[j] = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < HeadTiles; ++nt) s[nt][0][j] = s[nt][1][j] = -INFINITY;
           }
-          const std::int64_t hq = std::int64_t(at.head) * group + row;
-          store_output(r, at.batch, hq, 4 * lane + 0, value.x);
-          store_output(r, at.batch, hq, 4 * lane + 1, value.y);
-          store_output(r, at.batch, hq, 4 * lane + 2, value.z);
-          store_output(r, at.batch, hq, 4 * lane + 3, value.w);
+        }
+      }
+
+      // Online softmax per head, then P' = p * value scale as the B operand of
+      // O^T += V^T P'^T. The running maxima change only when a score exceeds
+      // them (rarely after the first tiles): one vote, and only then the
+      // shuffles for the tile maxima and the rescale of the accumulators.
+      bool grows = false;
+#pragma unroll
+      for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) grows |= s[nt][e][j] > row_max[nt][e];
+        }
+      }
+      if (__any_sync(kFullMask, grows)) {
+#pragma unroll
+        for (int nt = 0; nt < HeadTiles; ++nt) {
+          float alpha[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float tile_max = fmaxf(s[nt][e][0], s[nt][e][1]);
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 4));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 8));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 16));
+            const float new_max = fmaxf(row_max[nt][e], tile_max);
+            alpha[e] = fast_exp2(row_max[nt][e] - new_max);
+            row_max[nt][e] = new_max;
+            row_sum[nt][e] *= alpha[e];
+            zero_sum[nt][e] *= alpha[e];
+          }
+#pragma unroll
+          for (int m = 0; m < kDimTiles; ++m) {
+            acc[nt][m][0] *= alpha[0];
+            acc[nt][m][1] *= alpha[1];
+            acc[nt][m][2] *= alpha[0];
+            acc[nt][m][3] *= alpha[1];
+          }
+          pv_sum[nt][0] *= alpha[0];
+          pv_sum[nt][1] *= alpha[1];
+          pv_sum[nt][2] *= alpha[0];
+          pv_sum[nt][3] *= alpha[1];
+        }
+      }
+      std::uint32_t pb[HeadTiles][2];
+#pragma unroll
+      for (int nt = 0; nt < HeadTiles; ++nt) {
+        float p_token[2][2];  // [token g / g + 8][head 2c + e]
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p0 = fast_exp2(s[nt][e][0] - row_max[nt][e]);
+          const float p1 = fast_exp2(s[nt][e][1] - row_max[nt][e]);
+          row_sum[nt][e] += p0 + p1;
+          zero_sum[nt][e] = fmaf(p0, value_zero[0], fmaf(p1, value_zero[1], zero_sum[nt][e]));
+          p_token[0][e] = p0 * value_scale[0];
+          p_token[1][e] = p1 * value_scale[1];
+        }
+        // (token, head) fragments of tokens 0..7 and 8..15 -> (head, token): the B operand halves.
+        pb[nt][0] = transpose_8x8(pack_f16(p_token[0][0], p_token[0][1]));
+        pb[nt][1] = transpose_8x8(pack_f16(p_token[1][0], p_token[1][1]));
+      }
+
+      // O^T += V^T P'^T. Dim tile m takes the codes of dims 16g + 2m (row g,
+      // exact c) and 16g + 2m + 1 (row g + 8, fp16 1 + c/64 for 4 bits, 1 + c/128
+      // for 3 bits) of the tokens 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9 (a2, a3).
+      const auto mma_values = [&](int m, std::uint32_t first, std::uint32_t second) {
+        // first / second: the code pair (low code, high code) of two tokens at bits 0.. and 16..
+        constexpr std::uint32_t kLow = value_bits(Format) == 4 ? 0x000f000fu : 0x00070007u;
+        constexpr std::uint32_t kHigh = value_bits(Format) == 4 ? 0x00f000f0u : 0x00380038u;
+        const std::uint32_t a[4] = {sub_f16x2(mask_or<kLow, kHalf1024>(first), kHalf1024), mask_or<kHigh, kHalfOnes>(first),
+                                    sub_f16x2(mask_or<kLow, kHalf1024>(second), kHalf1024), mask_or<kHigh, kHalfOnes>(second)};
+#pragma unroll
+        for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(acc[nt][m], a, pb[nt][0], pb[nt][1]);
+      };
+      if constexpr (value_bits(Format) == 4) {
+        // Byte m of each token's 8 bytes: low nibble dim 16g + 2m, high nibble 16g + 2m + 1.
+        const uint2 v0 = load_shared<uint2>(stage + value_offset[0]);
+        const uint2 v1 = load_shared<uint2>(stage + value_offset[1]);
+        const uint2 v2 = load_shared<uint2>(stage + value_offset[2]);
+        const uint2 v3 = load_shared<uint2>(stage + value_offset[3]);
+#pragma unroll
+        for (int m = 0; m < kDimTiles; ++m) {
+          const int b = m & 3;
+          const std::uint32_t selector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
+          mma_values(m, __byte_perm(m < 4 ? v0.x : v0.y, m < 4 ? v1.x : v1.y, selector),   // tokens 2c, 2c + 1
+                     __byte_perm(m < 4 ? v2.x : v2.y, m < 4 ? v3.x : v3.y, selector));  // tokens 2c + 8, 2c + 9
+        }
+      } else {
+        // The lane's 48 bits of each token (dims 16g..16g+15) brought to bit
+        // 0 of (high : low); the 6 bits at 6m are the code pair of dim tile m.
+        std::uint32_t low[4], high[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const std::uint32_t w0 = load_shared<std::uint32_t>(stage + value_offset[k]);
+          const std::uint32_t w1 = load_shared<std::uint32_t>(stage + value_offset[k] + 4);
+          low[k] = __funnelshift_r(w0, w1, value_shift);
+          high[k] = w1 >> value_shift;
+        }
+        const auto code_pair = [&](int k, int m) {
+          if (m < 5) return low[k] >> (6 * m);
+          if (m == 5) return __funnelshift_r(low[k], high[k], 30);
+          return high[k] >> (6 * m - 32);
+        };
+#pragma unroll
+        for (int m = 0; m < kDimTiles; ++m) {
+          // Byte 0 of each token's pair to byte 0 (first token) and byte 2 (second).
+          mma_values(m, __byte_perm(code_pair(0, m), code_pair(1, m), 0x0400u),
+                     __byte_perm(code_pair(2, m), code_pair(3, m), 0x0400u));
+        }
+      }
+      {
+        const std::uint32_t ones[4] = {kHalfOnes, kHalfOnes, kHalfOnes, kHalfOnes};
+#pragma unroll
+        for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(pv_sum[nt], ones, pb[nt][0], pb[nt][1]);
+      }
+      __syncwarp();  // the stage is refilled by the next iteration's issue
+    }
+    cp_async_wait<0>();
+
+    // ---- 3. merge the warps -----------------------------------------------------
+#pragma unroll
+    for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+#pragma unroll
+        for (int offset = 4; offset < 32; offset <<= 1) {
+          row_sum[nt][e] += __shfl_xor_sync(kFullMask, row_sum[nt][e], offset);
+          zero_sum[nt][e] += __shfl_xor_sync(kFullMask, zero_sum[nt][e], offset);
         }
       }
     }
-    __syncthreads();  // the merge buffers and query rows are read before the next item writes them
-    item = next;
+    __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer
+    auto& merge = *reinterpret_cast<typename Shared::Merge*>(shared);
+    // High codes were summed as fp16 1 + c/64 (4-bit codes) or 1 + c/128 (3-bit).
+    constexpr float kHighCodeScale = value_bits(Format) == 4 ? 64.0f : 128.0f;
+#pragma unroll
+    for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int row = kHeadsPerTile * nt + 2 * c + e;
+        float* out = merge.out[warp][row];
+#pragma unroll
+        for (int m = 0; m < kDimTiles; ++m) {
+          out[16 * g + 2 * m] = acc[nt][m][e] + zero_sum[nt][e];
+          out[16 * g + 2 * m + 1] = fmaf(acc[nt][m][2 + e] - pv_sum[nt][e], kHighCodeScale, zero_sum[nt][e]);
+        }
+        if (g == 0) {
+          merge.max[warp][row] = row_max[nt][e];
+          merge.sum[warp][row] = row_sum[nt][e];
+        }
+      }
+    }
+    __syncthreads();
+    for (int row = first_row; row < group; row += kRowStep) {
+      // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
+      // non-finite query) makes the partition NaN so the reduction keeps it.
+      float merged_max = -INFINITY;
+      bool any_nan = false;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        merged_max = merge_max(merged_max, merge.max[w][row]);
+        any_nan |= partition_is_nan(merge.max[w][row], merge.sum[w][row]);
+      }
+      float merged_sum = 0.0f, merged_out = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float weight = merge.max[w][row] == -INFINITY ? 0.0f : fast_exp2(merge.max[w][row] - merged_max);
+        merged_sum = fmaf(weight, merge.sum[w][row], merged_sum);
+        merged_out = fmaf(weight, merge.out[w][row][dim], merged_out);
+      }
+      if (any_nan) merged_max = merged_sum = merged_out = __uint_as_float(0x7fc00000u);
+      finish_row(row, merged_max * kLn2, merged_sum, merged_out / merged_sum);
+    }
+  }
+  if (num_partitions == 1) return;  // finish_row wrote the output
+
+  // ---- 4. the last CTA of (sequence, kv head) reduces the partitions ---------
+  __shared__ bool is_last;
+  __threadfence();  // this CTA's partition results are visible before it arrives
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* arrival = params.arrivals + static_cast<std::int64_t>(batch) * num_kv_heads + head;
+    is_last = atomicAdd(arrival, 1u) == static_cast<unsigned>(num_partitions - 1);
+    if (is_last) *arrival = 0u;  // ready for the next launch (graph replay)
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  // All loads of a phase are independent, so each phase costs one round trip
+  // to L2 however many partitions there are.
+  // One warp per output row, lane q holding partition q, so each phase is one
+  // round trip to L2 however many partitions there are. The merge rule is
+  // partition_merge.cuh's, shared with the CUDA and CPU reducers.
+  static_assert(kMaxPartitions <= 32, "one lane per partition");
+  for (int row = warp; row < group; row += kWarps) {
+    const std::int64_t base = (row_base + row) * num_partitions;
+    const bool present = lane < num_partitions;
+    const float max = present ? __ldcg(p.part_max + base + lane) : -INFINITY;
+    const float sum = present ? __ldcg(p.part_sum + base + lane) : 0.0f;
+    const float sink = has_sink ? __ldg(r.sinks + std::int64_t(head) * group + row) : -INFINITY;
+    const bool any_tokens = __any_sync(kFullMask, partition_has_tokens(max, sum));
+    const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
+    const float merged_max = merge_max(sink, warp_max(isnan(max) ? -INFINITY : max));
+    const float weight = present ? partition_weight(max, sum, merged_max) : 0.0f;
+    const float own_weight = output_weight(weight, warp_sum(weight), any_tokens, any_nan, has_sink, sink, merged_max);
+    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // dims 4 lane .. 4 lane + 3
+#pragma unroll 16
+    for (int q = 0; q < num_partitions; ++q) {
+      const float w = __shfl_sync(kFullMask, own_weight, q);
+      if (w != 0.0f) {
+        const float4 o = __ldcg(reinterpret_cast<const float4*>(p.part_out + (base + q) * kHeadDim) + lane);
+        value.x = fmaf(w, o.x, value.x);
+        value.y = fmaf(w, o.y, value.y);
+        value.z = fmaf(w, o.z, value.z);
+        value.w = fmaf(w, o.w, value.w);
+      }
+    }
+    const std::int64_t hq = std::int64_t(head) * group + row;
+    store_output(r, batch, hq, 4 * lane + 0, value.x);
+    store_output(r, batch, hq, 4 * lane + 1, value.y);
+    store_output(r, batch, hq, 4 * lane + 2, value.z);
+    store_output(r, batch, hq, 4 * lane + 3, value.w);
   }
 }
 
@@ -852,7 +765,8 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
     TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles, Format, Wide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        kBytes));
   });
-  decode_kernel<HeadTiles, Format, Wide><<<params.ctas, KernelShape<HeadTiles, Format, Wide>::kThreads, kBytes, stream>>>(params);
+  const dim3 grid(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
+  decode_kernel<HeadTiles, Format, Wide><<<grid, KernelShape<HeadTiles, Format, Wide>::kThreads, kBytes, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();
 }
 

@@ -66,19 +66,15 @@ struct ReduceParams {
   int num_partitions;
 };
 
-/// The fused Hopper step: partitions and reduction in one launch, with the
-/// query rotation unless a rotation kernel ran first. Work item (p, h, b) is
-/// partition p of (sequence b, kv head h); CTA i takes items i, i + ctas, ...
-/// The last CTA to finish a partition of (sequence, kv head) (counted in
-/// `arrivals`, which it resets to 0) reduces its N partitions.
+/// The fused Hopper step: query rotation, partitions and reduction in one
+/// launch. The last CTA of each (sequence, kv head) to finish its partition
+/// (counted in `arrivals`, which it resets to 0) reduces the N partitions.
 struct FusedDecodeParams {
-  PartitionParams partitions;  ///< q_rot: read when queries_rotated
+  PartitionParams partitions;  ///< q_rot unused: each CTA rotates its own query heads
   RotateParams rotate;         ///< query, dtype, strides, PiT
   ReduceParams reduce;         ///< sinks and output; partition buffers as in `partitions`
   unsigned* arrivals;          ///< [B * Hk], all zero between launches
   bool wide_table;             ///< 4-bit keys, group <= 8: the 16-warp kernel (LaunchPlan::wide_table)
-  int ctas;                    ///< CTAs launched (LaunchPlan::ctas), at most B * Hk * N
-  bool queries_rotated;        ///< MSE keys: q_rot holds the rotated queries (required when ctas < B * Hk * N)
 };
 
 /// The device-side record behind DeviceCheckReport, one per pool. All zero

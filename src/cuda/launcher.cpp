@@ -66,8 +66,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   const int max_context = args.max_blocks_per_seq * args.layout.block_size;
   const cuda::GridChoice grid = cuda::choose_grid(path, args.layout.preset, args.group_size(), args.batch,
                                                   args.layout.num_kv_heads, max_context, device.sm_count);
-  return {path, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table, grid.ctas,
-          grid.queries_rotated_ahead};
+  return {path, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table};
 }
 
 }  // namespace
@@ -156,11 +155,8 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
                                   call.query_dtype, call.out_stride_b(), call.out_stride_h(), call.batch,
                                   call.num_q_heads, call.layout.head_dim, plan.num_partitions};
   if (plan.path == DecodePath::hopper) {
-    // One launch: partitions and reduction fused, with the rotation unless it
-    // runs once ahead (grids of more work items than CTAs).
-    if (plan.queries_rotated_ahead) cuda::launch_rotate_queries(rotate, stream);
-    cuda::launch_decode_hopper(
-        {partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.ctas, plan.queries_rotated_ahead}, stream);
+    // One launch: rotation, partitions and reduction fused.
+    cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table}, stream);
   } else {
     cuda::launch_rotate_queries(rotate, stream);
     cuda::launch_partitions_generic(partitions, stream);

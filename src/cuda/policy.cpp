@@ -61,26 +61,15 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // The wide shape streams about 10 % faster per SM but exposes every wave's
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
-  bool wide_table = false;
-  int partitions = 0;
   if (path == DecodePath::hopper && wide_table_kernel(preset, group_size)) {
     const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1);
     if (static_cast<long long>(batch) * num_kv_heads * wide <= static_cast<long long>(kWideTableMaxWaves) * sm_count) {
-      wide_table = true;
-      partitions = wide;
+      return {wide, true};
     }
   }
-  const int resident = resident_ctas_per_sm(path, preset, group_size, wide_table);
-  if (!wide_table) partitions = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, resident);
-  if (path != DecodePath::hopper) return {partitions, false, 0, false};
-  // The Hopper kernel runs at most one wave of CTAs, each taking several work
-  // items when there are more: the table and (with the queries rotated
-  // ahead) the rotation are not redone per wave, and the next item's tiles
-  // stream while the current one merges (bench/NOTES.md, v3.7).
-  const long long items = static_cast<long long>(batch) * num_kv_heads * partitions;
-  const long long slots = static_cast<long long>(resident) * sm_count;
-  const bool rotated_ahead = items > slots && !preset_info(preset).key_fp8;
-  return {partitions, wide_table, static_cast<int>(std::min(items, slots)), rotated_ahead};
+  return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
+                                resident_ctas_per_sm(path, preset, group_size, false)),
+          false};
 }
 
 int max_partition_rows(int max_batch, int num_kv_heads, int sm_count) {

@@ -61,15 +61,11 @@ int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wi
 struct GridChoice {
   int num_partitions;
   bool wide_table;
-  int ctas;                    ///< Hopper path: min(B * Hk * N, resident CTAs); else 0
-  bool queries_rotated_ahead;  ///< Hopper path, MSE keys, more items than CTAs
 };
 
 /// N and the Hopper kernel shape for a call: the 16-warp kernel when it
 /// exists and its grid (planned for one CTA per SM) takes at most
-/// kWideTableMaxWaves waves, else the 8-warp kernel's plan; the Hopper
-/// kernel's CTAs (one wave at most, each taking work items `ctas` apart)
-/// and whether the queries are rotated by a kernel of their own first.
+/// kWideTableMaxWaves waves, else the 8-warp kernel's plan.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count);
 

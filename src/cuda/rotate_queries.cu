@@ -1,14 +1,16 @@
 // Query rotation (FORMAT.md section 5, step 1): q_rot = bf16(fp32(q) @ PiT)
 // for MSE presets, q as fp32 for fp8 keys.
 //
-// One CTA computes a tile of kRowsPerBlock query rows (flattened (b, hq)) by
-// kColumnsPerBlock output columns, one output per thread: PiT's columns and
-// the rows are staged in shared memory with one round of copies, then each
-// thread sums over i in order with fmaf (the order of the CPU reference and
-// of the Hopper kernel's in-kernel rotation, so the bits agree). Small
-// batches are latency-bound, hence one round trip to L2 and many small CTAs
-// rather than each thread walking PiT through L2.
-
+// One CTA computes a tile of query rows (flattened (b, hq)) by
+// kColumnsPerBlock output columns: PiT's columns and the rows are staged in
+// shared memory with one round of copies, then each thread sums over i in
+// order with fmaf (the order of the CPU reference and of the Hopper kernel's
+// in-kernel rotation, so the bits agree) for RowsPerThread rows of its
+// column. Few rows (small batches) are latency-bound: one row per thread,
+// many small CTAs, one round trip to L2. Many rows are bound by the FMAs and
+// by each CTA's copy of PiT's columns: eight rows per thread use every
+// staged column eight times (8192 rows: 19 us against 33, bench/NOTES.md v3.7).
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -22,21 +24,23 @@
 namespace tqdecode::cuda {
 namespace {
 
-constexpr int kRowsPerBlock = 8;
 constexpr int kColumnsPerBlock = 32;
-constexpr int kThreads = kRowsPerBlock * kColumnsPerBlock;  // warp r: row r, lane j: column j
+constexpr int kRowGroups = 8;
+constexpr int kThreads = kRowGroups * kColumnsPerBlock;  // warp w: rows w, w + 8, ...; lane j: column j
+/// From this many rows on (D = 128) each thread rotates eight rows.
+constexpr int kManyRows = 2048;
 
 /// Block (x, y) rotates rows [x * kRowsPerBlock, ...) into columns [y * kColumnsPerBlock, ...).
-template <int D>
+template <int D, int RowsPerThread>
 __global__ void __launch_bounds__(kThreads) rotate_queries_kernel(const __grid_constant__ RotateParams p) {
+  constexpr int kRowsPerBlock = kRowGroups * RowsPerThread;
   __shared__ __align__(16) float rows_s[kRowsPerBlock][D];
   __shared__ __align__(16) float columns_s[D][kColumnsPerBlock];
   const int num_rows = p.batch * p.num_q_heads;
   const int first_row = blockIdx.x * kRowsPerBlock;
   const int first_column = blockIdx.y * kColumnsPerBlock;
-  const int r = threadIdx.x / kColumnsPerBlock;
+  const int w = threadIdx.x / kColumnsPerBlock;
   const int j = threadIdx.x % kColumnsPerBlock;
-  const int row = first_row + r;
 
   if (p.PiT != nullptr) {
     constexpr int kChunksPerRow = kColumnsPerBlock * 4 / 16;
@@ -47,41 +51,76 @@ __global__ void __launch_bounds__(kThreads) rotate_queries_kernel(const __grid_c
     }
     cp_async_commit();
   }
-  for (int index = threadIdx.x; index < kRowsPerBlock * D; index += kThreads) {
-    const int source_row = first_row + index / D;
-    float value = 0.0f;
-    if (source_row < num_rows) {
-      const std::int64_t b = source_row / p.num_q_heads;
-      const std::int64_t hq = source_row % p.num_q_heads;
-      value = load_as_float(p.query, p.query_dtype, b * p.query_stride_batch + hq * p.query_stride_head + index % D);
+  // The rows: every thread's loads are issued before any is used (16-bit
+  // elements, bf16 or fp16, converted afterwards), so they cost one round
+  // trip, not one per element.
+  static_assert(kThreads % D == 0, "whole rows per pass");
+  constexpr int kRowStep = kThreads / D;
+  constexpr int kPasses = kRowsPerBlock / kRowStep;
+  const int d = threadIdx.x % D;
+  const auto* query = static_cast<const std::uint16_t*>(p.query);
+  std::uint16_t bits[kPasses];
+  {
+    int row = first_row + threadIdx.x / D;
+    std::int64_t b = row / p.num_q_heads;
+    int hq = row % p.num_q_heads;
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      bits[k] = row < num_rows ? __ldg(query + b * p.query_stride_batch + hq * p.query_stride_head + d) : 0;
+      row += kRowStep;
+      hq += kRowStep;
+      if (hq >= p.num_q_heads) {  // the same for the whole warp (D >= 64 threads share a row)
+        b += hq / p.num_q_heads;
+        hq %= p.num_q_heads;
+      }
     }
-    rows_s[index / D][index % D] = value;
+  }
+  const bool f16 = p.query_dtype == DType::f16;
+#pragma unroll
+  for (int k = 0; k < kPasses; ++k) {
+    rows_s[threadIdx.x / D + kRowStep * k][d] =
+        f16 ? __half2float(__ushort_as_half(bits[k])) : __uint_as_float(static_cast<std::uint32_t>(bits[k]) << 16);
   }
   cp_async_wait<0>();
   __syncthreads();
-  if (row >= num_rows) return;
-  float* out = p.q_rot + static_cast<std::int64_t>(row) * D + first_column + j;
+  const auto output = [&](int r) { return p.q_rot + static_cast<std::int64_t>(first_row + w + kRowGroups * r) * D + first_column + j; };
+  const auto present = [&](int r) { return first_row + w + kRowGroups * r < num_rows; };
   if (p.PiT == nullptr) {  // fp8 keys: the query is used unrotated
-    *out = rows_s[r][first_column + j];
+#pragma unroll
+    for (int r = 0; r < RowsPerThread; ++r) {
+      if (present(r)) *output(r) = rows_s[w + kRowGroups * r][first_column + j];
+    }
     return;
   }
-  float acc = 0.0f;
-#pragma unroll 8
+  float acc[RowsPerThread];
+#pragma unroll
+  for (int r = 0; r < RowsPerThread; ++r) acc[r] = 0.0f;
+#pragma unroll 4
   for (int i = 0; i < D; i += 4) {
-    const float4 q = *reinterpret_cast<const float4*>(&rows_s[r][i]);  // broadcast within the warp
-    acc = fmaf(q.x, columns_s[i + 0][j], acc);
-    acc = fmaf(q.y, columns_s[i + 1][j], acc);
-    acc = fmaf(q.z, columns_s[i + 2][j], acc);
-    acc = fmaf(q.w, columns_s[i + 3][j], acc);
+    float column[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) column[e] = columns_s[i + e][j];
+#pragma unroll
+    for (int r = 0; r < RowsPerThread; ++r) {
+      const float4 q = *reinterpret_cast<const float4*>(&rows_s[w + kRowGroups * r][i]);  // broadcast within the warp
+      acc[r] = fmaf(q.x, column[0], acc[r]);
+      acc[r] = fmaf(q.y, column[1], acc[r]);
+      acc[r] = fmaf(q.z, column[2], acc[r]);
+      acc[r] = fmaf(q.w, column[3], acc[r]);
+    }
   }
-  *out = round_to_bf16(acc);
+#pragma unroll
+  for (int r = 0; r < RowsPerThread; ++r) {
+    if (present(r)) *output(r) = round_to_bf16(acc[r]);
+  }
 }
 
-template <int D>
+template <int D, int RowsPerThread>
 void launch_rotate(const RotateParams& params, cudaStream_t stream) {
+  constexpr int kRowsPerBlock = kRowGroups * RowsPerThread;
   const int num_rows = params.batch * params.num_q_heads;
   const dim3 grid((num_rows + kRowsPerBlock - 1) / kRowsPerBlock, D / kColumnsPerBlock);
-  rotate_queries_kernel<D><<<grid, kThreads, 0, stream>>>(params);
+  rotate_queries_kernel<D, RowsPerThread><<<grid, kThreads, 0, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();
 }
 
@@ -98,9 +137,15 @@ void launch_rotate_queries(const RotateParams& params, CUstream_st* stream) {
     resolved.query_stride_batch = static_cast<std::int64_t>(params.num_q_heads) * params.head_dim;
   }
   switch (params.head_dim) {
-    case 64: launch_rotate<64>(resolved, stream); break;
-    case 128: launch_rotate<128>(resolved, stream); break;
-    case 256: launch_rotate<256>(resolved, stream); break;
+    case 64: launch_rotate<64, 1>(resolved, stream); break;
+    case 128:
+      if (params.batch * params.num_q_heads >= kManyRows) {
+        launch_rotate<128, 8>(resolved, stream);  // 48 KB of shared memory
+      } else {
+        launch_rotate<128, 1>(resolved, stream);
+      }
+      break;
+    case 256: launch_rotate<256, 1>(resolved, stream); break;
     default: fail("head_dim", std::to_string(params.head_dim) + " is not supported; accepted: 64, 128, 256");
   }
 }

@@ -55,15 +55,17 @@ std::vector<DecodeCase> decode_cases() {
       {"q4_g5_bs32", p4, 10, 2, 128, 32, {1234, 4321}},
       {"q4_long_128k", p4, 64, 8, 128, 16, {131072 + 7}},
       {"q4_batch256", p4, 16, 4, 128, 16, random_lengths(256, 700, 5)},
-      // More work items than resident CTAs (on an H200): each CTA takes
-      // several, the queries are rotated ahead; split partitions, empty
-      // sequences, both merge placements (one and two head tiles, fp8).
-      {"q4_b40_split_items", p4, 64, 8, 128, 16, random_lengths(40, 3000, 11)},
-      {"k3v4_b48_items", Preset::turboquant_k3v4_nc, 64, 8, 128, 32, random_lengths(48, 2000, 12), 0, true},
-      {"3bit_b48_items_f16", Preset::turboquant_3bit_nc, 64, 8, 128, 16, random_lengths(48, 2000, 13), 16, false,
+      // Grids of several waves of CTAs (on an H200) with split partitions,
+      // empty sequences, one and two head tiles, every preset.
+      {"q4_b40_split_waves", p4, 64, 8, 128, 16, random_lengths(40, 3000, 11)},
+      {"k3v4_b48_waves", Preset::turboquant_k3v4_nc, 64, 8, 128, 32, random_lengths(48, 2000, 12), 0, true},
+      {"3bit_b48_waves_f16", Preset::turboquant_3bit_nc, 64, 8, 128, 16, random_lengths(48, 2000, 13), 16, false,
        DType::f16},
-      {"k8v4_b48_items", Preset::turboquant_k8v4, 64, 8, 128, 16, random_lengths(48, 2000, 14)},
-      {"q4_g16_b100_items_sinks", p4, 32, 2, 128, 16, random_lengths(100, 1500, 15), 0, true},
+      {"k8v4_b48_waves", Preset::turboquant_k8v4, 64, 8, 128, 16, random_lengths(48, 2000, 14)},
+      {"q4_g16_b101_waves_sinks", p4, 32, 2, 128, 16, random_lengths(101, 1500, 15), 0, true},
+      // 2100 query rows of 3 heads: the rotation kernel's eight-rows-per-thread
+      // variant with a partial last tile and rows crossing sequences.
+      {"q4_g3_b700_rows", p4, 3, 1, 128, 16, random_lengths(700, 64, 16)},
       {"q4_d64", p4, 16, 4, 64, 16, {1, 300, 2049}},
       {"q4_d256_sinks", p4, 16, 4, 256, 32, {0, 999}, 0, true},
   };
@@ -121,14 +123,8 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
 
   const PathChoice choice = choose_decode_path(device.args());
   const LaunchPlan plan = plan_decode(device.args());
-  std::printf("[ path     ] %s: %s (%s), N = %d%s", c.name.c_str(), decode_path_name(choice.path), choice.reason.c_str(),
+  std::printf("[ path     ] %s: %s (%s), N = %d%s\n", c.name.c_str(), decode_path_name(choice.path), choice.reason.c_str(),
               plan.num_partitions, plan.wide_table ? ", 16-warp wide-table shape" : "");
-  if (choice.path == DecodePath::hopper) {
-    std::printf(", %d CTAs for %lld items%s", plan.ctas,
-                static_cast<long long>(scenario.seq_lens.size()) * c.num_kv_heads * plan.num_partitions,
-                plan.queries_rotated_ahead ? ", queries rotated ahead" : "");
-  }
-  std::printf("\n");
   decode(device.args(), workspace);
   const std::vector<float> automatic = device.output();
   expect_close(automatic, expected, c.name + " " + decode_path_name(choice.path));

@@ -109,42 +109,5 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_FALSE(choose_grid(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 8, 16, 8, 32768, kH200Sms).wide_table);
 }
 
-// The Hopper kernel launches at most one wave of CTAs; with more work items
-// (B * Hk * N) each CTA takes several, and MSE queries are rotated first by a
-// kernel of their own (bench/NOTES.md, v3.7).
-TEST(PartitionPolicy, OneWaveOfCtasTakingWorkItemsInTurn) {
-  const auto grid = [](Preset preset, int group, int batch, int hk, int context) {
-    return choose_grid(DecodePath::hopper, preset, group, batch, hk, context, kH200Sms);
-  };
-  const Preset p4 = Preset::turboquant_4bit_nc;
-  const GridChoice b16 = grid(p4, 8, 16, 8, 32768);  // 128 items, one per CTA
-  EXPECT_EQ(b16.ctas, 128);
-  EXPECT_FALSE(b16.queries_rotated_ahead);
-  const GridChoice b1 = grid(p4, 8, 1, 8, 4096);  // 8 x 16 partitions
-  EXPECT_EQ(b1.ctas, 128);
-  EXPECT_FALSE(b1.queries_rotated_ahead);
-  const GridChoice b32 = grid(p4, 8, 32, 8, 131072);  // 256 items on the 132 wide CTAs
-  EXPECT_EQ(b32.ctas, kH200Sms);
-  EXPECT_TRUE(b32.queries_rotated_ahead);
-  const GridChoice b64 = grid(p4, 8, 64, 8, 8192);  // 512 items on 264 two-CTA slots
-  EXPECT_EQ(b64.ctas, 2 * kH200Sms);
-  EXPECT_TRUE(b64.queries_rotated_ahead);
-  const GridChoice b128 = grid(p4, 8, 128, 8, 4096);
-  EXPECT_EQ(b128.ctas, 2 * kH200Sms);
-  EXPECT_TRUE(b128.queries_rotated_ahead);
-  const GridChoice k3v4 = grid(Preset::turboquant_k3v4_nc, 8, 16, 8, 32768);  // 128 x 2 partitions
-  EXPECT_EQ(k3v4.ctas, 256);
-  EXPECT_FALSE(k3v4.queries_rotated_ahead);
-  const GridChoice g16 = grid(p4, 16, 100, 2, 1500);  // one CTA per SM
-  EXPECT_EQ(g16.ctas, kH200Sms);
-  EXPECT_TRUE(g16.queries_rotated_ahead);
-  const GridChoice fp8 = grid(Preset::turboquant_k8v4, 8, 64, 8, 8192);  // fp8 keys: no rotation
-  EXPECT_EQ(fp8.ctas, 2 * kH200Sms);
-  EXPECT_FALSE(fp8.queries_rotated_ahead);
-  const GridChoice generic = choose_grid(DecodePath::cuda_generic, p4, 8, 128, 8, 4096, kH200Sms);
-  EXPECT_EQ(generic.ctas, 0);
-  EXPECT_FALSE(generic.queries_rotated_ahead);
-}
-
 }  // namespace
 }  // namespace tqdecode::cuda
