@@ -83,7 +83,9 @@ __global__ void __launch_bounds__(kThreads) rotate_queries_kernel(const __grid_c
   }
   cp_async_wait<0>();
   __syncthreads();
-  const auto output = [&](int r) { return p.q_rot + static_cast<std::int64_t>(first_row + w + kRowGroups * r) * D + first_column + j; };
+  const auto output = [&](int r) {
+    return p.q_rot + static_cast<std::int64_t>(first_row + w + kRowGroups * r) * D + first_column + j;
+  };
   const auto present = [&](int r) { return first_row + w + kRowGroups * r < num_rows; };
   if (p.PiT == nullptr) {  // fp8 keys: the query is used unrotated
 #pragma unroll
