@@ -14,8 +14,8 @@
 // 4-bit keys up to group 8 on grids of few waves one CTA of 16 warps (the
 // wide table); one CTA of 8 warps for groups over 8 (KernelShape). A CTA
 // 1. puts its first tiles in flight, then rotates the query heads of its
-//    group (q_rot = bf16(q @ PiT), PiT staged in shared memory with cp.async,
-//    whole or in two halves) and builds the key lookup table;
+//    group (q_rot = bf16(q @ PiT) on the tensor cores, hopper_rotation.cuh)
+//    and builds the key lookup table;
 // 2. streams its token range in 16-token tiles, warps taking tiles round
 //    robin, each warp keeping kStages tiles in flight with cp.async into its
 //    own shared-memory ring, and runs the two products on the tensor cores
@@ -58,12 +58,14 @@
 // register-level operations (packing, mma, transpose) in hopper_fragments.cuh.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 
 #include "cuda_check.hpp"
 #include "device_utils.cuh"
 #include "hopper_fragments.cuh"
+#include "hopper_rotation.cuh"
 #include "hopper_tile_layout.cuh"
 #include "kernel_params.hpp"
 #include "partition_merge.cuh"
@@ -79,9 +81,7 @@ constexpr int kHeadsPerTile = 8;    // mma N
 constexpr int kMaxRows = 16;        // query heads of a group: one or two head tiles
 constexpr int kDimTiles = kHeadDim / 16;
 constexpr int kStages = 4;          // tiles in flight per warp
-constexpr int kPiTBytes = kHeadDim * kHeadDim * 4;             // 65536
 constexpr int kQueryBytes = kMaxRows * kHeadDim * 4;           // 8192
-constexpr int kCentroidBytes = 16 * 4;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -94,6 +94,20 @@ struct MergeStorage {
   float max[Warps][Rows];
   float sum[Warps][Rows];
 };
+
+// Slot of (row, dim) in the query rows: the 16-byte units of each 32-dim
+// chunk are XOR-swizzled by the row's parity and the chunk, so the operand
+// build's 16-byte reads (lane (g, c): row g, dims 32c + 4ks..+3) are free of
+// bank conflicts; stores of whole rows stay conflict-free.
+__device__ __forceinline__ int query_slot(int row, int dim) {
+  return row * kHeadDim + (dim ^ (((2 * (dim >> 5) + (row & 1)) & 7) << 2));
+}
+
+// Position of `dim` in a merge row: dim pairs XOR-swizzled within each
+// 32-dim chunk by the row pair and the chunk, so the merge's 8-byte stores
+// (lane (g, c): dims 16g + 2m, + 1 of rows 2c + e) are free of bank conflicts
+// per half warp (unswizzled they were 16-way), and the reads of whole rows stay so.
+__device__ __forceinline__ int merge_dim(int row, int dim) { return dim ^ ((4 * ((row >> 1) & 3) + 2 * (dim >> 5)) & 15); }
 
 /// Shape of a kernel instance. Wide: 4-bit keys with one head tile in one
 /// CTA of 16 warps per SM sharing a 64 KB lookup table whose 256-byte rows
@@ -115,10 +129,9 @@ struct KernelShape {
   static_assert(kThreads % kHeadDim == 0 && kRows % kRowStep == 0, "whole rows per thread group");
 };
 
-/// Shared memory of a CTA: [lookup table region (MSE keys) | rings][query rows][centroids][issue plans].
+/// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][query bits][centroids][issue plans].
 /// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
-/// to a bf16 pair, one copy per lane; its region also stages PiT (whole, or
-/// in two halves when the region holds 32 KB).
+/// to a bf16 pair, one copy per lane.
 template <int HeadTiles, CacheFormat Format, bool Wide>
 struct SharedLayout {
   using Shape = KernelShape<HeadTiles, Format, Wide>;
@@ -126,21 +139,22 @@ struct SharedLayout {
   static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
   static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
   static constexpr int kLutBytes = kLutEntries * kLutRowBytes;
-  static constexpr int kPiTPasses = kLutBytes >= kPiTBytes ? 1 : 2;
-  static constexpr int kLutRegionBytes =
-      kLutEntries ? (kLutBytes > kPiTBytes / kPiTPasses ? kLutBytes : kPiTBytes / kPiTPasses) : 0;
   static constexpr int kRingBytes = Shape::kWarps * kStages * TileLayout<Format>::kStageBytes;
-  static constexpr int kMainBytes = kLutRegionBytes + kRingBytes;
+  using Merge = MergeStorage<Shape::kWarps, Shape::kRows>;
+  // The merge reuses the table and the rings once the stream is done.
+  static constexpr int kMainBytes = std::max(kLutBytes + kRingBytes, static_cast<int>(sizeof(Merge)));
   static constexpr int kQueryOffset = kMainBytes;
-  static constexpr int kCentroidOffset = kQueryOffset + kQueryBytes;
+  // MSE keys: the query's bits, the rotation's input (hopper_rotation.cuh),
+  // and the codebook the table is built from.
+  static constexpr int kQueryBitsOffset = kQueryOffset + kQueryBytes;
+  static constexpr int kQueryBitsBytes = kCodebookSize ? Shape::kRows * kQueryBitsStride * 2 : 0;
+  static constexpr int kCentroidOffset = kQueryBitsOffset + kQueryBitsBytes;
   // One copy plan per lane, the same for every warp of the CTA: read back
   // from here for each tile, since recomputing it in the loop (what the
   // compiler does at 128 registers) costs about 70 instructions per tile.
-  static constexpr int kPlanOffset = kCentroidOffset + kCentroidBytes;
-  // 214080 (4-bit, wide), 111680 (4-bit), 102976 (k3v4), 94272 (3bit), 110144 (fp8)
+  static constexpr int kPlanOffset = kCentroidOffset + kCodebookSize * 4;
+  // 216256 (4-bit, wide), 113856 (4-bit), 80544 (k3v4), 71840 (3bit), 110080 (fp8)
   static constexpr int kBytes = kPlanOffset + 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
-  using Merge = MergeStorage<Shape::kWarps, Shape::kRows>;
-  static_assert(sizeof(Merge) <= kMainBytes, "merge buffer must fit the main region");
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
   // per CTA, 128 bytes static.
   static_assert(kBytes <= 227 * 1024, "dynamic shared memory per CTA");
@@ -174,12 +188,10 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
   using Shared = SharedLayout<HeadTiles, Format, Wide>;
   using Shape = KernelShape<HeadTiles, Format, Wide>;
   constexpr int kWarps = Shape::kWarps;
-  constexpr int kThreads = Shape::kThreads;
   constexpr int kRows = Shape::kRows;
   constexpr int kRowStep = Shape::kRowStep;
   extern __shared__ __align__(128) std::uint8_t shared[];
-  float (*query_rows)[kHeadDim] = reinterpret_cast<float (*)[kHeadDim]>(shared + Shared::kQueryOffset);
-  float* centroids = reinterpret_cast<float*>(shared + Shared::kCentroidOffset);
+  float* query_rows = reinterpret_cast<float*>(shared + Shared::kQueryOffset);  // [kMaxRows][kHeadDim], query_slot
   const PartitionParams& p = params.partitions;
   const RotateParams& rq = params.rotate;
   const int partition = blockIdx.x;
@@ -220,29 +232,29 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
     for (int row = first_row; row < group; row += kRowStep) finish_row(row, -INFINITY, 0.0f, 0.0f);
   } else {
     // ---- 1. first tiles in flight, query rotation, lookup table -------------
-    // The query first: under a saturated memory system its load waits behind
-    // the cache tiles if issued after them (ncu: 6 % of the time at (128, 4096)).
+    // The query first (one element per row and thread, as bits): under a
+    // saturated memory system its load waits behind the cache tiles if issued
+    // after them (ncu: 6 % of the time at (128, 4096)).
     constexpr int kRowsPerThread = kRows / kRowStep;
-    float query_values[kRowsPerThread];
+    std::uint16_t query_values[kRowsPerThread];
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int row = first_row + kRowStep * i;
-      query_values[i] = 0.0f;
+      query_values[i] = 0;
       if (row < group) {
         const std::int64_t hq = std::int64_t(head) * group + row;
-        query_values[i] = load_as_float(rq.query, rq.query_dtype, batch * rq.query_stride_batch + hq * rq.query_stride_head + dim);
+        query_values[i] = __ldg(static_cast<const std::uint16_t*>(rq.query) + batch * rq.query_stride_batch +
+                                hq * rq.query_stride_head + dim);
       }
     }
-    // The ring's first kStages - 1 tiles are issued before anything else so
-    // their HBM latency overlaps the prologue. MSE keys: PiT (64 KB) is staged
-    // in the lookup table's region (whole, or in two 32 KB halves), which the
-    // ring does not touch.
+    // The ring's first kStages - 1 tiles are issued before anything else is
+    // computed so their HBM latency overlaps the prologue.
     const int block_shift = 31 - __clz(p.layout.block_size);
     const int block_mask = p.layout.block_size - 1;
     const std::uint8_t* cache = p.cache;
     const std::int64_t block_stride = p.layout.block_stride;
     const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
-    const std::uint32_t ring_offset = opaque(Shared::kLutRegionBytes + warp * kStages * Layout::kStageBytes);
+    const std::uint32_t ring_offset = opaque(Shared::kLutBytes + warp * kStages * Layout::kStageBytes);
     const std::uint8_t* ring = shared + ring_offset;
     const std::uint32_t ring_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared)) + ring_offset;
     const typename Layout::IssuePlan plan = Layout::make_plan(p, head, lane);
@@ -252,13 +264,6 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
     const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
     const int count = first_tile < end_tile ? (end_tile - first_tile + kWarps - 1) / kWarps : 0;
 
-    constexpr int kPiTPassBytes = kPiTBytes / Shared::kPiTPasses;
-    const auto stage_pit_pass = [&](int pass) {
-      const std::uint8_t* source = reinterpret_cast<const std::uint8_t*>(rq.PiT) + pass * kPiTPassBytes;
-      for (int i = threadIdx.x; i < kPiTPassBytes / 16; i += kThreads) copy_to_shared<16>(shared + 16 * i, source + 16 * i);
-      cp_async_commit();
-    };
-    if constexpr (!kFp8) stage_pit_pass(0);
     // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
     // holds the block of the warp's tile i + j for the window i (a multiple of
     // 32) being issued, `blocks_next` those of the next window, loaded a
@@ -268,7 +273,6 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
       return index < count ? tile_block(table, first_tile + index * kWarps, block_shift) : 0;
     };
     int blocks = load_blocks(0);
-    int blocks_next = load_blocks(32);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < count) {
@@ -277,60 +281,38 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
       }
       cp_async_commit();
     }
+    if constexpr (kFp8) {
+      // fp8 keys: the query as it is.
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) query_rows[first_row + kRowStep * i][dim] = query_values[i];
-    // MSE keys: rotate the query rows and build the lookup table; fp8 keys
-    // use the query as it is.
-    if constexpr (!kFp8) {
-      if (threadIdx.x < Shared::kCodebookSize) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
-      {
-        constexpr int kPassRows = kHeadDim / Shared::kPiTPasses;  // PiT rows per pass
-        const float* pit = reinterpret_cast<const float*>(shared);
-        float sums[kRowsPerThread];
-#pragma unroll
-        for (int k = 0; k < kRowsPerThread; ++k) sums[k] = 0.0f;
-#pragma unroll 1
-        for (int pass = 0; pass < Shared::kPiTPasses; ++pass) {
-          if (pass == 0) {
-            cp_async_wait<kStages - 1>();  // PiT's first pass; the ring's tiles may still be in flight
-          } else {
-            __syncthreads();  // every thread is done with the first half
-            stage_pit_pass(1);
-            cp_async_wait<0>();
-          }
-          __syncthreads();
-          for (int i = 0; i < kPassRows; i += 4) {
-            float column[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) column[e] = pit[(i + e) * kHeadDim + dim];
-#pragma unroll
-            for (int k = 0; k < kRowsPerThread; ++k) {
-              const int row = first_row + kRowStep * k;
-              if (row < group) {
-                const float4 q = *reinterpret_cast<const float4*>(&query_rows[row][pass * kPassRows + i]);
-                sums[k] = fmaf(q.x, column[0], sums[k]);
-                sums[k] = fmaf(q.y, column[1], sums[k]);
-                sums[k] = fmaf(q.z, column[2], sums[k]);
-                sums[k] = fmaf(q.w, column[3], sums[k]);
-              }
-            }
-          }
-        }
-        __syncthreads();  // every thread has read query_rows and PiT
-#pragma unroll
-        for (int k = 0; k < kRowsPerThread; ++k) {
-          const int row = first_row + kRowStep * k;
-          if (row < group) query_rows[row][dim] = round_to_bf16(sums[k]);
-        }
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        query_rows[query_slot(first_row + kRowStep * i, dim)] = query_bits_to_float(rq.query_dtype == DType::f16, query_values[i]);
       }
-      // Lookup table over the dead PiT staging; each warp writes whole
-      // 32-lane rows. Entry (high code, low code) -> (centroid[low], centroid[high]).
+    } else {
+      // MSE keys: warps 0..7 rotate the query on the tensor cores
+      // (hopper_rotation.cuh). PiT after the tiles: its loads are L2 hits,
+      // which do not queue behind them.
+      const bool rotates = warp < kRotationWarps;
+      RotationOperands rotation;
+      if (rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
+      auto* query_bits = reinterpret_cast<std::uint16_t*>(shared + Shared::kQueryBitsOffset);
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) query_bits[(first_row + kRowStep * i) * kQueryBitsStride + dim] = query_values[i];
+      float* centroids = reinterpret_cast<float*>(shared + Shared::kCentroidOffset);
+      if (threadIdx.x < Shared::kCodebookSize) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
+      __syncthreads();  // the query bits and the centroids are in place
+      if (rotates) {
+        rotate_queries<HeadTiles>(rotation, query_bits, rq.query_dtype == DType::f16, warp, lane,
+                                  [&](int row, int dim_out, float value) { query_rows[query_slot(row, dim_out)] = value; });
+      }
+      // Lookup table, each warp writing whole 32-lane rows: entry (high code,
+      // low code) -> (centroid[low], centroid[high]).
       constexpr int kCodeBits = Format == CacheFormat::mse4 ? 4 : 3;
       for (int entry = warp; entry < Shared::kLutEntries; entry += kWarps) {
         reinterpret_cast<std::uint32_t*>(shared)[entry * (Shared::kLutRowBytes / 4) + lane] =
             pack_bf16(centroids[entry & (Shared::kCodebookSize - 1)], centroids[entry >> kCodeBits]);
       }
     }
+    int blocks_next = load_blocks(32);  // only now: the rotation needs the registers
     __syncthreads();
 
     const int c = lane & 3;
@@ -342,10 +324,10 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
     for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
-        const float* q = query_rows[kHeadsPerTile * nt + g] + 32 * c + 4 * ks;
+        const float4 q = *reinterpret_cast<const float4*>(query_rows + query_slot(kHeadsPerTile * nt + g, 32 * c + 4 * ks));
         // fp16 against fp8 keys (exact: e4m3 values are fp16 values), bf16 against the table's bf16 centroids.
-        qb[nt][ks][0] = kFp8 ? pack_f16(q[0], q[1]) : pack_bf16(q[0], q[1]);
-        qb[nt][ks][1] = kFp8 ? pack_f16(q[2], q[3]) : pack_bf16(q[2], q[3]);
+        qb[nt][ks][0] = kFp8 ? pack_f16(q.x, q.y) : pack_bf16(q.x, q.y);
+        qb[nt][ks][1] = kFp8 ? pack_f16(q.z, q.w) : pack_bf16(q.z, q.w);
       }
     }
 
@@ -675,8 +657,8 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
         float* out = merge.out[warp][row];
 #pragma unroll
         for (int m = 0; m < kDimTiles; ++m) {
-          out[16 * g + 2 * m] = acc[nt][m][e] + zero_sum[nt][e];
-          out[16 * g + 2 * m + 1] = fmaf(acc[nt][m][2 + e] - pv_sum[nt][e], kHighCodeScale, zero_sum[nt][e]);
+          *reinterpret_cast<float2*>(out + merge_dim(row, 16 * g + 2 * m)) =
+              make_float2(acc[nt][m][e] + zero_sum[nt][e], fmaf(acc[nt][m][2 + e] - pv_sum[nt][e], kHighCodeScale, zero_sum[nt][e]));
         }
         if (g == 0) {
           merge.max[warp][row] = row_max[nt][e];
@@ -700,7 +682,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
       for (int w = 0; w < kWarps; ++w) {
         const float weight = merge.max[w][row] == -INFINITY ? 0.0f : fast_exp2(merge.max[w][row] - merged_max);
         merged_sum = fmaf(weight, merge.sum[w][row], merged_sum);
-        merged_out = fmaf(weight, merge.out[w][row][dim], merged_out);
+        merged_out = fmaf(weight, merge.out[w][row][merge_dim(row, dim)], merged_out);
       }
       if (any_nan) merged_max = merged_sum = merged_out = __uint_as_float(0x7fc00000u);
       finish_row(row, merged_max * kLn2, merged_sum, merged_out / merged_sum);

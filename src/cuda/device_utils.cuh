@@ -1,7 +1,9 @@
 // Small device helpers shared by the CUDA kernels (internal): warp
-// reductions, asynchronous global->shared copies and named barriers.
+// reductions, query bits to fp32, asynchronous global->shared copies and
+// named barriers.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -20,6 +22,11 @@ __device__ __forceinline__ float warp_sum(float value) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(kFullMask, value, offset);
   return value;
+}
+
+/// A query element's bits (fp16 when `f16`, else bf16) as fp32, exactly.
+__device__ __forceinline__ float query_bits_to_float(bool f16, std::uint16_t bits) {
+  return f16 ? __half2float(__ushort_as_half(bits)) : __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
 }
 
 /// Copies `Bytes` (1, 2, 4, 8 or 16) bytes from global to shared memory; both

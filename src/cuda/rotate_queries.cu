@@ -78,8 +78,7 @@ __global__ void __launch_bounds__(kThreads) rotate_queries_kernel(const __grid_c
   const bool f16 = p.query_dtype == DType::f16;
 #pragma unroll
   for (int k = 0; k < kPasses; ++k) {
-    rows_s[threadIdx.x / D + kRowStep * k][d] =
-        f16 ? __half2float(__ushort_as_half(bits[k])) : __uint_as_float(static_cast<std::uint32_t>(bits[k]) << 16);
+    rows_s[threadIdx.x / D + kRowStep * k][d] = query_bits_to_float(f16, bits[k]);
   }
   cp_async_wait<0>();
   __syncthreads();
