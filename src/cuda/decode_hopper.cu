@@ -302,14 +302,23 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
       __syncthreads();  // the query bits and the centroids are in place
       if (rotates) {
         rotate_queries<HeadTiles>(rotation, query_bits, rq.query_dtype == DType::f16, warp, lane,
-                                  [&](int row, int dim_out, float value) { query_rows[query_slot(row, dim_out)] = value; });
+                                  [&](int row, int dim_out, float2 pair) {
+                                    *reinterpret_cast<float2*>(query_rows + query_slot(row, dim_out)) = pair;
+                                  });
       }
       // Lookup table, each warp writing whole 32-lane rows: entry (high code,
-      // low code) -> (centroid[low], centroid[high]).
-      constexpr int kCodeBits = Format == CacheFormat::mse4 ? 4 : 3;
-      for (int entry = warp; entry < Shared::kLutEntries; entry += kWarps) {
-        reinterpret_cast<std::uint32_t*>(shared)[entry * (Shared::kLutRowBytes / 4) + lane] =
-            pack_bf16(centroids[entry & (Shared::kCodebookSize - 1)], centroids[entry >> kCodeBits]);
+      // low code) -> (centroid[low], centroid[high]); warp w takes the low
+      // codes w (mod kWarps), every high code, from registers.
+      constexpr int kCodes = Shared::kCodebookSize;
+      float codebook[kCodes];
+#pragma unroll
+      for (int i = 0; i < kCodes; ++i) codebook[i] = centroids[i];
+      for (int low_code = warp; low_code < kCodes; low_code += kWarps) {
+#pragma unroll
+        for (int high_code = 0; high_code < kCodes; ++high_code) {
+          reinterpret_cast<std::uint32_t*>(shared)[(high_code * kCodes + low_code) * (Shared::kLutRowBytes / 4) + lane] =
+              pack_bf16(centroids[low_code], codebook[high_code]);
+        }
       }
     }
     int blocks_next = load_blocks(32);  // only now: the rotation needs the registers

@@ -35,26 +35,23 @@ constexpr int kRotationWarps = kHeadDim / 16;  // one 16-dim output tile each
 // 16ks + 2c, + 1) free of bank conflicts.
 constexpr int kQueryBitsStride = kHeadDim + 8;
 
-/// PiT's part of output-dim tile `dim_tile` as A fragments (row g / g + 8 =
-/// output dim, column 2c + {0, 1} / 2c + 8 + {0, 1} = input dim; pair by pair,
-/// low column first), from row-major fp32 PiT (PiT[i][j] = Pi[j][i]). Every
-/// CTA reads PiT, so these are L2 hits, issued early for their latency to
-/// overlap the prologue.
+/// PiT's part of output-dim tile `dim_tile` from row-major fp32 PiT
+/// (PiT[i][j] = Pi[j][i]). The tile's rows g and g + 8 are output dims
+/// 16 dim_tile + 2g and + 1 (any order of a tile's rows gives the same
+/// product), so each lane reads both from one 8-byte load per PiT row: rows
+/// 16ks + 2c + {0, 1, 8, 9} of k-step ks. Every CTA reads PiT, so these are
+/// L2 hits, issued early for their latency to overlap the prologue.
 struct RotationOperands {
-  float pit[8][8];  // [k-step][element]
+  float2 pit[8][4];  // [k-step][input dim 16ks + 2c + {0, 1, 8, 9}]: (output dim 2g, 2g + 1)
 };
 
 __device__ __forceinline__ void load_rotation_operands(RotationOperands& operands, const float* pit, int dim_tile, int lane) {
-  const int g = lane >> 2;
-  const int c = lane & 3;
+  const float* lane_pit = pit + 2 * (lane & 3) * kHeadDim + 16 * dim_tile + 2 * (lane >> 2);
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
 #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int input_dim = 16 * ks + 2 * c + 8 * (reg >> 1);
-      const int output_dim = 16 * dim_tile + g + 8 * (reg & 1);
-      operands.pit[ks][2 * reg] = __ldg(pit + input_dim * kHeadDim + output_dim);
-      operands.pit[ks][2 * reg + 1] = __ldg(pit + (input_dim + 1) * kHeadDim + output_dim);
+    for (int r = 0; r < 4; ++r) {
+      operands.pit[ks][r] = __ldg(reinterpret_cast<const float2*>(lane_pit + (16 * ks + (r & 1) + 8 * (r >> 1)) * kHeadDim));
     }
   }
 }
@@ -67,7 +64,8 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, std::uint32_t& hi
 
 /// Computes the warp's tile of q_rot for HeadTiles x 8 query rows whose bf16
 /// or fp16 bits are in shared memory (`query_bits`, kQueryBitsStride per row)
-/// and hands each element to store(row, dim, value) (fp32, not yet rounded to bf16).
+/// and hands each pair of dims to store(row, dim, float2 of dims dim, dim + 1)
+/// (fp32, not yet rounded to bf16).
 template <int HeadTiles, typename Store>
 __device__ __forceinline__ void rotate_queries(const RotationOperands& operands, const std::uint16_t* query_bits,
                                                bool f16_query, int dim_tile, int lane, Store&& store) {
@@ -81,9 +79,14 @@ __device__ __forceinline__ void rotate_queries(const RotationOperands& operands,
   }
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
+    // a0 / a1: rows g / g + 8 (output dims 2g / 2g + 1), columns 2c, 2c + 1;
+    // a2 / a3: the same rows, columns 2c + 8, 2c + 9.
+    const float2(&pit_rows)[4] = operands.pit[ks];
     std::uint32_t a_hi[4], a_lo[4];
-#pragma unroll
-    for (int reg = 0; reg < 4; ++reg) split_bf16(operands.pit[ks][2 * reg], operands.pit[ks][2 * reg + 1], a_hi[reg], a_lo[reg]);
+    split_bf16(pit_rows[0].x, pit_rows[1].x, a_hi[0], a_lo[0]);
+    split_bf16(pit_rows[0].y, pit_rows[1].y, a_hi[1], a_lo[1]);
+    split_bf16(pit_rows[2].x, pit_rows[3].x, a_hi[2], a_lo[2]);
+    split_bf16(pit_rows[2].y, pit_rows[3].y, a_hi[3], a_lo[3]);
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) {
       // Elements 16ks + 2c + {0, 1} and + 8 of query row 8nt + g.
@@ -105,11 +108,13 @@ __device__ __forceinline__ void rotate_queries(const RotationOperands& operands,
       if (f16_query) mma_bf16(low[nt], a_hi, b_lo[0], b_lo[1]);
     }
   }
-  // C fragment: rows g / g + 8 = output dims, columns 2c, 2c + 1 = query rows.
+  // C fragment: c0 / c1 = output dim 2g of query rows 2c / 2c + 1, c2 / c3 = output dim 2g + 1.
 #pragma unroll
   for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) store(8 * nt + 2 * c + (r & 1), 16 * dim_tile + g + 8 * (r >> 1), high[nt][r] + low[nt][r]);
+    for (int e = 0; e < 2; ++e) {
+      store(8 * nt + 2 * c + e, 16 * dim_tile + 2 * g, make_float2(high[nt][e] + low[nt][e], high[nt][2 + e] + low[nt][2 + e]));
+    }
   }
 }
 
