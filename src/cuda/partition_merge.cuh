@@ -40,14 +40,21 @@ __device__ __forceinline__ float sink_weight(bool has_sink, float sink, float me
   return has_sink ? expf(sink - merged_max) : 0.0f;
 }
 
+/// Rules 1-3's factor of the row's weighted sum of partition outputs:
+/// `weight_total` is the sum of the partitions' weights (unused when the row
+/// is empty or NaN).
+__device__ __forceinline__ float row_scale(float weight_total, bool any_tokens, bool any_nan, bool has_sink, float sink,
+                                           float merged_max) {
+  if (!any_tokens) return 0.0f;  // an all-zero row, sink or not
+  return any_nan ? __uint_as_float(0x7fc00000u) : 1.0f / (weight_total + sink_weight(has_sink, sink, merged_max));
+}
+
 /// The factor of a partition's normalized output in its row, rules 1-3:
 /// `weight` is the partition's, `weight_total` the sum over the row's partitions.
 __device__ __forceinline__ float output_weight(float weight, float weight_total, bool any_tokens, bool any_nan,
                                                bool has_sink, float sink, float merged_max) {
-  if (!any_tokens) return 0.0f;  // an all-zero row, sink or not
-  const float scale = any_nan ? __uint_as_float(0x7fc00000u)
-                              : 1.0f / (weight_total + sink_weight(has_sink, sink, merged_max));
-  return weight * scale;
+  if (!any_tokens) return 0.0f;  // not weight * 0: with no sink M is -inf, and the weights are NaN
+  return weight * row_scale(weight_total, any_tokens, any_nan, has_sink, sink, merged_max);
 }
 
 }  // namespace tqdecode::cuda

@@ -106,10 +106,8 @@ __device__ __forceinline__ void reduce_partitions_body(const ReduceParams& p) {
   any_nan = __any_sync(kFullMask, any_nan);
 
   float acc[Shape::kChunks][Shape::kVec] = {};
-  float scale = 0.0f;  // no tokens: an all-zero row, sink or not
-  if (any_tokens && any_nan) {
-    scale = __uint_as_float(0x7fc00000u);
-  } else if (any_tokens) {
+  float weight_total = 0.0f;
+  if (any_tokens && !any_nan) {
     float denominator = 0.0f;
     for (int base = 0; base < num_partitions; base += 32) {
       const int i = base + lane;
@@ -129,9 +127,9 @@ __device__ __forceinline__ void reduce_partitions_body(const ReduceParams& p) {
         }
       }
     }
-    denominator = warp_sum(denominator) + sink_weight(has_sink, sink, max_all);
-    scale = 1.0f / denominator;
+    weight_total = warp_sum(denominator);
   }
+  const float scale = row_scale(weight_total, any_tokens, any_nan, has_sink, sink, max_all);
 
   const std::int64_t out_row = b * p.output_stride_batch + hq * p.output_stride_head;
   const bool packed = (reinterpret_cast<std::uintptr_t>(p.output) % (2 * Shape::kVec)) == 0 &&
