@@ -55,7 +55,8 @@
 // operand loads are free of bank conflicts.
 //
 // Files: the tile layouts and their copies are in hopper_tile_layout.cuh, the
-// register-level operations (packing, mma, transpose) in hopper_fragments.cuh.
+// register-level operations (packing, mma, transpose) in hopper_fragments.cuh,
+// the query rotation in hopper_rotation.cuh.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -117,7 +117,8 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
     decode_cpu(call);
     return call.output;
   }
-  // Both GPU rotations stage PiT with 16-byte copies.
+  // The generic rotation stages PiT with 16-byte copies (the Hopper kernel
+  // reads 8-byte pairs); one rule for both paths.
   TQ_REQUIRE(call.layout.key_fp8() || reinterpret_cast<std::uintptr_t>(call.PiT) % 16 == 0, "PiT",
              "device pointer is not 16-byte aligned; accepted: a 16-byte aligned [D, D] fp32 matrix");
   const cuda::DeviceInfo& device = cuda::current_device_info();
