@@ -43,6 +43,11 @@ struct LaunchPlan {
   /// CTAs of 8 warps (larger grids, where one CTA's prologue then overlaps
   /// the other's streaming).
   bool wide_table = false;
+  /// With wide_table, for grids of more than two waves: each CTA serves kv
+  /// heads 2y and 2y + 1 of one sequence with 8 warps each (Hk even), so an
+  /// SM streams two work items at once, as the two-CTA shape does, with the
+  /// wide table's shorter loop. The grid is (N, Hk / 2, B).
+  bool paired_heads = false;
 };
 
 /// True when a CUDA device is present and this build has CUDA.

@@ -114,48 +114,56 @@ __device__ __forceinline__ int merge_dim(int row, int dim) { return dim ^ ((4 * 
 /// CTA of 16 warps per SM sharing a 64 KB lookup table whose 256-byte rows
 /// make each lookup's address one byte permute (entry byte in bits 8..15,
 /// lane in bits 2..6); chosen for grids of few waves (policy.cpp,
-/// choose_grid). Otherwise 8 warps: two CTAs per SM with a table of
-/// 128-byte rows (a shift and a LOP3 per 4-bit lookup), or one CTA at two
-/// head tiles, whose roughly 190 registers allow no more.
-template <int HeadTiles, CacheFormat Format, bool Wide>
+/// choose_grid), and with two kv heads per CTA for larger grids: kv heads
+/// 2y and 2y + 1 of one sequence, 8 warps each, sharing the table, the
+/// block table and the rotation, so an SM streams two work items at once
+/// with the wide table's shorter loop. Otherwise 8 warps: two CTAs per SM
+/// with a table of 128-byte rows (a shift and a LOP3 per 4-bit lookup), or
+/// one CTA at two head tiles, whose roughly 190 registers allow no more.
+template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct KernelShape {
   static_assert(!Wide || (Format == CacheFormat::mse4 && HeadTiles == 1), "the wide table serves 4-bit keys, one head tile");
+  static_assert(HeadsPerCta == 1 || (Wide && HeadsPerCta == 2), "two kv heads per CTA in the wide shape only");
   static constexpr bool kWideTable = Wide;
   static constexpr int kWarps = kWideTable ? 16 : 8;
+  static constexpr int kHeadsPerCta = HeadsPerCta;
+  static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kResidentCtas = kWideTable || HeadTiles == 2 ? 1 : 2;
-  static constexpr int kRows = HeadTiles * kHeadsPerTile;
+  static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
+  static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
   // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
   static constexpr int kRowStep = kThreads / kHeadDim;
-  static_assert(kThreads % kHeadDim == 0 && kRows % kRowStep == 0, "whole rows per thread group");
+  static_assert(kThreads % kHeadDim == 0 && kCtaRows % kRowStep == 0 && kCtaRows <= kMaxRows, "whole rows per thread group");
 };
 
 /// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][query bits][centroids][issue plans].
 /// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
 /// to a bf16 pair, one copy per lane.
-template <int HeadTiles, CacheFormat Format, bool Wide>
+template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct SharedLayout {
-  using Shape = KernelShape<HeadTiles, Format, Wide>;
+  using Shape = KernelShape<HeadTiles, Format, Wide, HeadsPerCta>;
   static constexpr int kCodebookSize = Format == CacheFormat::mse4 ? 16 : three_bit_keys(Format) ? 8 : 0;
   static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
   static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
   static constexpr int kLutBytes = kLutEntries * kLutRowBytes;
   static constexpr int kRingBytes = Shape::kWarps * kStages * TileLayout<Format>::kStageBytes;
-  using Merge = MergeStorage<Shape::kWarps, Shape::kRows>;
+  using Merge = MergeStorage<Shape::kWarpsPerHead, Shape::kCtaRows>;
   // The merge reuses the table and the rings once the stream is done.
   static constexpr int kMainBytes = std::max(kLutBytes + kRingBytes, static_cast<int>(sizeof(Merge)));
   static constexpr int kQueryOffset = kMainBytes;
   // MSE keys: the query's bits, the rotation's input (hopper_rotation.cuh),
   // and the codebook the table is built from.
   static constexpr int kQueryBitsOffset = kQueryOffset + kQueryBytes;
-  static constexpr int kQueryBitsBytes = kCodebookSize ? Shape::kRows * kQueryBitsStride * 2 : 0;
+  static constexpr int kQueryBitsBytes = kCodebookSize ? Shape::kCtaRows * kQueryBitsStride * 2 : 0;
   static constexpr int kCentroidOffset = kQueryBitsOffset + kQueryBitsBytes;
   // One copy plan per lane, the same for every warp of the CTA: read back
   // from here for each tile, since recomputing it in the loop (what the
   // compiler does at 128 registers) costs about 70 instructions per tile.
   static constexpr int kPlanOffset = kCentroidOffset + kCodebookSize * 4;
   // 216256 (4-bit, wide), 113856 (4-bit), 80544 (k3v4), 71840 (3bit), 110080 (fp8)
-  static constexpr int kBytes = kPlanOffset + 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
+  static constexpr int kBytes =
+      kPlanOffset + HeadsPerCta * 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
   // per CTA, 128 bytes static.
   static_assert(kBytes <= 227 * 1024, "dynamic shared memory per CTA");
@@ -180,25 +188,32 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
 // Keys: 4-bit (turboquant_4bit_nc) or 3-bit (turboquant_k3v4_nc) MSE keys
 // through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
-template <int HeadTiles, CacheFormat Format, bool Wide>
-__global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads,
-                                  KernelShape<HeadTiles, Format, Wide>::kResidentCtas)
+// HeadsPerCta: kv heads per CTA (2: the wide shape for large grids).
+template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
+__global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kThreads,
+                                  KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas)
     decode_kernel(const __grid_constant__ FusedDecodeParams params) {
   constexpr bool kFp8 = Format == CacheFormat::fp8;
   using Layout = TileLayout<Format>;
-  using Shared = SharedLayout<HeadTiles, Format, Wide>;
-  using Shape = KernelShape<HeadTiles, Format, Wide>;
+  using Shared = SharedLayout<HeadTiles, Format, Wide, HeadsPerCta>;
+  using Shape = KernelShape<HeadTiles, Format, Wide, HeadsPerCta>;
   constexpr int kWarps = Shape::kWarps;
+  constexpr int kWarpsPerHead = Shape::kWarpsPerHead;
   constexpr int kRows = Shape::kRows;
+  constexpr int kCtaRows = Shape::kCtaRows;
   constexpr int kRowStep = Shape::kRowStep;
   extern __shared__ __align__(128) std::uint8_t shared[];
   float* query_rows = reinterpret_cast<float*>(shared + Shared::kQueryOffset);  // [kMaxRows][kHeadDim], query_slot
   const PartitionParams& p = params.partitions;
   const RotateParams& rq = params.rotate;
   const int partition = blockIdx.x;
-  const int head = blockIdx.y;
+  const int first_head = blockIdx.y * HeadsPerCta;  // the CTA's kv heads: first_head .. + HeadsPerCta - 1
   const int batch = blockIdx.z;
   const int warp = threadIdx.x >> 5;
+  // The warp streams kv head first_head + head_slot as warp head_warp of kWarpsPerHead.
+  const int head_slot = HeadsPerCta == 1 ? 0 : warp / kWarpsPerHead;
+  const int head_warp = HeadsPerCta == 1 ? warp : warp % kWarpsPerHead;
+  const int head = first_head + head_slot;
   // MSE keys: kept in a register rather than recomputed per tile (fewer
   // instructions in their loops; the fp8 loop comes out longer).
   const int lane = Format == CacheFormat::fp8 ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(opaque(threadIdx.x & 31));
@@ -207,7 +222,12 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
   const int num_kv_heads = p.layout.num_kv_heads;
   const int group = p.num_q_heads / num_kv_heads;
   const int num_partitions = p.num_partitions;
-  const std::int64_t row_base = static_cast<std::int64_t>(batch) * p.num_q_heads + std::int64_t(head) * group;
+  // CTA row r: query row r % kRows of kv head first_head + r / kRows (rows
+  // from `group` on within a head are padding).
+  const auto row_valid = [&](int row) { return row % kRows < group; };
+  const auto query_head = [&](int row) {
+    return std::int64_t(first_head + row / kRows) * group + row % kRows;
+  };
   const TokenRange range = partition_range(__ldg(p.seq_lens + batch), num_partitions, p.partition_align, partition);
   const ReduceParams& r = params.reduce;
   const bool has_sink = r.sinks != nullptr;
@@ -215,12 +235,13 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
   // the spec's reducer expects): with one partition it is the output row, so
   // the reduction's rule runs here and nothing goes through the partition buffers.
   const auto finish_row = [&](int row, float max, float sum, float out) {
+    const std::int64_t hq = query_head(row);
     if (num_partitions == 1) {
-      const float sink = has_sink ? __ldg(r.sinks + std::int64_t(head) * group + row) : -INFINITY;
-      store_output(r, batch, std::int64_t(head) * group + row, dim, single_partition_element(max, sum, out, has_sink, sink));
+      const float sink = has_sink ? __ldg(r.sinks + hq) : -INFINITY;
+      store_output(r, batch, hq, dim, single_partition_element(max, sum, out, has_sink, sink));
       return;
     }
-    const std::int64_t index = (row_base + row) * num_partitions + partition;
+    const std::int64_t index = (static_cast<std::int64_t>(batch) * p.num_q_heads + hq) * num_partitions + partition;
     p.part_out[index * kHeadDim + dim] = out;
     if (dim == 0) {
       p.part_max[index] = max;
@@ -230,22 +251,23 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
 
   if (range.begin >= range.end) {
     // NOTE: an empty partition writes the empty values and reads nothing else.
-    for (int row = first_row; row < group; row += kRowStep) finish_row(row, -INFINITY, 0.0f, 0.0f);
+    for (int row = first_row; row < kCtaRows; row += kRowStep) {
+      if (row_valid(row)) finish_row(row, -INFINITY, 0.0f, 0.0f);
+    }
   } else {
     // ---- 1. first tiles in flight, query rotation, lookup table -------------
     // The query first (one element per row and thread, as bits): under a
     // saturated memory system its load waits behind the cache tiles if issued
     // after them (ncu: 6 % of the time at (128, 4096)).
-    constexpr int kRowsPerThread = kRows / kRowStep;
+    constexpr int kRowsPerThread = kCtaRows / kRowStep;
     std::uint16_t query_values[kRowsPerThread];
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int row = first_row + kRowStep * i;
       query_values[i] = 0;
-      if (row < group) {
-        const std::int64_t hq = std::int64_t(head) * group + row;
+      if (row_valid(row)) {
         query_values[i] = __ldg(static_cast<const std::uint16_t*>(rq.query) + batch * rq.query_stride_batch +
-                                hq * rq.query_stride_head + dim);
+                                query_head(row) * rq.query_stride_head + dim);
       }
     }
     // The ring's first kStages - 1 tiles are issued before anything else is
@@ -259,11 +281,12 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
     const std::uint8_t* ring = shared + ring_offset;
     const std::uint32_t ring_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared)) + ring_offset;
     const typename Layout::IssuePlan plan = Layout::make_plan(p, head, lane);
-    auto* plans = reinterpret_cast<typename Layout::IssuePlan*>(shared + Shared::kPlanOffset);
-    if (warp == 0) plans[lane] = plan;  // published by the __syncthreads before the main loop
-    const int first_tile = range.begin / kTileTokens + warp;
+    // One plan per kv head of the CTA, published by the __syncthreads before the main loop.
+    auto* plans = reinterpret_cast<typename Layout::IssuePlan*>(shared + Shared::kPlanOffset) + 32 * head_slot;
+    if (head_warp == 0) plans[lane] = plan;
+    const int first_tile = range.begin / kTileTokens + head_warp;
     const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
-    const int count = first_tile < end_tile ? (end_tile - first_tile + kWarps - 1) / kWarps : 0;
+    const int count = first_tile < end_tile ? (end_tile - first_tile + kWarpsPerHead - 1) / kWarpsPerHead : 0;
 
     // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
     // holds the block of the warp's tile i + j for the window i (a multiple of
@@ -271,14 +294,14 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
     // window ahead; one shuffle per tile instead of a dependent table load.
     const auto load_blocks = [&](int window) {
       const int index = window + lane;
-      return index < count ? tile_block(table, first_tile + index * kWarps, block_shift) : 0;
+      return index < count ? tile_block(table, first_tile + index * kWarpsPerHead, block_shift) : 0;
     };
     int blocks = load_blocks(0);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < count) {
         issue_tile<Layout>(ring_address + s * Layout::kStageBytes, cache, block_stride, __shfl_sync(kFullMask, blocks, s),
-                           first_tile + s * kWarps, block_mask, plan, lane);
+                           first_tile + s * kWarpsPerHead, block_mask, plan, lane);
       }
       cp_async_commit();
     }
@@ -302,7 +325,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
       if (threadIdx.x < Shared::kCodebookSize) centroids[threadIdx.x] = __ldg(p.centroids + threadIdx.x);
       __syncthreads();  // the query bits and the centroids are in place
       if (rotates) {
-        rotate_queries<HeadTiles>(rotation, query_bits, rq.query_dtype == DType::f16, warp, lane,
+        rotate_queries<kCtaRows / kHeadsPerTile>(rotation, query_bits, rq.query_dtype == DType::f16, warp, lane,
                                   [&](int row, int dim_out, float2 pair) {
                                     *reinterpret_cast<float2*>(query_rows + query_slot(row, dim_out)) = pair;
                                   });
@@ -334,7 +357,8 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
     for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
-        const float4 q = *reinterpret_cast<const float4*>(query_rows + query_slot(kHeadsPerTile * nt + g, 32 * c + 4 * ks));
+        const float4 q =
+            *reinterpret_cast<const float4*>(query_rows + query_slot(kRows * head_slot + kHeadsPerTile * nt + g, 32 * c + 4 * ks));
         // fp16 against fp8 keys (exact: e4m3 values are fp16 values), bf16 against the table's bf16 centroids.
         qb[nt][ks][0] = kFp8 ? pack_f16(q.x, q.y) : pack_bf16(q.x, q.y);
         qb[nt][ks][1] = kFp8 ? pack_f16(q.z, q.w) : pack_bf16(q.z, q.w);
@@ -390,7 +414,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
           blocks = blocks_next;
           blocks_next = load_blocks(ahead + 32);
         }
-        const int tile = first_tile + ahead * kWarps;
+        const int tile = first_tile + ahead * kWarpsPerHead;
         issue_tile<Layout>(ring_address + (ahead % kStages) * Layout::kStageBytes, cache, block_stride,
                            __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask,
                            typename Layout::IssuePlan(plans[lane]), lane);
@@ -399,7 +423,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
       cp_async_wait<kStages - 1>();
       __syncwarp();
       const std::uint8_t* stage = ring + (k % kStages) * Layout::kStageBytes;
-      const int tile_token = (first_tile + k * kWarps) * kTileTokens;
+      const int tile_token = (first_tile + k * kWarpsPerHead) * kTileTokens;
 
       // S^T = K Q^T: rows are tokens g and g + 8, columns heads 2c, 2c + 1.
       // Two accumulator chains (even and odd k-steps) halve the mma dependency chain.
@@ -663,33 +687,34 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
     for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int row = kHeadsPerTile * nt + 2 * c + e;
-        float* out = merge.out[warp][row];
+        const int row = kRows * head_slot + kHeadsPerTile * nt + 2 * c + e;
+        float* out = merge.out[head_warp][row];
 #pragma unroll
         for (int m = 0; m < kDimTiles; ++m) {
           *reinterpret_cast<float2*>(out + merge_dim(row, 16 * g + 2 * m)) =
               make_float2(acc[nt][m][e] + zero_sum[nt][e], fmaf(acc[nt][m][2 + e] - pv_sum[nt][e], kHighCodeScale, zero_sum[nt][e]));
         }
         if (g == 0) {
-          merge.max[warp][row] = row_max[nt][e];
-          merge.sum[warp][row] = row_sum[nt][e];
+          merge.max[head_warp][row] = row_max[nt][e];
+          merge.sum[head_warp][row] = row_sum[nt][e];
         }
       }
     }
     __syncthreads();
-    for (int row = first_row; row < group; row += kRowStep) {
+    for (int row = first_row; row < kCtaRows; row += kRowStep) {
+      if (!row_valid(row)) continue;
       // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
       // non-finite query) makes the partition NaN so the reduction keeps it.
       float merged_max = -INFINITY;
       bool any_nan = false;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kWarpsPerHead; ++w) {
         merged_max = merge_max(merged_max, merge.max[w][row]);
         any_nan |= partition_is_nan(merge.max[w][row], merge.sum[w][row]);
       }
       float merged_sum = 0.0f, merged_out = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kWarpsPerHead; ++w) {
         const float weight = merge.max[w][row] == -INFINITY ? 0.0f : fast_exp2(merge.max[w][row] - merged_max);
         merged_sum = fmaf(weight, merge.sum[w][row], merged_sum);
         merged_out = fmaf(weight, merge.out[w][row][merge_dim(row, dim)], merged_out);
@@ -700,12 +725,12 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
   }
   if (num_partitions == 1) return;  // finish_row wrote the output
 
-  // ---- 4. the last CTA of (sequence, kv head) reduces the partitions ---------
+  // ---- 4. the last CTA of (sequence, kv heads) reduces the partitions --------
   __shared__ bool is_last;
   __threadfence();  // this CTA's partition results are visible before it arrives
   __syncthreads();
   if (threadIdx.x == 0) {
-    unsigned* arrival = params.arrivals + static_cast<std::int64_t>(batch) * num_kv_heads + head;
+    unsigned* arrival = params.arrivals + static_cast<std::int64_t>(batch) * num_kv_heads + first_head;
     is_last = atomicAdd(arrival, 1u) == static_cast<unsigned>(num_partitions - 1);
     if (is_last) *arrival = 0u;  // ready for the next launch (graph replay)
   }
@@ -718,12 +743,14 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
   // round trip to L2 however many partitions there are. The merge rule is
   // partition_merge.cuh's, shared with the CUDA and CPU reducers.
   static_assert(kMaxPartitions <= 32, "one lane per partition");
-  for (int row = warp; row < group; row += kWarps) {
-    const std::int64_t base = (row_base + row) * num_partitions;
+  for (int row = warp; row < kCtaRows; row += kWarps) {
+    if (!row_valid(row)) continue;
+    const std::int64_t hq = query_head(row);
+    const std::int64_t base = (static_cast<std::int64_t>(batch) * p.num_q_heads + hq) * num_partitions;
     const bool present = lane < num_partitions;
     const float max = present ? __ldcg(p.part_max + base + lane) : -INFINITY;
     const float sum = present ? __ldcg(p.part_sum + base + lane) : 0.0f;
-    const float sink = has_sink ? __ldg(r.sinks + std::int64_t(head) * group + row) : -INFINITY;
+    const float sink = has_sink ? __ldg(r.sinks + hq) : -INFINITY;
     const bool any_tokens = __any_sync(kFullMask, partition_has_tokens(max, sum));
     const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
     const float merged_max = merge_max(sink, warp_max(isnan(max) ? -INFINITY : max));
@@ -741,7 +768,6 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
         value.w = fmaf(w, o.w, value.w);
       }
     }
-    const std::int64_t hq = std::int64_t(head) * group + row;
     store_output(r, batch, hq, 4 * lane + 0, value.x);
     store_output(r, batch, hq, 4 * lane + 1, value.y);
     store_output(r, batch, hq, 4 * lane + 2, value.z);
@@ -749,16 +775,15 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide>::kThreads
   }
 }
 
-template <int HeadTiles, CacheFormat Format, bool Wide = false>
+template <int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta = 1>
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
-  constexpr int kBytes = SharedLayout<HeadTiles, Format, Wide>::kBytes;
+  constexpr auto kernel = decode_kernel<HeadTiles, Format, Wide, HeadsPerCta>;
+  constexpr int kBytes = SharedLayout<HeadTiles, Format, Wide, HeadsPerCta>::kBytes;
   static std::once_flag configured;
-  std::call_once(configured, [] {
-    TQ_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HeadTiles, Format, Wide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kBytes));
-  });
-  const dim3 grid(params.partitions.num_partitions, params.partitions.layout.num_kv_heads, params.partitions.batch);
-  decode_kernel<HeadTiles, Format, Wide><<<grid, KernelShape<HeadTiles, Format, Wide>::kThreads, kBytes, stream>>>(params);
+  std::call_once(configured, [] { TQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)); });
+  const dim3 grid(params.partitions.num_partitions, params.partitions.layout.num_kv_heads / HeadsPerCta,
+                  params.partitions.batch);
+  kernel<<<grid, KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kThreads, kBytes, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();
 }
 
@@ -767,7 +792,9 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
   if (group > kHeadsPerTile) return launch<2, Format>(params, stream);
   if constexpr (Format == CacheFormat::mse4) {
-    if (params.wide_table) return launch<1, Format, true>(params, stream);
+    if (params.wide_table) {
+      return params.paired_heads ? launch<1, Format, true, 2>(params, stream) : launch<1, Format, true>(params, stream);
+    }
   }
   launch<1, Format>(params, stream);
 }
@@ -786,7 +813,7 @@ void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) 
 
 bool hopper_kernel_runnable() {
   cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, hopper::CacheFormat::mse4, false>) == cudaSuccess;
+  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, hopper::CacheFormat::mse4, false, 1>) == cudaSuccess;
 }
 
 }  // namespace tqdecode::cuda

@@ -75,6 +75,7 @@ struct FusedDecodeParams {
   ReduceParams reduce;         ///< sinks and output; partition buffers as in `partitions`
   unsigned* arrivals;          ///< [B * Hk], all zero between launches
   bool wide_table;             ///< 4-bit keys, group <= 8: the 16-warp kernel (LaunchPlan::wide_table)
+  bool paired_heads;           ///< with wide_table: two kv heads per CTA (LaunchPlan::paired_heads)
 };
 
 /// The device-side record behind DeviceCheckReport, one per pool. All zero

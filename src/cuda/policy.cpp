@@ -66,6 +66,11 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     if (static_cast<long long>(batch) * num_kv_heads * wide <= static_cast<long long>(kWideTableMaxWaves) * sm_count) {
       return {wide, true};
     }
+    // Larger grids: two kv heads per 16-warp CTA keep two work items per SM
+    // streaming, as two 8-warp CTAs do, with the wide table's shorter loop.
+    if (num_kv_heads % 2 == 0) {
+      return {choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, 1), true, true};
+    }
   }
   return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
                                 resident_ctas_per_sm(path, preset, group_size, false)),
@@ -79,6 +84,7 @@ int max_partition_rows(int max_batch, int num_kv_heads, int sm_count) {
     for (int resident = 1; resident <= kMaxResidentCtasPerSm; ++resident) {
       rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads, 1 << 30, sm_count, resident));
     }
+    if (num_kv_heads % 2 == 0) rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads / 2, 1 << 30, sm_count, 1));
   }
   return rows;
 }

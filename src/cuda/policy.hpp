@@ -61,16 +61,20 @@ int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wi
 struct GridChoice {
   int num_partitions;
   bool wide_table;
+  bool paired_heads = false;
 };
 
 /// N and the Hopper kernel shape for a call: the 16-warp kernel when it
 /// exists and its grid (planned for one CTA per SM) takes at most
-/// kWideTableMaxWaves waves, else the 8-warp kernel's plan.
+/// kWideTableMaxWaves waves; beyond that the 16-warp kernel with two kv
+/// heads per CTA when Hk is even (planned for Hk / 2 heads, one CTA per SM),
+/// else the 8-warp kernel's plan.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count);
 
-/// Largest batch * N over batch <= max_batch: the partition rows a pool
-/// bucket needs so that every batch up to max_batch fits.
+/// Largest batch * N over batch <= max_batch and every grid a path plans
+/// (Hk kv heads per grid row, or Hk / 2 with two per CTA): the partition
+/// rows a pool bucket needs so that every batch up to max_batch fits.
 int max_partition_rows(int max_batch, int num_kv_heads, int sm_count);
 
 /// Empty when the Hopper kernel serves these arguments on `device`, else why not.

@@ -63,6 +63,10 @@ std::vector<DecodeCase> decode_cases() {
        DType::f16},
       {"k8v4_b48_waves", Preset::turboquant_k8v4, 64, 8, 128, 16, random_lengths(48, 2000, 14)},
       {"q4_g16_b101_waves_sinks", p4, 32, 2, 128, 16, random_lengths(101, 1500, 15), 0, true},
+      // Two kv heads per CTA (wide table, grids over two waves): N = 4 with
+      // sinks, fp16 and padded head tiles (group 6); q4_batch256 and
+      // q4_b40_split_waves take this shape too.
+      {"q4_g6_b24_paired_split_sinks_f16", p4, 48, 8, 128, 16, random_lengths(24, 2500, 17), 0, true, DType::f16},
       // 2100 query rows of 3 heads: the rotation kernel's eight-rows-per-thread
       // variant with a partial last tile and rows crossing sequences.
       {"q4_g3_b700_rows", p4, 3, 1, 128, 16, random_lengths(700, 64, 16)},
@@ -124,7 +128,10 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
   const PathChoice choice = choose_decode_path(device.args());
   const LaunchPlan plan = plan_decode(device.args());
   std::printf("[ path     ] %s: %s (%s), N = %d%s\n", c.name.c_str(), decode_path_name(choice.path), choice.reason.c_str(),
-              plan.num_partitions, plan.wide_table ? ", 16-warp wide-table shape" : "");
+              plan.num_partitions,
+              plan.paired_heads ? ", 16-warp wide-table shape, two kv heads per CTA"
+              : plan.wide_table ? ", 16-warp wide-table shape"
+                                : "");
   decode(device.args(), workspace);
   const std::vector<float> automatic = device.output();
   expect_close(automatic, expected, c.name + " " + decode_path_name(choice.path));

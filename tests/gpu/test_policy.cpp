@@ -69,6 +69,15 @@ TEST(PartitionPolicy, PoolRowsBoundEveryCallUpToTheMaximumBatch) {
                 << "max_batch " << max_batch << " B " << batch << " Hk " << num_kv_heads;
           }
         }
+        // Every grid the Hopper path plans, the two-kv-heads-per-CTA one included.
+        for (const int group : {1, 8, 16}) {
+          for (const int context : {16, 4096, 1 << 20}) {
+            const GridChoice grid =
+                choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, group, batch, num_kv_heads, context, kH200Sms);
+            ASSERT_LE(batch * grid.num_partitions, rows) << "max_batch " << max_batch << " B " << batch << " Hk "
+                                                         << num_kv_heads << " group " << group;
+          }
+        }
       }
     }
   }
@@ -84,8 +93,9 @@ TEST(PartitionPolicy, ResidentCtasOfEachPath) {
   EXPECT_EQ(resident_ctas_per_sm(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 16, true), 2);
 }
 
-// The benchmark shapes (Hq 64, Hk 8 unless stated; bench/NOTES.md, v3.5): the
-// wide shape where its grid takes at most two waves, the two-CTA shape beyond.
+// The benchmark shapes (Hq 64, Hk 8 unless stated; bench/NOTES.md, v3.5 and
+// v3.9): the wide shape where its grid takes at most two waves, beyond that
+// the wide shape with two kv heads per CTA (Hk even) or the two-CTA shape.
 TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   const auto grid = [](Preset preset, int group, int batch, int hk, int context) {
     return choose_grid(DecodePath::hopper, preset, group, batch, hk, context, kH200Sms);
@@ -100,10 +110,21 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_TRUE(b1.wide_table);
   EXPECT_EQ(b1.num_partitions, 16);  // 128 CTAs
   EXPECT_TRUE(grid(Preset::turboquant_4bit_nc, 4, 16, 16, 32768).wide_table);  // group 4: 256 CTAs
+  EXPECT_FALSE(b16.paired_heads);
   const GridChoice b64 = grid(Preset::turboquant_4bit_nc, 8, 64, 8, 8192);
-  EXPECT_FALSE(b64.wide_table);  // 512 CTAs would take four waves
-  EXPECT_EQ(b64.num_partitions, choose_num_partitions(64, 8, 8192, kH200Sms, 2));
-  EXPECT_FALSE(grid(Preset::turboquant_4bit_nc, 8, 128, 8, 4096).wide_table);
+  EXPECT_TRUE(b64.wide_table);  // 512 CTAs of one kv head would take four waves: 256 of two
+  EXPECT_TRUE(b64.paired_heads);
+  EXPECT_EQ(b64.num_partitions, 1);
+  const GridChoice b128 = grid(Preset::turboquant_4bit_nc, 8, 128, 8, 4096);
+  EXPECT_TRUE(b128.paired_heads);
+  EXPECT_EQ(b128.num_partitions, 1);
+  const GridChoice b40 = grid(Preset::turboquant_4bit_nc, 8, 40, 8, 3008);  // q4_b40_split_waves
+  EXPECT_TRUE(b40.paired_heads);
+  EXPECT_EQ(b40.num_partitions, choose_num_partitions(40, 4, 3008, kH200Sms, 1));
+  const GridChoice odd = grid(Preset::turboquant_4bit_nc, 3, 700, 1, 64);  // Hk odd: the two-CTA shape
+  EXPECT_FALSE(odd.wide_table);
+  EXPECT_FALSE(odd.paired_heads);
+  EXPECT_EQ(odd.num_partitions, choose_num_partitions(700, 1, 64, kH200Sms, 2));
   EXPECT_FALSE(grid(Preset::turboquant_4bit_nc, 16, 16, 4, 32768).wide_table);  // two head tiles
   EXPECT_FALSE(grid(Preset::turboquant_k8v4, 8, 16, 8, 32768).wide_table);
   EXPECT_FALSE(choose_grid(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 8, 16, 8, 32768, kH200Sms).wide_table);
