@@ -11,8 +11,10 @@
 // (4-bit: one byte permute per two tokens; 3-bit: a shift per token first).
 //
 // Grid (partition, kv head, sequence). Two CTAs of 8 warps per SM, or for
-// 4-bit keys up to group 8 on grids of few waves one CTA of 16 warps (the
-// wide table); one CTA of 8 warps for groups over 8 (KernelShape). A CTA
+// 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
+// grids of more than two waves serves two kv heads, 8 warps each (grid
+// (partition, kv head pair, sequence)); one CTA of 8 warps for groups over 8
+// (KernelShape). A CTA
 // 1. puts its first tiles in flight, then rotates the query heads of its
 //    group (q_rot = bf16(q @ PiT) on the tensor cores, hopper_rotation.cuh)
 //    and builds the key lookup table;
