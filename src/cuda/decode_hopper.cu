@@ -110,7 +110,9 @@ __device__ __forceinline__ int query_slot(int row, int dim) {
 // 32-dim chunk by the row pair and the chunk, so the merge's 8-byte stores
 // (lane (g, c): dims 16g + 2m, + 1 of rows 2c + e) are free of bank conflicts
 // per half warp (unswizzled they were 16-way), and the reads of whole rows stay so.
-__device__ __forceinline__ int merge_dim(int row, int dim) { return dim ^ ((4 * ((row >> 1) & 3) + 2 * (dim >> 5)) & 15); }
+__device__ __forceinline__ int merge_dim(int row, int dim) {
+  return dim ^ ((4 * ((row >> 1) & 3) + 2 * (dim >> 5)) & 15);
+}
 
 /// Shape of a kernel instance. Wide: 4-bit keys with one head tile in one
 /// CTA of 16 warps per SM sharing a 64 KB lookup table whose 256-byte rows
@@ -311,7 +313,8 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
       // fp8 keys: the query as it is.
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
-        query_rows[query_slot(first_row + kRowStep * i, dim)] = query_bits_to_float(rq.query_dtype == DType::f16, query_values[i]);
+        query_rows[query_slot(first_row + kRowStep * i, dim)] =
+            query_bits_to_float(rq.query_dtype == DType::f16, query_values[i]);
       }
     } else {
       // MSE keys: warps 0..7 rotate the query on the tensor cores
@@ -359,8 +362,8 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
     for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
-        const float4 q =
-            *reinterpret_cast<const float4*>(query_rows + query_slot(kRows * head_slot + kHeadsPerTile * nt + g, 32 * c + 4 * ks));
+        const int row = kRows * head_slot + kHeadsPerTile * nt + g;
+        const float4 q = *reinterpret_cast<const float4*>(query_rows + query_slot(row, 32 * c + 4 * ks));
         // fp16 against fp8 keys (exact: e4m3 values are fp16 values), bf16 against the table's bf16 centroids.
         qb[nt][ks][0] = kFp8 ? pack_f16(q.x, q.y) : pack_bf16(q.x, q.y);
         qb[nt][ks][1] = kFp8 ? pack_f16(q.z, q.w) : pack_bf16(q.z, q.w);

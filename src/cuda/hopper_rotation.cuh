@@ -45,7 +45,8 @@ struct RotationOperands {
   float2 pit[8][4];  // [k-step][input dim 16ks + 2c + {0, 1, 8, 9}]: (output dim 2g, 2g + 1)
 };
 
-__device__ __forceinline__ void load_rotation_operands(RotationOperands& operands, const float* pit, int dim_tile, int lane) {
+__device__ __forceinline__ void load_rotation_operands(RotationOperands& operands, const float* pit, int dim_tile,
+                                                       int lane) {
   const float* lane_pit = pit + 2 * (lane & 3) * kHeadDim + 16 * dim_tile + 2 * (lane >> 2);
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
@@ -113,7 +114,8 @@ __device__ __forceinline__ void rotate_queries(const RotationOperands& operands,
   for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      store(8 * nt + 2 * c + e, 16 * dim_tile + 2 * g, make_float2(high[nt][e] + low[nt][e], high[nt][2 + e] + low[nt][2 + e]));
+      const float2 pair = make_float2(high[nt][e] + low[nt][e], high[nt][2 + e] + low[nt][2 + e]);
+      store(8 * nt + 2 * c + e, 16 * dim_tile + 2 * g, pair);
     }
   }
 }

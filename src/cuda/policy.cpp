@@ -84,7 +84,9 @@ int max_partition_rows(int max_batch, int num_kv_heads, int sm_count) {
     for (int resident = 1; resident <= kMaxResidentCtasPerSm; ++resident) {
       rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads, 1 << 30, sm_count, resident));
     }
-    if (num_kv_heads % 2 == 0) rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads / 2, 1 << 30, sm_count, 1));
+    if (num_kv_heads % 2 == 0) {  // choose_grid's two kv heads per CTA
+      rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads / 2, 1 << 30, sm_count, 1));
+    }
   }
   return rows;
 }

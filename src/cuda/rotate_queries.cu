@@ -4,9 +4,9 @@
 // One CTA computes a tile of query rows (flattened (b, hq)) by
 // kColumnsPerBlock output columns: PiT's columns and the rows are staged in
 // shared memory with one round of copies, then each thread sums over i in
-// order with fmaf (the order of the CPU reference and of the Hopper kernel's
-// in-kernel rotation, so the bits agree) for RowsPerThread rows of its
-// column. Few rows (small batches) are latency-bound: one row per thread,
+// order with fmaf (the CPU reference's order) for RowsPerThread rows of its
+// column. (The Hopper kernel rotates on the tensor cores, hopper_rotation.cuh:
+// the same fp32 product to about 2^-16, not the same bits.) Few rows (small batches) are latency-bound: one row per thread,
 // many small CTAs, one round trip to L2. Many rows are bound by the FMAs and
 // by each CTA's copy of PiT's columns: eight rows per thread use every
 // staged column eight times (8192 rows: 19 us against 33, bench/NOTES.md v3.7).
