@@ -25,12 +25,13 @@ int resolve_max_batch(int requested) {
   return static_cast<int>(value);
 }
 
-bool device_checks_from_environment() {
-  const char* text = std::getenv("TQDECODE_DEVICE_CHECKS");
-  if (text == nullptr) return false;
+bool switch_from_environment(const char* variable, bool unset_value) {
+  const char* text = std::getenv(variable);
+  if (text == nullptr || *text == '\0') return unset_value;
   const std::string value(text);
-  TQ_REQUIRE(value.empty() || value == "0" || value == "1", "TQDECODE_DEVICE_CHECKS",
-             "'" + value + "' is not a setting; accepted: 1 (on), 0 or unset (off)");
+  TQ_REQUIRE(value == "0" || value == "1", variable,
+             "'" + value + "' is not a setting; accepted: 1 (on), 0 (off), empty or unset (" +
+                 (unset_value ? "on" : "off") + ")");
   return value == "1";
 }
 

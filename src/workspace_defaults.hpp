@@ -10,8 +10,8 @@ namespace tqdecode {
 /// anything but an integer in 1..1048576.
 int resolve_max_batch(int requested);
 
-/// TQDECODE_DEVICE_CHECKS: "1" turns the device-side input checks on; "0",
-/// empty or unset leaves them off. Throws Error naming the variable otherwise.
-bool device_checks_from_environment();
+/// A switch from the environment variable `variable`: "1" on, "0" off, empty
+/// or unset `unset_value`. Throws Error naming the variable otherwise.
+bool switch_from_environment(const char* variable, bool unset_value);
 
 }  // namespace tqdecode

@@ -48,6 +48,13 @@ struct LaunchPlan {
   /// SM streams two work items at once, as the two-CTA shape does, with the
   /// wide table's shorter loop. The grid is (N, Hk / 2, B).
   bool paired_heads = false;
+  /// With wide_table, for partitions of at most 8192 tokens (the longest
+  /// context the block table covers, over N): each CTA loads its share of
+  /// PiT before anything else, while the previous kernel may still run,
+  /// rather than after issuing its first tiles. It shortens the prologue and
+  /// lengthens the main loop (register allocation), so it pays where the
+  /// prologue weighs: short partitions, many waves (bench/NOTES.md, v3.10).
+  bool early_rotation = false;
 };
 
 /// True when a CUDA device is present and this build has CUDA.
@@ -114,6 +121,20 @@ class DecodeWorkspace {
   /// the host and throws Error instead.
   void set_device_checks(bool enabled);
   bool device_checks() const;
+
+  /// Programmatic dependent launch of the Hopper kernel, on by default (off
+  /// when the environment variable TQDECODE_PROGRAMMATIC_LAUNCH is 0 when the
+  /// workspace is made). When on, the decode's CTAs may start while the
+  /// previous kernel of the stream finishes: they read PiT and the centroids
+  /// and build their tables, then wait for that kernel to complete before
+  /// reading anything else. So PiT and the centroids must not be written by
+  /// the kernel immediately before the decode on its stream (model constants
+  /// never are; a copy or any earlier kernel is fine); switch this off if
+  /// they are. Every other input may come from that kernel. Results are
+  /// bitwise the same either way; CUDA graphs keep the setting they were
+  /// captured with. The generic kernels always wait.
+  void set_programmatic_launch(bool enabled);
+  bool programmatic_launch() const;
 
   /// Reads and clears the report of this workspace's device-side checks on
   /// the current device. Ordered on `stream` and waits for it only: checks

@@ -15,17 +15,21 @@ namespace tqdecode {
 struct DecodeWorkspace::Impl {
   int max_batch = 0;
   std::atomic<bool> device_checks{false};
+  std::atomic<bool> programmatic_launch{true};
 };
 
 DecodeWorkspace::DecodeWorkspace(int max_batch) : impl_(std::make_unique<Impl>()) {
   impl_->max_batch = resolve_max_batch(max_batch);
-  impl_->device_checks = device_checks_from_environment();
+  impl_->device_checks = switch_from_environment("TQDECODE_DEVICE_CHECKS", false);
+  impl_->programmatic_launch = switch_from_environment("TQDECODE_PROGRAMMATIC_LAUNCH", true);
 }
 DecodeWorkspace::~DecodeWorkspace() = default;
 int DecodeWorkspace::max_batch() const { return impl_->max_batch; }
 DecodeWorkspace::Stats DecodeWorkspace::stats() const { return {}; }
 void DecodeWorkspace::set_device_checks(bool enabled) { impl_->device_checks = enabled; }
 bool DecodeWorkspace::device_checks() const { return impl_->device_checks; }
+void DecodeWorkspace::set_programmatic_launch(bool enabled) { impl_->programmatic_launch = enabled; }
+bool DecodeWorkspace::programmatic_launch() const { return impl_->programmatic_launch; }
 // Nothing runs on a device here: decode_cpu validates seq_lens and the block
 // table on the host and throws Error instead.
 DeviceCheckReport DecodeWorkspace::device_check_report(CUstream_st*) { return {}; }

@@ -76,6 +76,8 @@ struct FusedDecodeParams {
   unsigned* arrivals;          ///< [B * Hk], all zero between launches
   bool wide_table;             ///< 4-bit keys, group <= 8: the 16-warp kernel (LaunchPlan::wide_table)
   bool paired_heads;           ///< with wide_table: two kv heads per CTA (LaunchPlan::paired_heads)
+  bool early_rotation;         ///< with wide_table: PiT's operands loaded first (LaunchPlan::early_rotation)
+  bool programmatic_launch;    ///< launched as a programmatic dependent (DecodeWorkspace::set_programmatic_launch)
 };
 
 /// The device-side record behind DeviceCheckReport, one per pool. All zero

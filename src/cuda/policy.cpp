@@ -62,14 +62,20 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
   if (path == DecodePath::hopper && wide_table_kernel(preset, group_size)) {
+    // Long partitions keep the shorter main loop; short ones gain more from
+    // a shorter prologue (LaunchPlan::early_rotation).
+    const auto early_rotation = [&](int partitions) {
+      return (max_context_tokens + partitions - 1) / partitions <= kEarlyRotationMaxPartitionTokens;
+    };
     const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1);
     if (static_cast<long long>(batch) * num_kv_heads * wide <= static_cast<long long>(kWideTableMaxWaves) * sm_count) {
-      return {wide, true};
+      return {wide, true, false, early_rotation(wide)};
     }
     // Larger grids: two kv heads per 16-warp CTA keep two work items per SM
     // streaming, as two 8-warp CTAs do, with the wide table's shorter loop.
     if (num_kv_heads % 2 == 0) {
-      return {choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, 1), true, true};
+      const int paired = choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, 1);
+      return {paired, true, true, early_rotation(paired)};
     }
   }
   return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,

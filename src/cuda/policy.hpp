@@ -51,6 +51,10 @@ int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, i
 /// grids use two CTAs of 8 warps per SM (bench/NOTES.md, v3.5).
 inline constexpr int kWideTableMaxWaves = 2;
 
+/// The 16-warp kernel loads PiT's operands first (LaunchPlan::early_rotation)
+/// when its partitions are at most this many tokens long (bench/NOTES.md, v3.10).
+inline constexpr int kEarlyRotationMaxPartitionTokens = 8192;
+
 /// Whether the 16-warp, 64 KB-table Hopper kernel exists for this preset and group size.
 bool wide_table_kernel(Preset preset, int group_size);
 
@@ -62,13 +66,15 @@ struct GridChoice {
   int num_partitions;
   bool wide_table;
   bool paired_heads = false;
+  bool early_rotation = false;
 };
 
 /// N and the Hopper kernel shape for a call: the 16-warp kernel when it
 /// exists and its grid (planned for one CTA per SM) takes at most
 /// kWideTableMaxWaves waves; beyond that the 16-warp kernel with two kv
 /// heads per CTA when Hk is even (planned for Hk / 2 heads, one CTA per SM),
-/// else the 8-warp kernel's plan.
+/// else the 8-warp kernel's plan. The 16-warp kernel loads PiT first for
+/// partitions up to kEarlyRotationMaxPartitionTokens.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count);
 

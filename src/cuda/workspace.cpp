@@ -115,7 +115,8 @@ DecodeWorkspace::Impl::~Impl() {
 DecodeWorkspace::DecodeWorkspace(int max_batch)
     : impl_(std::make_unique<Impl>()) {
   impl_->max_batch = resolve_max_batch(max_batch);
-  impl_->device_checks = device_checks_from_environment();
+  impl_->device_checks = switch_from_environment("TQDECODE_DEVICE_CHECKS", false);
+  impl_->programmatic_launch = switch_from_environment("TQDECODE_PROGRAMMATIC_LAUNCH", true);
 }
 
 DecodeWorkspace::~DecodeWorkspace() = default;
@@ -125,6 +126,10 @@ int DecodeWorkspace::max_batch() const { return impl_->max_batch; }
 void DecodeWorkspace::set_device_checks(bool enabled) { impl_->device_checks = enabled; }
 
 bool DecodeWorkspace::device_checks() const { return impl_->device_checks; }
+
+void DecodeWorkspace::set_programmatic_launch(bool enabled) { impl_->programmatic_launch = enabled; }
+
+bool DecodeWorkspace::programmatic_launch() const { return impl_->programmatic_launch; }
 
 DeviceCheckReport DecodeWorkspace::device_check_report(CUstream_st* stream) {
   std::lock_guard<std::mutex> lock(impl_->mutex);

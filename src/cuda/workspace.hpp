@@ -35,6 +35,7 @@ using PoolSignature = std::tuple<int, int, int, int, int>;
 struct DecodeWorkspace::Impl {
   int max_batch;
   std::atomic<bool> device_checks{false};
+  std::atomic<bool> programmatic_launch{true};
   mutable std::mutex mutex;
   std::map<PoolSignature, PooledBuffers> pools;
 

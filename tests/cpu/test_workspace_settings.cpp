@@ -1,6 +1,7 @@
-// DecodeWorkspace settings on the host: the device-side check switch and its
-// environment variable, the empty check report before any device decode,
-// and max_batch with its environment variable. Nothing here touches a GPU.
+// DecodeWorkspace settings on the host: the device-side check and
+// programmatic launch switches and their environment variables, the empty
+// check report before any device decode, and max_batch with its environment
+// variable. Nothing here touches a GPU.
 #include <gtest/gtest.h>
 
 #include <utility>
@@ -14,6 +15,7 @@ namespace {
 
 constexpr const char* kDeviceChecks = "TQDECODE_DEVICE_CHECKS";
 constexpr const char* kMaxBatch = "TQDECODE_MAX_BATCH";
+constexpr const char* kProgrammaticLaunch = "TQDECODE_PROGRAMMATIC_LAUNCH";
 
 TEST(WorkspaceSettings, DeviceChecksAreOffByDefault) {
   const ScopedVariable unset(kDeviceChecks, nullptr);
@@ -43,6 +45,32 @@ TEST(WorkspaceSettings, SetDeviceChecksOverridesTheEnvironment) {
   EXPECT_FALSE(workspace.device_checks());
   workspace.set_device_checks(true);
   EXPECT_TRUE(workspace.device_checks());
+}
+
+TEST(WorkspaceSettings, ProgrammaticLaunchIsOnByDefaultAndFollowsTheEnvironmentVariable) {
+  {
+    const ScopedVariable unset(kProgrammaticLaunch, nullptr);
+    EXPECT_TRUE(DecodeWorkspace().programmatic_launch());
+  }
+  for (const auto& [text, expected] : {std::pair{"1", true}, std::pair{"0", false}, std::pair{"", true}}) {
+    const ScopedVariable set(kProgrammaticLaunch, text);
+    EXPECT_EQ(DecodeWorkspace().programmatic_launch(), expected) << "TQDECODE_PROGRAMMATIC_LAUNCH='" << text << "'";
+  }
+  for (const char* text : {"off", "2", "0 ", "false"}) {
+    const ScopedVariable set(kProgrammaticLaunch, text);
+    SCOPED_TRACE(text);
+    expect_error_naming(kProgrammaticLaunch, [] { DecodeWorkspace workspace; });
+  }
+}
+
+TEST(WorkspaceSettings, SetProgrammaticLaunchOverridesTheEnvironment) {
+  const ScopedVariable set(kProgrammaticLaunch, "0");
+  DecodeWorkspace workspace;
+  ASSERT_FALSE(workspace.programmatic_launch());
+  workspace.set_programmatic_launch(true);
+  EXPECT_TRUE(workspace.programmatic_launch());
+  workspace.set_programmatic_launch(false);
+  EXPECT_FALSE(workspace.programmatic_launch());
 }
 
 // No decode has run on a device, so there is nothing to read and no CUDA

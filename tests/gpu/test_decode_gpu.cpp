@@ -67,6 +67,14 @@ std::vector<DecodeCase> decode_cases() {
       // sinks, fp16 and padded head tiles (group 6); q4_batch256 and
       // q4_b40_split_waves take this shape too.
       {"q4_g6_b24_paired_split_sinks_f16", p4, 48, 8, 128, 16, random_lengths(24, 2500, 17), 0, true, DType::f16},
+      // Two kv heads per CTA with partitions over 8192 tokens: PiT loaded
+      // after the first tiles (LaunchPlan::early_rotation false); the shorter
+      // grids above load it first.
+      {"q4_b66_paired_long", p4, 64, 8, 128, 16, [] {
+         std::vector<int> lengths = random_lengths(66, 2000, 18);
+         lengths[5] = 9001;  // N = 1 (264 CTAs: two full waves), so partitions of 9001 tokens
+         return lengths;
+       }()},
       // 2100 query rows of 3 heads: the rotation kernel's eight-rows-per-thread
       // variant with a partial last tile and rows crossing sequences.
       {"q4_g3_b700_rows", p4, 3, 1, 128, 16, random_lengths(700, 64, 16)},
@@ -127,11 +135,12 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
 
   const PathChoice choice = choose_decode_path(device.args());
   const LaunchPlan plan = plan_decode(device.args());
-  std::printf("[ path     ] %s: %s (%s), N = %d%s\n", c.name.c_str(), decode_path_name(choice.path), choice.reason.c_str(),
-              plan.num_partitions,
+  std::printf("[ path     ] %s: %s (%s), N = %d%s%s\n", c.name.c_str(), decode_path_name(choice.path),
+              choice.reason.c_str(), plan.num_partitions,
               plan.paired_heads ? ", 16-warp wide-table shape, two kv heads per CTA"
               : plan.wide_table ? ", 16-warp wide-table shape"
-                                : "");
+                                : "",
+              plan.early_rotation ? ", PiT first" : "");
   decode(device.args(), workspace);
   const std::vector<float> automatic = device.output();
   expect_close(automatic, expected, c.name + " " + decode_path_name(choice.path));

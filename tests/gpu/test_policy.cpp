@@ -130,5 +130,33 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_FALSE(choose_grid(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 8, 16, 8, 32768, kH200Sms).wide_table);
 }
 
+// The 16-warp kernel loads PiT first for partitions of at most 8192 tokens
+// (bench/NOTES.md, v3.10): the small and many-wave benchmark shapes, not the
+// long single-wave ones.
+TEST(PartitionPolicy, EarlyRotationForPartitionsOfAtMost8192Tokens) {
+  const auto grid = [](int group, int batch, int context) {
+    return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, group, batch, 8, context, kH200Sms);
+  };
+  EXPECT_FALSE(grid(8, 16, 32768).early_rotation);   // N = 1: 32768 tokens
+  EXPECT_FALSE(grid(8, 32, 131072).early_rotation);  // N = 1
+  EXPECT_FALSE(grid(4, 16, 32768).early_rotation);
+  EXPECT_TRUE(grid(8, 1, 32768).early_rotation);     // N = 16: 2048 tokens
+  EXPECT_TRUE(grid(8, 1, 4096).early_rotation);
+  EXPECT_TRUE(grid(8, 16, 4096).early_rotation);     // N = 1: 4096 tokens
+  EXPECT_TRUE(grid(8, 64, 8192).early_rotation);     // two kv heads per CTA, 8192 tokens
+  EXPECT_TRUE(grid(8, 128, 4096).early_rotation);
+  EXPECT_FALSE(grid(8, 64, 8193).early_rotation);
+  const GridChoice long_paired = grid(8, 66, 9040);  // q4_b66_paired_long: 264 CTAs of two kv heads
+  EXPECT_TRUE(long_paired.paired_heads);
+  EXPECT_EQ(long_paired.num_partitions, 1);
+  EXPECT_FALSE(long_paired.early_rotation);
+  const GridChoice long_single = grid(8, 1, 131072 + 7 + 16 * 2);  // q4_long_128k: N = 16, over 8192 tokens each
+  EXPECT_EQ(long_single.num_partitions, 16);
+  EXPECT_FALSE(long_single.early_rotation);
+  // Only the 16-warp kernel has the variant.
+  EXPECT_FALSE(grid(16, 16, 4096).early_rotation);
+  EXPECT_FALSE(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 4096, kH200Sms).early_rotation);
+}
+
 }  // namespace
 }  // namespace tqdecode::cuda

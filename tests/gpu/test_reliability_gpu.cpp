@@ -390,7 +390,8 @@ std::vector<DecodeArgs> planning_shapes(const DecodeArgs& base) {
 
 bool same_plan(const LaunchPlan& a, const LaunchPlan& b) {
   return a.path == b.path && a.reason == b.reason && a.num_partitions == b.num_partitions &&
-         a.partition_align == b.partition_align && a.wide_table == b.wide_table && a.paired_heads == b.paired_heads;
+         a.partition_align == b.partition_align && a.wide_table == b.wide_table && a.paired_heads == b.paired_heads &&
+         a.early_rotation == b.early_rotation;
 }
 
 TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {
