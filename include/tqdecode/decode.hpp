@@ -130,7 +130,8 @@ class DecodeWorkspace {
   /// reading anything else. So PiT and the centroids must not be written by
   /// the kernel immediately before the decode on its stream (model constants
   /// never are; a copy or any earlier kernel is fine); switch this off if
-  /// they are. Every other input may come from that kernel. Results are
+  /// they are, for every call, or pass DecodeArgs::constants_stable = false
+  /// for one call. Every other input may come from that kernel. Results are
   /// bitwise the same either way; CUDA graphs keep the setting they were
   /// captured with. The generic kernels always wait.
   void set_programmatic_launch(bool enabled);

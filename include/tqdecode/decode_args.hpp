@@ -34,6 +34,11 @@ struct DecodeArgs {
   const float* PiT = nullptr;  ///< [D, D], transpose of the rotation (MSE presets)
   float scale = 1.0f;          ///< softmax scale
   const float* sinks = nullptr;  ///< [Hq] or null
+  /// PiT and the centroids were not written by the kernel just before this
+  /// decode on its stream. false launches the Hopper kernel without
+  /// programmatic dependent launch for this call, so it reads them only after
+  /// that kernel has finished (DecodeWorkspace::set_programmatic_launch).
+  bool constants_stable = true;
 
   void* output = nullptr;  ///< [B, Hq, D], dtype = query dtype
   std::int64_t output_stride_batch = 0;

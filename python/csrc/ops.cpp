@@ -157,6 +157,7 @@ struct DecodeInputs {
   bool key_fp8;
   bool norm_correction;
   const OptionalTensor& sinks;
+  bool constants_stable;
 };
 
 // Checks the tensors and builds the library's arguments; output left unset.
@@ -224,6 +225,7 @@ tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
     check_contiguous(*in.sinks, "sinks");
     args.sinks = in.sinks->data_ptr<float>();
   }
+  args.constants_stable = in.constants_stable;
   return args;
 }
 
@@ -247,11 +249,11 @@ void* const kPlanningOutput = reinterpret_cast<void*>(std::uintptr_t{1});
   const Tensor &query, const Tensor &kv_cache, const Tensor &block_table, const Tensor &seq_lens,                 \
       const OptionalTensor &centroids, const OptionalTensor &PiT, double scale, int64_t mse_bits,                 \
       int64_t key_packed_size, int64_t value_quant_bits, int64_t value_packed_size, bool key_fp8,                 \
-      bool norm_correction, const OptionalTensor &sinks
+      bool norm_correction, const OptionalTensor &sinks, bool constants_stable
 #define TQ_DECODE_INPUTS                                                                                          \
   DecodeInputs {                                                                                                  \
     query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, key_packed_size, value_quant_bits,   \
-        value_packed_size, key_fp8, norm_correction, sinks                                                        \
+        value_packed_size, key_fp8, norm_correction, sinks, constants_stable                                      \
   }
 
 Tensor decode_cpu(TQ_DECODE_PARAMS) {
@@ -566,15 +568,15 @@ TORCH_LIBRARY(tqdecode, m) {
   m.def(
       "decode(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, Tensor? PiT, "
       "float scale, int mse_bits, int key_packed_size, int value_quant_bits, int value_packed_size, "
-      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None) -> Tensor");
+      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None, bool constants_stable=True) -> Tensor");
   m.def(
       "decode_out(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, "
       "Tensor? PiT, float scale, int mse_bits, int key_packed_size, int value_quant_bits, int value_packed_size, "
-      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None, *, Tensor(a!) out) -> ()");
+      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None, bool constants_stable=True, *, Tensor(a!) out) -> ()");
   m.def(
       "decode_path(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, "
       "Tensor? PiT, float scale, int mse_bits, int key_packed_size, int value_quant_bits, int value_packed_size, "
-      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None) -> (str path, str reason)");
+      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None, bool constants_stable=True) -> (str path, str reason)");
   m.def(
       "make_model_constants(str preset, int head_dim, int seed=0, str rotation=\"hadamard\") "
       "-> (Tensor centroids, Tensor Pi, Tensor PiT)");

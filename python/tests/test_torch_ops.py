@@ -317,6 +317,20 @@ class ConstantsCacheTest(unittest.TestCase):
         tqdecode.turboquant_decode_attention(*args, **kwargs, buf_holder=holder)
         self.assertIsNot(holder._tqdecode_consts[3], cached_PiT)
 
+    def test_constants_derived_in_the_call_are_not_stable(self):
+        # constants_stable=False (no early reads by a programmatic launch)
+        # whenever the call itself wrote the fp32 constants.
+        case = make_case(CONFIGS[0])
+        query, Pi, centroids = case.query, case.Pi, case.centroids
+        from tqdecode import _model_constants
+        holder = Holder()
+        self.assertFalse(_model_constants(query, Pi, centroids, None, False, holder)[2], "first call derives")
+        self.assertTrue(_model_constants(query, Pi, centroids, None, False, holder)[2], "cached")
+        Pi.mul_(1.0)
+        self.assertFalse(_model_constants(query, Pi, centroids, None, False, holder)[2], "Pi written: derived again")
+        self.assertFalse(_model_constants(query, Pi, centroids, None, False, None)[2], "no buf_holder")
+        self.assertTrue(_model_constants(query, None, None, None, True, None)[2], "fp8 keys: no constants")
+
 
 @requires_cuda
 class CudaTest(unittest.TestCase):

@@ -111,15 +111,19 @@ def store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_m
 
 
 def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder):
-    """``(centroids, PiT)`` as the ops take them: fp32, contiguous, on the query's device.
+    """``(centroids, PiT, stable)``: the constants as the ops take them (fp32,
+    contiguous, on the query's device) and whether they were ready before
+    this call.
 
     Derived once per constants and cached on ``buf_holder`` (keyed by data
     pointer and version, holding the sources so an address is not reused
     while cached). Not cached while torch.compile traces: the derivation is
-    then part of the graph.
+    then part of the graph. ``stable`` is False when they were derived in
+    this call: the kernels that wrote them may be the ones just before the
+    decode, so the decode must not read them early (programmatic launch).
     """
     if key_fp8:
-        return None, None  # fp8 keys are neither rotated nor codebook-quantized
+        return None, None, True  # fp8 keys are neither rotated nor codebook-quantized
     if centroids is None:
         fail("centroids", "is required by MSE presets (key_fp8=False)")
     if PiT is None:
@@ -136,13 +140,14 @@ def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder):
         return centroids.to(**as_fp32).contiguous(), rotation.contiguous()
 
     if buf_holder is None or torch.compiler.is_compiling():
-        return derive()
+        return (*derive(), False)
     key = (PiT is None, source.data_ptr(), source._version, centroids.data_ptr(), centroids._version, query.device)
     cached = getattr(buf_holder, "_tqdecode_consts", None)
-    if cached is None or cached[0] != key:
+    stable = cached is not None and cached[0] == key
+    if not stable:
         cached = (key, (source, centroids), *derive())
         buf_holder._tqdecode_consts = cached
-    return cached[2], cached[3]
+    return cached[2], cached[3], stable
 
 
 def _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
@@ -151,9 +156,9 @@ def _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_b
     if sinks is not None and isinstance(sinks, torch.Tensor):
         sinks = sinks.to(torch.float32).contiguous()  # engines may keep sinks in the model dtype
     check_decode(query, kv_cache, block_table, seq_lens, sinks)
-    centroids, PiT = _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder)
+    centroids, PiT, stable = _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder)
     return (query, kv_cache, block_table, seq_lens, centroids, PiT, float(scale), int(mse_bits), int(key_packed_size),
-            int(value_quant_bits), int(value_packed_size), bool(key_fp8), bool(norm_correction), sinks)
+            int(value_quant_bits), int(value_packed_size), bool(key_fp8), bool(norm_correction), sinks, stable)
 
 
 def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits,

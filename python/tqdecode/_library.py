@@ -96,14 +96,16 @@ def _store_fake(key, value, kv_cache, slot_mapping, Pi, centroids, preset, check
 
 @torch.library.register_fake("tqdecode::decode")
 def _decode_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, key_packed_size,
-                 value_quant_bits, value_packed_size, key_fp8=False, norm_correction=False, sinks=None):
+                 value_quant_bits, value_packed_size, key_fp8=False, norm_correction=False, sinks=None,
+                 constants_stable=True):
     check_decode(query, kv_cache, block_table, seq_lens, sinks)
     return query.new_empty(query.shape)
 
 
 @torch.library.register_fake("tqdecode::decode_out")
 def _decode_out_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, key_packed_size,
-                     value_quant_bits, value_packed_size, key_fp8=False, norm_correction=False, sinks=None, *, out):
+                     value_quant_bits, value_packed_size, key_fp8=False, norm_correction=False, sinks=None,
+                     constants_stable=True, *, out):
     check_decode(query, kv_cache, block_table, seq_lens, sinks)
     check_output(out, query, "out")
 

@@ -765,12 +765,12 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  // All loads of a phase are independent, so each phase costs one round trip
-  // to L2 however many partitions there are.
-  // One warp per output row, lane q holding partition q, so each phase is one
-  // round trip to L2 however many partitions there are. The merge rule is
-  // partition_merge.cuh's, shared with the CUDA and CPU reducers.
+  // One warp per output row, lane q holding partition q. The partitions'
+  // rows are loaded together with their maxima and sums, kRowBatch at a
+  // time, so the reduction costs one round trip to L2 for N <= kRowBatch.
+  // The merge rule is partition_merge.cuh's, shared with the CUDA and CPU reducers.
   static_assert(kMaxPartitions <= 32, "one lane per partition");
+  constexpr int kRowBatch = 16;  // 64 registers of partition rows
   for (int row = warp; row < kCtaRows; row += kWarps) {
     if (!row_valid(row)) continue;
     const std::int64_t hq = query_head(row);
@@ -778,22 +778,34 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
     const bool present = lane < num_partitions;
     const float max = present ? __ldcg(p.part_max + base + lane) : -INFINITY;
     const float sum = present ? __ldcg(p.part_sum + base + lane) : 0.0f;
+    float4 rows[kRowBatch];  // dims 4 lane .. 4 lane + 3 of partitions q0 + i
+    const auto load_rows = [&](int q0) {
+#pragma unroll
+      for (int i = 0; i < kRowBatch; ++i) {
+        rows[i] = q0 + i < num_partitions
+                      ? __ldcg(reinterpret_cast<const float4*>(p.part_out + (base + q0 + i) * kHeadDim) + lane)
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    };
+    load_rows(0);
     const float sink = has_sink ? __ldg(r.sinks + hq) : -INFINITY;
     const bool any_tokens = __any_sync(kFullMask, partition_has_tokens(max, sum));
     const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
     const float merged_max = merge_max(sink, warp_max(isnan(max) ? -INFINITY : max));
     const float weight = present ? partition_weight(max, sum, merged_max) : 0.0f;
     const float own_weight = output_weight(weight, warp_sum(weight), any_tokens, any_nan, has_sink, sink, merged_max);
-    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // dims 4 lane .. 4 lane + 3
-#pragma unroll 16
-    for (int q = 0; q < num_partitions; ++q) {
-      const float w = __shfl_sync(kFullMask, own_weight, q);
-      if (w != 0.0f) {
-        const float4 o = __ldcg(reinterpret_cast<const float4*>(p.part_out + (base + q) * kHeadDim) + lane);
-        value.x = fmaf(w, o.x, value.x);
-        value.y = fmaf(w, o.y, value.y);
-        value.z = fmaf(w, o.z, value.z);
-        value.w = fmaf(w, o.w, value.w);
+    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int q0 = 0; q0 < num_partitions; q0 += kRowBatch) {
+      if (q0 > 0) load_rows(q0);
+#pragma unroll
+      for (int i = 0; i < kRowBatch; ++i) {
+        const float w = __shfl_sync(kFullMask, own_weight, (q0 + i) & 31);
+        if (q0 + i < num_partitions && w != 0.0f) {
+          value.x = fmaf(w, rows[i].x, value.x);
+          value.y = fmaf(w, rows[i].y, value.y);
+          value.z = fmaf(w, rows[i].z, value.z);
+          value.w = fmaf(w, rows[i].w, value.w);
+        }
       }
     }
     store_output(r, batch, hq, 4 * lane + 0, value.x);

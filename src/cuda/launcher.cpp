@@ -158,7 +158,7 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
   if (plan.path == DecodePath::hopper) {
     // One launch: rotation, partitions and reduction fused.
     cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.paired_heads,
-                                plan.early_rotation, workspace.programmatic_launch()},
+                                plan.early_rotation, workspace.programmatic_launch() && call.constants_stable},
                                stream);
   } else {
     cuda::launch_rotate_queries(rotate, stream);

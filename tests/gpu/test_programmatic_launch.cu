@@ -7,11 +7,14 @@
 // over poisoned ones (NaN query and sinks, junk cache, zero lengths, a table
 // of block 0). A decode that read any of them early would see the poison;
 // it must give the bits of an ordinary decode, eagerly and as a CUDA graph.
+// With DecodeArgs::constants_stable = false the same kernel may also write
+// PiT and the centroids late.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -27,13 +30,14 @@ namespace {
 using test::check_cuda;
 using test::DeviceBuffer;
 
-constexpr int kLateInputs = 5;
+constexpr int kMaxLateInputs = 7;
 
-/// Inputs written late: bytes[i] bytes from `from[i]` to `to[i]`.
+/// Inputs written late: for i < count, bytes[i] bytes from `from[i]` to `to[i]`.
 struct LateWrites {
-  const std::uint8_t* from[kLateInputs];
-  std::uint8_t* to[kLateInputs];
-  std::size_t bytes[kLateInputs];
+  const std::uint8_t* from[kMaxLateInputs];
+  std::uint8_t* to[kMaxLateInputs];
+  std::size_t bytes[kMaxLateInputs];
+  int count;
   long long spin_cycles;
 };
 
@@ -45,7 +49,7 @@ __global__ void write_inputs_late(LateWrites writes) {
   while (clock64() - start < writes.spin_cycles) {
   }
   const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
-  for (int i = 0; i < kLateInputs; ++i) {
+  for (int i = 0; i < writes.count; ++i) {
     for (std::size_t j = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; j < writes.bytes[i]; j += stride) {
       writes.to[i][j] = writes.from[i][j];
     }
@@ -64,7 +68,10 @@ struct LateInputCase {
   Preset preset;
   int num_q_heads;
   std::vector<int> seq_lens;
+  bool late_constants = false;  ///< PiT and the centroids written late too, with constants_stable = false
 };
+
+void PrintTo(const LateInputCase& c, std::ostream* os) { *os << c.name; }
 
 class ProgrammaticLaunch : public ::testing::TestWithParam<LateInputCase> {};
 
@@ -80,7 +87,7 @@ TEST_P(ProgrammaticLaunch, DecodeReadsInputsWrittenByThePreviousKernelOnlyAfterI
   config.seed = 31;
   const Scenario scenario = make_scenario(config);
   DeviceScenario device(scenario);
-  const DecodeArgs args = device.args();
+  DecodeArgs args = device.args();
   cudaStream_t stream;
   check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
 
@@ -95,14 +102,24 @@ TEST_P(ProgrammaticLaunch, DecodeReadsInputsWrittenByThePreviousKernelOnlyAfterI
   decode_reference(scenario.host_args(nullptr), reference.data());
   test::expect_close(expected, reference, c.name + " without programmatic launch");
 
-  const std::size_t sizes[kLateInputs] = {scenario.query_bits.size() * 2, scenario.cache.size(),
-                                          scenario.seq_lens.size() * 4, scenario.block_table.size() * 4,
-                                          scenario.sinks.size() * 4};
-  const void* inputs[kLateInputs] = {args.query, args.cache, args.seq_lens, args.block_table, args.sinks};
-  const int poison[kLateInputs] = {0xff, 0xff, 0, 0, 0xff};  // NaN query, junk cache, no tokens, block 0, NaN sinks
+  const bool mse_keys = args.PiT != nullptr && args.centroids != nullptr;
+  const std::size_t sizes[kMaxLateInputs] = {scenario.query_bits.size() * 2,
+                                             scenario.cache.size(),
+                                             scenario.seq_lens.size() * 4,
+                                             scenario.block_table.size() * 4,
+                                             scenario.sinks.size() * 4,
+                                             std::size_t(args.layout.head_dim) * args.layout.head_dim * 4,
+                                             std::size_t(args.num_centroids) * 4};
+  const void* inputs[kMaxLateInputs] = {args.query, args.cache,   args.seq_lens, args.block_table,
+                                        args.sinks, args.PiT, args.centroids};
+  // NaN query, junk cache, no tokens, block 0, NaN sinks, NaN PiT and centroids.
+  const int poison[kMaxLateInputs] = {0xff, 0xff, 0, 0, 0xff, 0xff, 0xff};
   std::vector<DeviceBuffer<std::uint8_t>> saved;
   LateWrites writes{};
-  for (int i = 0; i < kLateInputs; ++i) {
+  writes.count = c.late_constants ? kMaxLateInputs : 5;
+  ASSERT_TRUE(!c.late_constants || mse_keys) << "late constants need an MSE preset";
+  args.constants_stable = !c.late_constants;
+  for (int i = 0; i < writes.count; ++i) {
     saved.push_back(saved_copy(inputs[i], sizes[i]));
     writes.from[i] = saved.back().get();
     writes.to[i] = static_cast<std::uint8_t*>(const_cast<void*>(inputs[i]));
@@ -112,7 +129,7 @@ TEST_P(ProgrammaticLaunch, DecodeReadsInputsWrittenByThePreviousKernelOnlyAfterI
   check_cuda(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0), "clock rate");
   writes.spin_cycles = static_cast<long long>(clock_khz);  // about a millisecond
   const auto poison_inputs = [&] {
-    for (int i = 0; i < kLateInputs; ++i) check_cuda(cudaMemset(writes.to[i], poison[i], sizes[i]), "poison");
+    for (int i = 0; i < writes.count; ++i) check_cuda(cudaMemset(writes.to[i], poison[i], sizes[i]), "poison");
     device.poison_output();
   };
   const auto expect_bits = [&](const std::string& what) {
@@ -152,7 +169,8 @@ TEST_P(ProgrammaticLaunch, DecodeReadsInputsWrittenByThePreviousKernelOnlyAfterI
 }
 
 // One sequence split over many partitions (the fused reduction), a grid of
-// several waves with two kv heads per CTA, and keys without a table (fp8).
+// several waves with two kv heads per CTA, keys without a table (fp8), and
+// PiT and the centroids written late with constants_stable = false.
 INSTANTIATE_TEST_SUITE_P(Grid, ProgrammaticLaunch,
                          ::testing::Values(LateInputCase{"q4_split", Preset::turboquant_4bit_nc, 64, {3001}},
                                            LateInputCase{"q4_paired_waves", Preset::turboquant_4bit_nc, 64,
@@ -161,7 +179,9 @@ INSTANTIATE_TEST_SUITE_P(Grid, ProgrammaticLaunch,
                                                           1024, 3, 1600, 250, 1400, 880, 2100, 45, 1000, 1500, 600,
                                                           1800, 128, 2400, 333, 1111, 77}},
                                            LateInputCase{"3bit_split", Preset::turboquant_3bit_nc, 32, {2049, 5}},
-                                           LateInputCase{"k8v4_split", Preset::turboquant_k8v4, 64, {3001, 40}}),
+                                           LateInputCase{"k8v4_split", Preset::turboquant_k8v4, 64, {3001, 40}},
+                                           LateInputCase{"q4_split_late_constants", Preset::turboquant_4bit_nc, 64,
+                                                         {3001}, true}),
                          [](const ::testing::TestParamInfo<LateInputCase>& info) { return info.param.name; });
 
 }  // namespace
