@@ -65,7 +65,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     // Long partitions keep the shorter main loop; short ones gain more from
     // a shorter prologue (LaunchPlan::early_rotation).
     const auto early_rotation = [&](int partitions) {
-      return (max_context_tokens + partitions - 1) / partitions <= kEarlyRotationMaxPartitionTokens;
+      return (static_cast<long long>(max_context_tokens) + partitions - 1) / partitions <= kEarlyRotationMaxPartitionTokens;
     };
     const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1);
     if (static_cast<long long>(batch) * num_kv_heads * wide <= static_cast<long long>(kWideTableMaxWaves) * sm_count) {
