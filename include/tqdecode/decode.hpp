@@ -43,11 +43,14 @@ struct LaunchPlan {
   /// CTAs of 8 warps (larger grids, where one CTA's prologue then overlaps
   /// the other's streaming).
   bool wide_table = false;
-  /// With wide_table, for grids of more than two waves: each CTA serves kv
-  /// heads 2y and 2y + 1 of one sequence with 8 warps each (Hk even), so an
-  /// SM streams two work items at once, as the two-CTA shape does, with the
-  /// wide table's shorter loop. The grid is (N, Hk / 2, B).
-  bool paired_heads = false;
+  /// With wide_table: the kv heads each CTA serves, 16 / kv_heads_per_cta
+  /// warps each. 1 for grids of at most two waves; beyond that 2 or 4 (heads
+  /// hy .. hy + h - 1 of one sequence, Hk a multiple of h), whichever gives
+  /// the grid fewer waves (the smaller on a tie): an SM streams several work
+  /// items at once, as the two-CTA shape does, with the wide table's shorter
+  /// loop, and each wave's prologue and merge are paid fewer times. The grid
+  /// is (N, Hk / h, B).
+  int kv_heads_per_cta = 1;
   /// With wide_table, for partitions of at most 8192 tokens (the longest
   /// context the block table covers, over N): each CTA loads its share of
   /// PiT before anything else, while the previous kernel may still run,

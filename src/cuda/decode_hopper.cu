@@ -12,8 +12,8 @@
 //
 // Grid (partition, kv head, sequence). Two CTAs of 8 warps per SM, or for
 // 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
-// grids of more than two waves serves two kv heads, 8 warps each (grid
-// (partition, kv head pair, sequence)); one CTA of 8 warps for groups over 8
+// grids of more than two waves serves two or four kv heads, 8 or 4 warps each
+// (grid (partition, kv head group, sequence)); one CTA of 8 warps for groups over 8
 // (KernelShape). The kernel is launched as a programmatic dependent
 // (launch_decode_hopper): its CTAs may start while the previous kernel of the
 // stream drains. A CTA
@@ -85,10 +85,8 @@ namespace tqdecode::cuda {
 namespace hopper {
 
 constexpr int kHeadsPerTile = 8;    // mma N
-constexpr int kMaxRows = 16;        // query heads of a group: one or two head tiles
 constexpr int kDimTiles = kHeadDim / 16;
 constexpr int kStages = 4;          // tiles in flight per warp
-constexpr int kQueryBytes = kMaxRows * kHeadDim * 4;           // 8192
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -102,12 +100,13 @@ struct MergeStorage {
   float sum[Warps][Rows];
 };
 
-// Slot of (row, dim) in the query rows: the 16-byte units of each 32-dim
-// chunk are XOR-swizzled by the row's parity and the chunk, so the operand
-// build's 16-byte reads (lane (g, c): row g, dims 32c + 4ks..+3) are free of
-// bank conflicts; stores of whole rows stay conflict-free.
+// Slot of (row, dim) in the query rows, which hold the mma operand's 16-bit
+// values (bf16, or fp16 against fp8 keys): the 8-byte units (4 dims) are
+// XOR-swizzled by the row mod 4 and the half row, so the operand build's
+// 8-byte reads (lane (g, c): row g, dims 32c + 4ks..+3) are free of bank
+// conflicts per half warp.
 __device__ __forceinline__ int query_slot(int row, int dim) {
-  return row * kHeadDim + (dim ^ (((2 * (dim >> 5) + (row & 1)) & 7) << 2));
+  return row * kHeadDim + (dim ^ ((2 * (row & 3) + ((dim >> 6) & 1)) << 2));
 }
 
 // Position of `dim` in a merge row: dim pairs XOR-swizzled within each
@@ -122,16 +121,17 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// CTA of 16 warps per SM sharing a 64 KB lookup table whose 256-byte rows
 /// make each lookup's address one byte permute (entry byte in bits 8..15,
 /// lane in bits 2..6); chosen for grids of few waves (policy.cpp,
-/// choose_grid), and with two kv heads per CTA for larger grids: kv heads
-/// 2y and 2y + 1 of one sequence, 8 warps each, sharing the table, the
-/// block table and the rotation, so an SM streams two work items at once
-/// with the wide table's shorter loop. Otherwise 8 warps: two CTAs per SM
+/// choose_grid), and with two or four kv heads per CTA for larger grids: kv
+/// heads hy .. hy + h - 1 of one sequence, 16 / h warps each, sharing the
+/// table, the block table and the rotation, so an SM streams h work items at
+/// once with the wide table's shorter loop. Otherwise 8 warps: two CTAs per SM
 /// with a table of 128-byte rows (a shift and a LOP3 per 4-bit lookup), or
 /// one CTA at two head tiles, whose roughly 190 registers allow no more.
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct KernelShape {
   static_assert(!Wide || (Format == CacheFormat::mse4 && HeadTiles == 1), "the wide table serves 4-bit keys, one head tile");
-  static_assert(HeadsPerCta == 1 || (Wide && HeadsPerCta == 2), "two kv heads per CTA in the wide shape only");
+  static_assert(HeadsPerCta == 1 || (Wide && (HeadsPerCta == 2 || HeadsPerCta == 4)),
+                "two or four kv heads per CTA in the wide shape only");
   static constexpr bool kWideTable = Wide;
   static constexpr int kWarps = kWideTable ? 16 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
@@ -142,7 +142,7 @@ struct KernelShape {
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
   // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
   static constexpr int kRowStep = kThreads / kHeadDim;
-  static_assert(kThreads % kHeadDim == 0 && kCtaRows % kRowStep == 0 && kCtaRows <= kMaxRows, "whole rows per thread group");
+  static_assert(kThreads % kHeadDim == 0 && kCtaRows % kRowStep == 0, "whole rows per thread group");
 };
 
 /// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][query bits][issue plans].
@@ -159,7 +159,9 @@ struct SharedLayout {
   using Merge = MergeStorage<Shape::kWarpsPerHead, Shape::kCtaRows>;
   // The merge reuses the table and the rings once the stream is done.
   static constexpr int kMainBytes = std::max(kLutBytes + kRingBytes, static_cast<int>(sizeof(Merge)));
+  // The query rows as the mma operand's 16-bit values (query_slot).
   static constexpr int kQueryOffset = kMainBytes;
+  static constexpr int kQueryBytes = Shape::kCtaRows * kHeadDim * 2;
   // MSE keys: the query's bits, the rotation's input (hopper_rotation.cuh).
   static constexpr int kQueryBitsOffset = kQueryOffset + kQueryBytes;
   static constexpr int kQueryBitsBytes = kCodebookSize ? Shape::kCtaRows * kQueryBitsStride * 2 : 0;
@@ -167,7 +169,8 @@ struct SharedLayout {
   // from here for each tile, since recomputing it in the loop (what the
   // compiler does at 128 registers) costs about 70 instructions per tile.
   static constexpr int kPlanOffset = kQueryBitsOffset + kQueryBitsBytes;
-  // 216192 (4-bit, wide), 113792 (4-bit), 80512 (k3v4), 71808 (3bit), 110080 (fp8)
+  // 210048 (4-bit, wide), 215296 and 225792 (two and four kv heads), 107648 (4-bit),
+  // 74368 (k3v4), 65664 (3bit), 103936 (fp8), 111872 (two head tiles)
   static constexpr int kBytes =
       kPlanOffset + HeadsPerCta * 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
@@ -213,7 +216,7 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
 // Keys: 4-bit (turboquant_4bit_nc) or 3-bit (turboquant_k3v4_nc) MSE keys
 // through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
-// HeadsPerCta: kv heads per CTA (2: the wide shape for large grids).
+// HeadsPerCta: kv heads per CTA (2 or 4: the wide shape for large grids).
 // EarlyRotation (MSE keys): PiT's operands are loaded before the wait for the
 // previous kernel instead of after the first tiles are issued. The prologue
 // gets shorter, but with 32 more registers live across the tile issue the
@@ -234,7 +237,7 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
   constexpr int kCtaRows = Shape::kCtaRows;
   constexpr int kRowStep = Shape::kRowStep;
   extern __shared__ __align__(128) std::uint8_t shared[];
-  float* query_rows = reinterpret_cast<float*>(shared + Shared::kQueryOffset);  // [kMaxRows][kHeadDim], query_slot
+  auto* query_rows = reinterpret_cast<std::uint16_t*>(shared + Shared::kQueryOffset);  // [kCtaRows][kHeadDim], query_slot
   const PartitionParams& p = params.partitions;
   const RotateParams& rq = params.rotate;
   const int warp = threadIdx.x >> 5;
@@ -353,11 +356,12 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
       cp_async_commit();
     }
     if constexpr (kFp8) {
-      // fp8 keys: the query as it is.
+      // fp8 keys: the query as it is, in fp16 (exact for fp16 queries and
+      // for bf16 values of magnitude 2^-14 to 65504).
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
         query_rows[query_slot(first_row + kRowStep * i, dim)] =
-            query_bits_to_float(rq.query_dtype == DType::f16, query_values[i]);
+            __half_as_ushort(__float2half_rn(query_bits_to_float(rq.query_dtype == DType::f16, query_values[i])));
       }
     } else {
       // MSE keys: the rotation on the tensor cores (hopper_rotation.cuh).
@@ -367,10 +371,17 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
       for (int i = 0; i < kRowsPerThread; ++i) query_bits[(first_row + kRowStep * i) * kQueryBitsStride + dim] = query_values[i];
       __syncthreads();  // the query bits are in place
       if (rotates) {
-        rotate_queries<kCtaRows / kHeadsPerTile>(rotation, query_bits, rq.query_dtype == DType::f16, warp, lane,
-                                  [&](int row, int dim_out, float2 pair) {
-                                    *reinterpret_cast<float2*>(query_rows + query_slot(row, dim_out)) = pair;
-                                  });
+        // At most two head tiles per pass: four (four kv heads per CTA) in one
+        // pass would spill PiT's operands.
+        constexpr int kTilesPerPass = std::min(kCtaRows / kHeadsPerTile, 2);
+#pragma unroll
+        for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
+          rotate_queries<kTilesPerPass>(rotation, query_bits + first * kQueryBitsStride, rq.query_dtype == DType::f16,
+                                        warp, lane, [&](int row, int dim_out, float2 pair) {
+                                          *reinterpret_cast<std::uint32_t*>(query_rows + query_slot(first + row, dim_out)) =
+                                              pack_bf16(pair.x, pair.y);
+                                        });
+        }
       }
     }
     int blocks_next = load_blocks(32);  // only now: the rotation needs the registers
@@ -386,10 +397,10 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         const int row = kRows * head_slot + kHeadsPerTile * nt + g;
-        const float4 q = *reinterpret_cast<const float4*>(query_rows + query_slot(row, 32 * c + 4 * ks));
         // fp16 against fp8 keys (exact: e4m3 values are fp16 values), bf16 against the table's bf16 centroids.
-        qb[nt][ks][0] = kFp8 ? pack_f16(q.x, q.y) : pack_bf16(q.x, q.y);
-        qb[nt][ks][1] = kFp8 ? pack_f16(q.z, q.w) : pack_bf16(q.z, q.w);
+        const uint2 q = *reinterpret_cast<const uint2*>(query_rows + query_slot(row, 32 * c + 4 * ks));
+        qb[nt][ks][0] = q.x;
+        qb[nt][ks][1] = q.y;
       }
     }
 
@@ -754,17 +765,18 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
   if (num_partitions == 1) return;  // finish_row wrote the output
 
   // ---- 4. the last CTA of (sequence, kv heads) reduces the partitions --------
+  // The barriers around thread 0's acquire-release arrival order this CTA's
+  // partition writes before it and the earlier CTAs' writes before the
+  // reduction's loads (arrive_acq_rel).
   __shared__ bool is_last;
-  __threadfence();  // this CTA's partition results are visible before it arrives
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned* arrival = params.arrivals + static_cast<std::int64_t>(batch) * num_kv_heads + first_head;
-    is_last = atomicAdd(arrival, 1u) == static_cast<unsigned>(num_partitions - 1);
+    is_last = arrive_acq_rel(arrival) == static_cast<unsigned>(num_partitions - 1);
     if (is_last) *arrival = 0u;  // ready for the next launch (graph replay)
   }
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
   // One warp per output row, lane q holding partition q. The partitions'
   // rows are loaded together with their maxima and sums, kRowBatch at a
   // time, so the reduction costs one round trip to L2 for N <= kRowBatch.
@@ -841,7 +853,10 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   if (group > kHeadsPerTile) return launch<2, Format>(params, stream);
   if constexpr (Format == CacheFormat::mse4) {
     if (params.wide_table) {
-      if (params.paired_heads) {
+      if (params.kv_heads_per_cta == 4) {
+        return params.early_rotation ? launch<1, Format, true, 4, true>(params, stream) : launch<1, Format, true, 4>(params, stream);
+      }
+      if (params.kv_heads_per_cta == 2) {
         return params.early_rotation ? launch<1, Format, true, 2, true>(params, stream) : launch<1, Format, true, 2>(params, stream);
       }
       return params.early_rotation ? launch<1, Format, true, 1, true>(params, stream) : launch<1, Format, true>(params, stream);

@@ -1,6 +1,6 @@
 // Small device helpers shared by the CUDA kernels (internal): warp
-// reductions, query bits to fp32, asynchronous global->shared copies and
-// named barriers.
+// reductions, query bits to fp32, asynchronous global->shared copies, named
+// barriers and the arrival counter of a fused reduction.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -75,6 +75,19 @@ __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
 #endif
+}
+
+/// Adds 1 to `counter` at GPU scope with acquire-release semantics and
+/// returns the value before. Called by one thread between two CTA barriers,
+/// the release publishes every global write the CTA made before the first
+/// barrier (release is cumulative in the PTX memory model) and the acquire
+/// makes the writes published by earlier arrivals visible to the whole CTA
+/// after the second: one fence by one thread instead of a sequentially
+/// consistent fence (__threadfence) in every warp.
+__device__ __forceinline__ unsigned arrive_acq_rel(unsigned* counter) {
+  unsigned before;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(before) : "l"(counter) : "memory");
+  return before;
 }
 
 /// Barrier over `threads` threads (a multiple of 32) that use barrier `id`

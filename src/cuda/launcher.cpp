@@ -66,7 +66,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   const int max_context = args.max_blocks_per_seq * args.layout.block_size;
   const cuda::GridChoice grid = cuda::choose_grid(path, args.layout.preset, args.group_size(), args.batch,
                                                   args.layout.num_kv_heads, max_context, device.sm_count);
-  return {path, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table, grid.paired_heads, grid.early_rotation};
+  return {path, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table, grid.kv_heads_per_cta, grid.early_rotation};
 }
 
 }  // namespace
@@ -157,7 +157,7 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
                                   call.num_q_heads, call.layout.head_dim, plan.num_partitions};
   if (plan.path == DecodePath::hopper) {
     // One launch: rotation, partitions and reduction fused.
-    cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.paired_heads,
+    cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta,
                                 plan.early_rotation, workspace.programmatic_launch() && call.constants_stable},
                                stream);
   } else {

@@ -69,14 +69,25 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     };
     const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1);
     if (static_cast<long long>(batch) * num_kv_heads * wide <= static_cast<long long>(kWideTableMaxWaves) * sm_count) {
-      return {wide, true, false, early_rotation(wide)};
+      return {wide, true, 1, early_rotation(wide)};
     }
-    // Larger grids: two kv heads per 16-warp CTA keep two work items per SM
-    // streaming, as two 8-warp CTAs do, with the wide table's shorter loop.
-    if (num_kv_heads % 2 == 0) {
-      const int paired = choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, 1);
-      return {paired, true, true, early_rotation(paired)};
+    // Larger grids: several kv heads per 16-warp CTA keep several work items
+    // per SM streaming, as two 8-warp CTAs do, with the wide table's shorter
+    // loop; the fewer waves, the fewer times every SM pays a prologue and a
+    // merge at once (bench/NOTES.md, v3.12).
+    GridChoice best{0, true};
+    long long best_waves = 0;
+    for (const int heads_per_cta : kWideKvHeadsPerCta) {
+      if (num_kv_heads % heads_per_cta != 0) continue;
+      const int partitions = choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count, 1);
+      const long long ctas = static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions;
+      const long long waves = (ctas + sm_count - 1) / sm_count;
+      if (best.num_partitions == 0 || waves < best_waves) {
+        best = {partitions, true, heads_per_cta, early_rotation(partitions)};
+        best_waves = waves;
+      }
     }
+    if (best.num_partitions > 0) return best;
   }
   return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
                                 resident_ctas_per_sm(path, preset, group_size, false)),
@@ -90,8 +101,9 @@ int max_partition_rows(int max_batch, int num_kv_heads, int sm_count) {
     for (int resident = 1; resident <= kMaxResidentCtasPerSm; ++resident) {
       rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads, 1 << 30, sm_count, resident));
     }
-    if (num_kv_heads % 2 == 0) {  // choose_grid's two kv heads per CTA
-      rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads / 2, 1 << 30, sm_count, 1));
+    for (const int heads_per_cta : kWideKvHeadsPerCta) {  // choose_grid's several kv heads per CTA
+      if (num_kv_heads % heads_per_cta != 0) continue;
+      rows = std::max(rows, batch * choose_num_partitions(batch, num_kv_heads / heads_per_cta, 1 << 30, sm_count, 1));
     }
   }
   return rows;

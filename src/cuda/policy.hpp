@@ -24,9 +24,9 @@ namespace tqdecode::cuda {
 
 inline constexpr int kMaxPartitions = 32;
 /// Resident CTAs per SM: the Hopper kernel holds 1 CTA of 16 warps in its
-/// 64 KB-table shape (turboquant_4bit_nc up to group 8, 209 KB of shared
-/// memory), else 2 of 8 warps up to group 8 (at most 128 registers, about
-/// 110 KB each) and 1 of 8 warps for groups 9..16; the generic kernel is
+/// 64 KB-table shape (turboquant_4bit_nc up to group 8, 205 to 221 KB of
+/// shared memory), else 2 of 8 warps up to group 8 (at most 128 registers,
+/// at most 105 KB each) and 1 of 8 warps for groups 9..16; the generic kernel is
 /// planned for 2. No path holds more, which bounds the pool.
 inline constexpr int kMaxResidentCtasPerSm = 2;
 inline constexpr double kGoodWaveUtilization = 0.95;
@@ -51,6 +51,9 @@ int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, i
 /// grids use two CTAs of 8 warps per SM (bench/NOTES.md, v3.5).
 inline constexpr int kWideTableMaxWaves = 2;
 
+/// kv heads per CTA of the 16-warp kernel on grids of more than kWideTableMaxWaves waves.
+inline constexpr int kWideKvHeadsPerCta[] = {2, 4};
+
 /// The 16-warp kernel loads PiT's operands first (LaunchPlan::early_rotation)
 /// when its partitions are at most this many tokens long (bench/NOTES.md, v3.10).
 inline constexpr int kEarlyRotationMaxPartitionTokens = 8192;
@@ -65,21 +68,22 @@ int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wi
 struct GridChoice {
   int num_partitions;
   bool wide_table;
-  bool paired_heads = false;
+  int kv_heads_per_cta = 1;
   bool early_rotation = false;
 };
 
 /// N and the Hopper kernel shape for a call: the 16-warp kernel when it
 /// exists and its grid (planned for one CTA per SM) takes at most
-/// kWideTableMaxWaves waves; beyond that the 16-warp kernel with two kv
-/// heads per CTA when Hk is even (planned for Hk / 2 heads, one CTA per SM),
-/// else the 8-warp kernel's plan. The 16-warp kernel loads PiT first for
+/// kWideTableMaxWaves waves; beyond that the 16-warp kernel with h = 2 or 4
+/// kv heads per CTA (planned for Hk / h heads, one CTA per SM; h divides Hk),
+/// the h whose grid has the fewer waves, the smaller on a tie; else (Hk odd)
+/// the 8-warp kernel's plan. The 16-warp kernel loads PiT first for
 /// partitions up to kEarlyRotationMaxPartitionTokens.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count);
 
 /// Largest batch * N over batch <= max_batch and every grid a path plans
-/// (Hk kv heads per grid row, or Hk / 2 with two per CTA): the partition
+/// (Hk kv heads per grid row, or Hk / h with h per CTA): the partition
 /// rows a pool bucket needs so that every batch up to max_batch fits.
 int max_partition_rows(int max_batch, int num_kv_heads, int sm_count);
 

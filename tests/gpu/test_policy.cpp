@@ -93,9 +93,10 @@ TEST(PartitionPolicy, ResidentCtasOfEachPath) {
   EXPECT_EQ(resident_ctas_per_sm(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 16, true), 2);
 }
 
-// The benchmark shapes (Hq 64, Hk 8 unless stated; bench/NOTES.md, v3.5 and
-// v3.9): the wide shape where its grid takes at most two waves, beyond that
-// the wide shape with two kv heads per CTA (Hk even) or the two-CTA shape.
+// The benchmark shapes (Hq 64, Hk 8 unless stated; bench/NOTES.md, v3.5,
+// v3.9 and v3.12): the wide shape where its grid takes at most two waves,
+// beyond that the wide shape with two or four kv heads per CTA, whichever
+// grid has fewer waves (two on a tie), or for odd Hk the two-CTA shape.
 TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   const auto grid = [](Preset preset, int group, int batch, int hk, int context) {
     return choose_grid(DecodePath::hopper, preset, group, batch, hk, context, kH200Sms);
@@ -110,20 +111,24 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_TRUE(b1.wide_table);
   EXPECT_EQ(b1.num_partitions, 16);  // 128 CTAs
   EXPECT_TRUE(grid(Preset::turboquant_4bit_nc, 4, 16, 16, 32768).wide_table);  // group 4: 256 CTAs
-  EXPECT_FALSE(b16.paired_heads);
+  EXPECT_EQ(b16.kv_heads_per_cta, 1);
+  EXPECT_EQ(b32.kv_heads_per_cta, 1);
   const GridChoice b64 = grid(Preset::turboquant_4bit_nc, 8, 64, 8, 8192);
-  EXPECT_TRUE(b64.wide_table);  // 512 CTAs of one kv head would take four waves: 256 of two
-  EXPECT_TRUE(b64.paired_heads);
+  EXPECT_TRUE(b64.wide_table);  // 512 CTAs of one kv head: four waves; 256 of two: two; 128 of four: one
+  EXPECT_EQ(b64.kv_heads_per_cta, 4);
   EXPECT_EQ(b64.num_partitions, 1);
   const GridChoice b128 = grid(Preset::turboquant_4bit_nc, 8, 128, 8, 4096);
-  EXPECT_TRUE(b128.paired_heads);
+  EXPECT_EQ(b128.kv_heads_per_cta, 4);  // 256 CTAs: two waves (two kv heads: four)
   EXPECT_EQ(b128.num_partitions, 1);
   const GridChoice b40 = grid(Preset::turboquant_4bit_nc, 8, 40, 8, 3008);  // q4_b40_split_waves
-  EXPECT_TRUE(b40.paired_heads);
+  EXPECT_EQ(b40.kv_heads_per_cta, 2);  // N = 4, five waves; four kv heads: N = 8, five waves too
   EXPECT_EQ(b40.num_partitions, choose_num_partitions(40, 4, 3008, kH200Sms, 1));
+  const GridChoice b34 = grid(Preset::turboquant_4bit_nc, 6, 34, 8, 4000);  // q4_g6_b34_quad_split_sinks_f16
+  EXPECT_EQ(b34.kv_heads_per_cta, 4);  // N = 13: seven waves against fourteen with two kv heads
+  EXPECT_EQ(b34.num_partitions, 13);
   const GridChoice odd = grid(Preset::turboquant_4bit_nc, 3, 700, 1, 64);  // Hk odd: the two-CTA shape
   EXPECT_FALSE(odd.wide_table);
-  EXPECT_FALSE(odd.paired_heads);
+  EXPECT_EQ(odd.kv_heads_per_cta, 1);
   EXPECT_EQ(odd.num_partitions, choose_num_partitions(700, 1, 64, kH200Sms, 2));
   EXPECT_FALSE(grid(Preset::turboquant_4bit_nc, 16, 16, 4, 32768).wide_table);  // two head tiles
   EXPECT_FALSE(grid(Preset::turboquant_k8v4, 8, 16, 8, 32768).wide_table);
@@ -143,13 +148,13 @@ TEST(PartitionPolicy, EarlyRotationForPartitionsOfAtMost8192Tokens) {
   EXPECT_TRUE(grid(8, 1, 32768).early_rotation);     // N = 16: 2048 tokens
   EXPECT_TRUE(grid(8, 1, 4096).early_rotation);
   EXPECT_TRUE(grid(8, 16, 4096).early_rotation);     // N = 1: 4096 tokens
-  EXPECT_TRUE(grid(8, 64, 8192).early_rotation);     // two kv heads per CTA, 8192 tokens
+  EXPECT_TRUE(grid(8, 64, 8192).early_rotation);     // four kv heads per CTA, 8192 tokens
   EXPECT_TRUE(grid(8, 128, 4096).early_rotation);
   EXPECT_FALSE(grid(8, 64, 8193).early_rotation);
-  const GridChoice long_paired = grid(8, 66, 9040);  // q4_b66_paired_long: 264 CTAs of two kv heads
-  EXPECT_TRUE(long_paired.paired_heads);
-  EXPECT_EQ(long_paired.num_partitions, 1);
-  EXPECT_FALSE(long_paired.early_rotation);
+  const GridChoice long_quad = grid(8, 66, 9040);  // q4_b66_quad_long: 132 CTAs of four kv heads
+  EXPECT_EQ(long_quad.kv_heads_per_cta, 4);
+  EXPECT_EQ(long_quad.num_partitions, 1);
+  EXPECT_FALSE(long_quad.early_rotation);
   const GridChoice long_single = grid(8, 1, 131072 + 7 + 16 * 2);  // q4_long_128k: N = 16, over 8192 tokens each
   EXPECT_EQ(long_single.num_partitions, 16);
   EXPECT_FALSE(long_single.early_rotation);
