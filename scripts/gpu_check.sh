@@ -23,7 +23,7 @@ status=0
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; ./build/tqdecode demo; } >"$LOG_DIR/demo.txt" 2>&1 || status=1
 ./build/tests/tqdecode_cpu_tests --gtest_brief=1 >"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
 ./build/tests/tqdecode_gpu_tests >>"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
-small='Grid/DecodeGpu.*/q4_g3_short:Grid/DecodeGpu.*/q4_g6_b24_paired_split_sinks_f16:Grid/DecodeGpu.*/q4_g6_b34_quad_split_sinks_f16:Grid/DecodeGpu.*/q4_d64:Grid/DecodeGpu.*/k8v4_d128:DecodeGpuGraph.*:StoreGpu*'
+small='Grid/DecodeGpu.*/q4_g3_short:Grid/DecodeGpu.*/q4_g6_b48_paired_split_sinks_f16:Grid/DecodeGpu.*/q4_g6_b38_quad_split_sinks_f16:Grid/DecodeGpu.*/q4_d64:Grid/DecodeGpu.*/k8v4_d128:DecodeGpuGraph.*:StoreGpu*'
 for tool in memcheck racecheck; do
   compute-sanitizer --tool $tool --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \
     >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1

@@ -44,19 +44,20 @@ struct LaunchPlan {
   /// the other's streaming).
   bool wide_table = false;
   /// With wide_table: the kv heads each CTA serves, 16 / kv_heads_per_cta
-  /// warps each. 1 for grids of at most two waves; beyond that 2 or 4 (heads
+  /// warps each. 1 for grids of at most two waves; beyond that 2, 4 or 8 (heads
   /// hy .. hy + h - 1 of one sequence, Hk a multiple of h), whichever gives
   /// the grid fewer waves (the smaller on a tie): an SM streams several work
   /// items at once, as the two-CTA shape does, with the wide table's shorter
   /// loop, and each wave's prologue and merge are paid fewer times. The grid
   /// is (N, Hk / h, B).
   int kv_heads_per_cta = 1;
-  /// With wide_table, for partitions of at most 8192 tokens (the longest
-  /// context the block table covers, over N): each CTA loads its share of
-  /// PiT before anything else, while the previous kernel may still run,
-  /// rather than after issuing its first tiles. It shortens the prologue and
-  /// lengthens the main loop (register allocation), so it pays where the
-  /// prologue weighs: short partitions, many waves (bench/NOTES.md, v3.10).
+  /// With wide_table, for CTAs that stream at most 8192 tokens (partition
+  /// length, from the longest context the block table covers over N, times
+  /// kv_heads_per_cta): each CTA loads its share of PiT before anything
+  /// else, while the previous kernel may still run, rather than after issuing
+  /// its first tiles. It shortens the prologue and lengthens the main loop
+  /// (register allocation), so it pays where the prologue weighs: short
+  /// streams per CTA (bench/NOTES.md, v3.10 and v3.12).
   bool early_rotation = false;
 };
 

@@ -12,9 +12,9 @@
 //
 // Grid (partition, kv head, sequence). Two CTAs of 8 warps per SM, or for
 // 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
-// grids of more than two waves serves two or four kv heads, 8 or 4 warps each
-// (grid (partition, kv head group, sequence)); one CTA of 8 warps for groups over 8
-// (KernelShape). The kernel is launched as a programmatic dependent
+// grids of more than two waves serves two, four or eight kv heads, 8, 4 or 2
+// warps each (grid (partition, kv head group, sequence)); one CTA of 8 warps
+// for groups over 8 (KernelShape). The kernel is launched as a programmatic dependent
 // (launch_decode_hopper): its CTAs may start while the previous kernel of the
 // stream drains. A CTA
 // 0. builds the key lookup table from the centroids (and for short
@@ -121,7 +121,7 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// CTA of 16 warps per SM sharing a 64 KB lookup table whose 256-byte rows
 /// make each lookup's address one byte permute (entry byte in bits 8..15,
 /// lane in bits 2..6); chosen for grids of few waves (policy.cpp,
-/// choose_grid), and with two or four kv heads per CTA for larger grids: kv
+/// choose_grid), and with two, four or eight kv heads per CTA for larger grids: kv
 /// heads hy .. hy + h - 1 of one sequence, 16 / h warps each, sharing the
 /// table, the block table and the rotation, so an SM streams h work items at
 /// once with the wide table's shorter loop. Otherwise 8 warps: two CTAs per SM
@@ -130,8 +130,8 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct KernelShape {
   static_assert(!Wide || (Format == CacheFormat::mse4 && HeadTiles == 1), "the wide table serves 4-bit keys, one head tile");
-  static_assert(HeadsPerCta == 1 || (Wide && (HeadsPerCta == 2 || HeadsPerCta == 4)),
-                "two or four kv heads per CTA in the wide shape only");
+  static_assert(HeadsPerCta == 1 || (Wide && (HeadsPerCta == 2 || HeadsPerCta == 4 || HeadsPerCta == 8)),
+                "two, four or eight kv heads per CTA in the wide shape only");
   static constexpr bool kWideTable = Wide;
   static constexpr int kWarps = kWideTable ? 16 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
@@ -162,15 +162,28 @@ struct SharedLayout {
   // The query rows as the mma operand's 16-bit values (query_slot).
   static constexpr int kQueryOffset = kMainBytes;
   static constexpr int kQueryBytes = Shape::kCtaRows * kHeadDim * 2;
-  // MSE keys: the query's bits, the rotation's input (hopper_rotation.cuh).
-  static constexpr int kQueryBitsOffset = kQueryOffset + kQueryBytes;
-  static constexpr int kQueryBitsBytes = kCodebookSize ? Shape::kCtaRows * kQueryBitsStride * 2 : 0;
+  // MSE keys: the query's bits, the rotation's input (hopper_rotation.cuh),
+  // in head tiles of 8 rows. The wide shape keeps head tile t in the last
+  // ring stage of warp t (8 rows fill a 4-bit stage exactly), which nothing
+  // uses before the main loop issues its first tile there; the others after
+  // the query rows.
+  static constexpr int kQueryBitsTileBytes = kHeadsPerTile * kQueryBitsStride * 2;
+  static constexpr bool kQueryBitsInRings = Shape::kWideTable;
+  static_assert(!kQueryBitsInRings || (kQueryBitsTileBytes <= TileLayout<Format>::kStageBytes &&
+                                       Shape::kCtaRows / kHeadsPerTile <= Shape::kWarps),
+                "one head tile of query bits per warp's last stage");
+  static constexpr int kQueryBitsOffset =
+      kQueryBitsInRings ? kLutBytes + (kStages - 1) * TileLayout<Format>::kStageBytes : kQueryOffset + kQueryBytes;
+  /// Elements from one head tile of query bits to the next.
+  static constexpr int kQueryBitsTileStride =
+      (kQueryBitsInRings ? kStages * TileLayout<Format>::kStageBytes : kQueryBitsTileBytes) / 2;
+  static constexpr int kQueryBitsBytes = kCodebookSize && !kQueryBitsInRings ? Shape::kCtaRows * kQueryBitsStride * 2 : 0;
   // One copy plan per lane, the same for every warp of the CTA: read back
   // from here for each tile, since recomputing it in the loop (what the
   // compiler does at 128 registers) costs about 70 instructions per tile.
-  static constexpr int kPlanOffset = kQueryBitsOffset + kQueryBitsBytes;
-  // 210048 (4-bit, wide), 215296 and 225792 (two and four kv heads), 107648 (4-bit),
-  // 74368 (k3v4), 65664 (3bit), 103936 (fp8), 111872 (two head tiles)
+  static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
+  // 207872 (4-bit, wide), 210944, 217088 and 229376 (two, four and eight kv heads),
+  // 107648 (4-bit), 74368 (k3v4), 65664 (3bit), 103936 (fp8), 111872 (two head tiles)
   static constexpr int kBytes =
       kPlanOffset + HeadsPerCta * 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
@@ -216,7 +229,7 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
 // Keys: 4-bit (turboquant_4bit_nc) or 3-bit (turboquant_k3v4_nc) MSE keys
 // through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
-// HeadsPerCta: kv heads per CTA (2 or 4: the wide shape for large grids).
+// HeadsPerCta: kv heads per CTA (2, 4 or 8: the wide shape for large grids).
 // EarlyRotation (MSE keys): PiT's operands are loaded before the wait for the
 // previous kernel instead of after the first tiles are issued. The prologue
 // gets shorter, but with 32 more registers live across the tile issue the
@@ -365,19 +378,25 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
       }
     } else {
       // MSE keys: the rotation on the tensor cores (hopper_rotation.cuh).
-      if (!EarlyRotation && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
       auto* query_bits = reinterpret_cast<std::uint16_t*>(shared + Shared::kQueryBitsOffset);
 #pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i) query_bits[(first_row + kRowStep * i) * kQueryBitsStride + dim] = query_values[i];
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        const int row = first_row + kRowStep * i;
+        query_bits[(row / kHeadsPerTile) * Shared::kQueryBitsTileStride + (row % kHeadsPerTile) * kQueryBitsStride + dim] =
+            query_values[i];
+      }
+      if (!EarlyRotation && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
       __syncthreads();  // the query bits are in place
       if (rotates) {
         // At most two head tiles per pass: four (four kv heads per CTA) in one
         // pass would spill PiT's operands.
         constexpr int kTilesPerPass = std::min(kCtaRows / kHeadsPerTile, 2);
+        const SplitRotationOperands split = split_rotation_operands(rotation);
 #pragma unroll
         for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
-          rotate_queries<kTilesPerPass>(rotation, query_bits + first * kQueryBitsStride, rq.query_dtype == DType::f16,
-                                        warp, lane, [&](int row, int dim_out, float2 pair) {
+          rotate_queries<kTilesPerPass, Shared::kQueryBitsTileStride>(
+              split, query_bits + (first / kHeadsPerTile) * Shared::kQueryBitsTileStride, rq.query_dtype == DType::f16,
+              warp, lane, [&](int row, int dim_out, float2 pair) {
                                           *reinterpret_cast<std::uint32_t*>(query_rows + query_slot(first + row, dim_out)) =
                                               pack_bf16(pair.x, pair.y);
                                         });
@@ -853,6 +872,9 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   if (group > kHeadsPerTile) return launch<2, Format>(params, stream);
   if constexpr (Format == CacheFormat::mse4) {
     if (params.wide_table) {
+      if (params.kv_heads_per_cta == 8) {
+        return params.early_rotation ? launch<1, Format, true, 8, true>(params, stream) : launch<1, Format, true, 8>(params, stream);
+      }
       if (params.kv_heads_per_cta == 4) {
         return params.early_rotation ? launch<1, Format, true, 4, true>(params, stream) : launch<1, Format, true, 4>(params, stream);
       }

@@ -30,9 +30,9 @@
 namespace tqdecode::cuda::hopper {
 
 constexpr int kRotationWarps = kHeadDim / 16;  // one 16-dim output tile each
-// The query's bits in shared memory, row r at r * kQueryBitsStride: the
-// 8-element pad makes the B-fragment reads (lane (g, c): row g, elements
-// 16ks + 2c, + 1) free of bank conflicts.
+// The query's bits in shared memory, row r of a head tile at
+// r * kQueryBitsStride: the 8-element pad makes the B-fragment reads
+// (lane (g, c): row g, elements 16ks + 2c, + 1) free of bank conflicts.
 constexpr int kQueryBitsStride = kHeadDim + 8;
 
 /// PiT's part of output-dim tile `dim_tile` from row-major fp32 PiT
@@ -63,12 +63,32 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, std::uint32_t& hi
   lo = pack_bf16(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
 }
 
+/// PiT's operands as the A fragments of every k-step, split into bf16 high
+/// and low parts once for all the passes over the query rows.
+struct SplitRotationOperands {
+  std::uint32_t hi[8][4], lo[8][4];  // [k-step][a0..a3]: a0 / a1 rows g / g + 8, columns 2c, 2c + 1; a2 / a3 columns + 8
+};
+
+__device__ __forceinline__ SplitRotationOperands split_rotation_operands(const RotationOperands& operands) {
+  SplitRotationOperands split;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const float2(&pit_rows)[4] = operands.pit[ks];
+    split_bf16(pit_rows[0].x, pit_rows[1].x, split.hi[ks][0], split.lo[ks][0]);
+    split_bf16(pit_rows[0].y, pit_rows[1].y, split.hi[ks][1], split.lo[ks][1]);
+    split_bf16(pit_rows[2].x, pit_rows[3].x, split.hi[ks][2], split.lo[ks][2]);
+    split_bf16(pit_rows[2].y, pit_rows[3].y, split.hi[ks][3], split.lo[ks][3]);
+  }
+  return split;
+}
+
 /// Computes the warp's tile of q_rot for HeadTiles x 8 query rows whose bf16
-/// or fp16 bits are in shared memory (`query_bits`, kQueryBitsStride per row)
+/// or fp16 bits are in shared memory (`query_bits`, kQueryBitsStride per row,
+/// TileStride elements from one head tile to the next)
 /// and hands each pair of dims to store(row, dim, float2 of dims dim, dim + 1)
 /// (fp32, not yet rounded to bf16).
-template <int HeadTiles, typename Store>
-__device__ __forceinline__ void rotate_queries(const RotationOperands& operands, const std::uint16_t* query_bits,
+template <int HeadTiles, int TileStride = 8 * kQueryBitsStride, typename Store>
+__device__ __forceinline__ void rotate_queries(const SplitRotationOperands& operands, const std::uint16_t* query_bits,
                                                bool f16_query, int dim_tile, int lane, Store&& store) {
   const int g = lane >> 2;
   const int c = lane & 3;
@@ -82,16 +102,12 @@ __device__ __forceinline__ void rotate_queries(const RotationOperands& operands,
   for (int ks = 0; ks < 8; ++ks) {
     // a0 / a1: rows g / g + 8 (output dims 2g / 2g + 1), columns 2c, 2c + 1;
     // a2 / a3: the same rows, columns 2c + 8, 2c + 9.
-    const float2(&pit_rows)[4] = operands.pit[ks];
-    std::uint32_t a_hi[4], a_lo[4];
-    split_bf16(pit_rows[0].x, pit_rows[1].x, a_hi[0], a_lo[0]);
-    split_bf16(pit_rows[0].y, pit_rows[1].y, a_hi[1], a_lo[1]);
-    split_bf16(pit_rows[2].x, pit_rows[3].x, a_hi[2], a_lo[2]);
-    split_bf16(pit_rows[2].y, pit_rows[3].y, a_hi[3], a_lo[3]);
+    const std::uint32_t(&a_hi)[4] = operands.hi[ks];
+    const std::uint32_t(&a_lo)[4] = operands.lo[ks];
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) {
       // Elements 16ks + 2c + {0, 1} and + 8 of query row 8nt + g.
-      const std::uint16_t* row = query_bits + (8 * nt + g) * kQueryBitsStride + 16 * ks + 2 * c;
+      const std::uint16_t* row = query_bits + nt * TileStride + g * kQueryBitsStride + 16 * ks + 2 * c;
       std::uint32_t b_hi[2], b_lo[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {

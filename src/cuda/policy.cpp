@@ -62,14 +62,15 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
   if (path == DecodePath::hopper && wide_table_kernel(preset, group_size)) {
-    // Long partitions keep the shorter main loop; short ones gain more from
-    // a shorter prologue (LaunchPlan::early_rotation).
-    const auto early_rotation = [&](int partitions) {
-      return (static_cast<long long>(max_context_tokens) + partitions - 1) / partitions <= kEarlyRotationMaxPartitionTokens;
+    // CTAs streaming many tokens keep the shorter main loop; the others gain
+    // more from a shorter prologue (LaunchPlan::early_rotation).
+    const auto early_rotation = [&](int partitions, int heads_per_cta) {
+      const long long partition_tokens = (static_cast<long long>(max_context_tokens) + partitions - 1) / partitions;
+      return partition_tokens * heads_per_cta <= kEarlyRotationMaxCtaTokens;
     };
     const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1);
     if (static_cast<long long>(batch) * num_kv_heads * wide <= static_cast<long long>(kWideTableMaxWaves) * sm_count) {
-      return {wide, true, 1, early_rotation(wide)};
+      return {wide, true, 1, early_rotation(wide, 1)};
     }
     // Larger grids: several kv heads per 16-warp CTA keep several work items
     // per SM streaming, as two 8-warp CTAs do, with the wide table's shorter
@@ -83,7 +84,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
       const long long ctas = static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions;
       const long long waves = (ctas + sm_count - 1) / sm_count;
       if (best.num_partitions == 0 || waves < best_waves) {
-        best = {partitions, true, heads_per_cta, early_rotation(partitions)};
+        best = {partitions, true, heads_per_cta, early_rotation(partitions, heads_per_cta)};
         best_waves = waves;
       }
     }

@@ -24,7 +24,7 @@ namespace tqdecode::cuda {
 
 inline constexpr int kMaxPartitions = 32;
 /// Resident CTAs per SM: the Hopper kernel holds 1 CTA of 16 warps in its
-/// 64 KB-table shape (turboquant_4bit_nc up to group 8, 205 to 221 KB of
+/// 64 KB-table shape (turboquant_4bit_nc up to group 8, 203 to 224 KB of
 /// shared memory), else 2 of 8 warps up to group 8 (at most 128 registers,
 /// at most 105 KB each) and 1 of 8 warps for groups 9..16; the generic kernel is
 /// planned for 2. No path holds more, which bounds the pool.
@@ -52,11 +52,12 @@ int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, i
 inline constexpr int kWideTableMaxWaves = 2;
 
 /// kv heads per CTA of the 16-warp kernel on grids of more than kWideTableMaxWaves waves.
-inline constexpr int kWideKvHeadsPerCta[] = {2, 4};
+inline constexpr int kWideKvHeadsPerCta[] = {2, 4, 8};
 
 /// The 16-warp kernel loads PiT's operands first (LaunchPlan::early_rotation)
-/// when its partitions are at most this many tokens long (bench/NOTES.md, v3.10).
-inline constexpr int kEarlyRotationMaxPartitionTokens = 8192;
+/// when a CTA streams at most this many tokens (partition length times kv
+/// heads per CTA: 512 per warp; bench/NOTES.md, v3.10 and v3.12).
+inline constexpr int kEarlyRotationMaxCtaTokens = 8192;
 
 /// Whether the 16-warp, 64 KB-table Hopper kernel exists for this preset and group size.
 bool wide_table_kernel(Preset preset, int group_size);
@@ -74,11 +75,11 @@ struct GridChoice {
 
 /// N and the Hopper kernel shape for a call: the 16-warp kernel when it
 /// exists and its grid (planned for one CTA per SM) takes at most
-/// kWideTableMaxWaves waves; beyond that the 16-warp kernel with h = 2 or 4
+/// kWideTableMaxWaves waves; beyond that the 16-warp kernel with h = 2, 4 or 8
 /// kv heads per CTA (planned for Hk / h heads, one CTA per SM; h divides Hk),
 /// the h whose grid has the fewer waves, the smaller on a tie; else (Hk odd)
 /// the 8-warp kernel's plan. The 16-warp kernel loads PiT first for
-/// partitions up to kEarlyRotationMaxPartitionTokens.
+/// CTAs streaming up to kEarlyRotationMaxCtaTokens.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count);
 

@@ -63,16 +63,21 @@ std::vector<DecodeCase> decode_cases() {
        DType::f16},
       {"k8v4_b48_waves", Preset::turboquant_k8v4, 64, 8, 128, 16, random_lengths(48, 2000, 14)},
       {"q4_g16_b101_waves_sinks", p4, 32, 2, 128, 16, random_lengths(101, 1500, 15), 0, true},
-      // Two kv heads per CTA (wide table, grids over two waves): N = 4 with
-      // sinks, fp16 and padded head tiles (group 6); q4_b40_split_waves takes
-      // this shape too.
-      {"q4_g6_b24_paired_split_sinks_f16", p4, 48, 8, 128, 16, random_lengths(24, 2500, 17), 0, true, DType::f16},
-      // Four kv heads per CTA (fewer waves than two): N = 13 with sinks, fp16
-      // and padded head tiles; q4_batch256 (group 4) takes this shape too.
-      {"q4_g6_b34_quad_split_sinks_f16", p4, 48, 8, 128, 16, random_lengths(34, 4000, 19), 0, true, DType::f16},
+      // Two, four and eight kv heads per CTA (wide table, grids over two
+      // waves; test_policy.cpp has each case's plan): N = 2, 5 with sinks,
+      // fp16 and padded head tiles (group 6); q4_b40_split_waves takes eight
+      // (N = 3), q4_batch256 four (group 4).
+      {"q4_g6_b48_paired_split_sinks_f16", p4, 48, 8, 128, 16, random_lengths(48, 2500, 17), 0, true, DType::f16},
+      {"q4_g6_b38_quad_split_sinks_f16", p4, 48, 8, 128, 16, random_lengths(38, 4000, 19), 0, true, DType::f16},
+      // Eight kv heads per CTA, 1200 tokens each: 9600 per CTA, so PiT loaded
+      // after the first tiles (LaunchPlan::early_rotation false).
+      {"q4_b128_octo_late", p4, 64, 8, 128, 16, [] {
+         std::vector<int> lengths = random_lengths(128, 1200, 20);
+         lengths[7] = 1200;
+         return lengths;
+       }()},
       // Four kv heads per CTA with partitions over 8192 tokens: PiT loaded
-      // after the first tiles (LaunchPlan::early_rotation false); the shorter
-      // grids above load it first.
+      // after the first tiles; the shorter grids above load it first.
       {"q4_b66_quad_long", p4, 64, 8, 128, 16, [] {
          std::vector<int> lengths = random_lengths(66, 2000, 18);
          lengths[5] = 9001;  // N = 1 (132 CTAs of four kv heads: one wave), so partitions of 9001 tokens
@@ -138,13 +143,10 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
 
   const PathChoice choice = choose_decode_path(device.args());
   const LaunchPlan plan = plan_decode(device.args());
+  const std::string shape = !plan.wide_table ? ""
+                            : ", 16-warp wide-table shape, " + std::to_string(plan.kv_heads_per_cta) + " kv head(s) per CTA";
   std::printf("[ path     ] %s: %s (%s), N = %d%s%s\n", c.name.c_str(), decode_path_name(choice.path),
-              choice.reason.c_str(), plan.num_partitions,
-              !plan.wide_table              ? ""
-              : plan.kv_heads_per_cta == 1 ? ", 16-warp wide-table shape"
-              : plan.kv_heads_per_cta == 2 ? ", 16-warp wide-table shape, two kv heads per CTA"
-                                           : ", 16-warp wide-table shape, four kv heads per CTA",
-              plan.early_rotation ? ", PiT first" : "");
+              choice.reason.c_str(), plan.num_partitions, shape.c_str(), plan.early_rotation ? ", PiT first" : "");
   decode(device.args(), workspace);
   const std::vector<float> automatic = device.output();
   expect_close(automatic, expected, c.name + " " + decode_path_name(choice.path));

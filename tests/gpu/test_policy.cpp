@@ -118,14 +118,19 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_EQ(b64.kv_heads_per_cta, 4);
   EXPECT_EQ(b64.num_partitions, 1);
   const GridChoice b128 = grid(Preset::turboquant_4bit_nc, 8, 128, 8, 4096);
-  EXPECT_EQ(b128.kv_heads_per_cta, 4);  // 256 CTAs: two waves (two kv heads: four)
+  EXPECT_EQ(b128.kv_heads_per_cta, 8);  // 128 CTAs: one wave (four kv heads: two, two: four)
   EXPECT_EQ(b128.num_partitions, 1);
   const GridChoice b40 = grid(Preset::turboquant_4bit_nc, 8, 40, 8, 3008);  // q4_b40_split_waves
-  EXPECT_EQ(b40.kv_heads_per_cta, 2);  // N = 4, five waves; four kv heads: N = 8, five waves too
-  EXPECT_EQ(b40.num_partitions, choose_num_partitions(40, 4, 3008, kH200Sms, 1));
-  const GridChoice b34 = grid(Preset::turboquant_4bit_nc, 6, 34, 8, 4000);  // q4_g6_b34_quad_split_sinks_f16
-  EXPECT_EQ(b34.kv_heads_per_cta, 4);  // N = 13: seven waves against fourteen with two kv heads
-  EXPECT_EQ(b34.num_partitions, 13);
+  EXPECT_EQ(b40.kv_heads_per_cta, 8);  // N = 3: one wave (two or four kv heads: five)
+  EXPECT_EQ(b40.num_partitions, 3);
+  // The other test cases of the shapes with several kv heads per CTA (test_decode_gpu.cpp).
+  const GridChoice b48 = grid(Preset::turboquant_4bit_nc, 6, 48, 8, 2500);  // q4_g6_b48_paired_split_sinks_f16
+  EXPECT_EQ(b48.kv_heads_per_cta, 2);  // N = 2: three waves; four and eight kv heads take three too
+  EXPECT_EQ(b48.num_partitions, 2);
+  const GridChoice b38 = grid(Preset::turboquant_4bit_nc, 6, 38, 8, 4000);  // q4_g6_b38_quad_split_sinks_f16
+  EXPECT_EQ(b38.kv_heads_per_cta, 4);  // N = 5: three waves
+  EXPECT_EQ(b38.num_partitions, 5);
+  EXPECT_EQ(grid(Preset::turboquant_4bit_nc, 8, 128, 8, 1200).kv_heads_per_cta, 8);  // q4_b128_octo_late
   const GridChoice odd = grid(Preset::turboquant_4bit_nc, 3, 700, 1, 64);  // Hk odd: the two-CTA shape
   EXPECT_FALSE(odd.wide_table);
   EXPECT_EQ(odd.kv_heads_per_cta, 1);
@@ -135,10 +140,10 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_FALSE(choose_grid(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 8, 16, 8, 32768, kH200Sms).wide_table);
 }
 
-// The 16-warp kernel loads PiT first for partitions of at most 8192 tokens
-// (bench/NOTES.md, v3.10): the small and many-wave benchmark shapes, not the
-// long single-wave ones.
-TEST(PartitionPolicy, EarlyRotationForPartitionsOfAtMost8192Tokens) {
+// The 16-warp kernel loads PiT first for CTAs streaming at most 8192 tokens
+// (partition length times kv heads per CTA; bench/NOTES.md, v3.10 and v3.12):
+// the small benchmark shapes, not the long single-wave ones.
+TEST(PartitionPolicy, EarlyRotationForCtasStreamingAtMost8192Tokens) {
   const auto grid = [](int group, int batch, int context) {
     return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, group, batch, 8, context, kH200Sms);
   };
@@ -148,9 +153,11 @@ TEST(PartitionPolicy, EarlyRotationForPartitionsOfAtMost8192Tokens) {
   EXPECT_TRUE(grid(8, 1, 32768).early_rotation);     // N = 16: 2048 tokens
   EXPECT_TRUE(grid(8, 1, 4096).early_rotation);
   EXPECT_TRUE(grid(8, 16, 4096).early_rotation);     // N = 1: 4096 tokens
-  EXPECT_TRUE(grid(8, 64, 8192).early_rotation);     // four kv heads per CTA, 8192 tokens
-  EXPECT_TRUE(grid(8, 128, 4096).early_rotation);
-  EXPECT_FALSE(grid(8, 64, 8193).early_rotation);
+  EXPECT_FALSE(grid(8, 64, 8192).early_rotation);    // four kv heads per CTA of 8192 tokens
+  EXPECT_FALSE(grid(8, 128, 4096).early_rotation);   // eight of 4096
+  EXPECT_TRUE(grid(8, 40, 3008).early_rotation);     // eight of 1003
+  EXPECT_FALSE(grid(8, 128, 1200).early_rotation);   // eight of 1200: q4_b128_octo_late
+  EXPECT_TRUE(grid(8, 128, 1024).early_rotation);    // eight of 1024
   const GridChoice long_quad = grid(8, 66, 9040);  // q4_b66_quad_long: 132 CTAs of four kv heads
   EXPECT_EQ(long_quad.kv_heads_per_cta, 4);
   EXPECT_EQ(long_quad.num_partitions, 1);

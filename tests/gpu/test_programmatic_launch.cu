@@ -168,12 +168,12 @@ TEST_P(ProgrammaticLaunch, DecodeReadsInputsWrittenByThePreviousKernelOnlyAfterI
   cudaStreamDestroy(stream);
 }
 
-// One sequence split over many partitions (the fused reduction), grids of
-// several waves with two and four kv heads per CTA, keys without a table (fp8), and
+// One sequence split over many partitions (the fused reduction), grids with
+// four and eight kv heads per CTA, keys without a table (fp8), and
 // PiT and the centroids written late with constants_stable = false.
 INSTANTIATE_TEST_SUITE_P(Grid, ProgrammaticLaunch,
                          ::testing::Values(LateInputCase{"q4_split", Preset::turboquant_4bit_nc, 64, {3001}},
-                                           LateInputCase{"q4_paired_waves", Preset::turboquant_4bit_nc, 64,
+                                           LateInputCase{"q4_octo_waves", Preset::turboquant_4bit_nc, 64,
                                                          {700, 0, 1500, 33, 2048, 999, 1, 1200, 640, 1777, 300, 5,
                                                           2500, 820, 64, 1100, 90, 1999, 400, 1300, 17, 2222, 760,
                                                           1024, 3, 1600, 250, 1400, 880, 2100, 45, 1000, 1500, 600,
@@ -181,7 +181,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, ProgrammaticLaunch,
                                            LateInputCase{"q4_quad_waves", Preset::turboquant_4bit_nc, 64,
                                                          {3900, 0, 1500, 33, 2048, 999, 1, 1200, 640, 1777, 300, 5,
                                                           2500, 820, 64, 1100, 90, 1999, 400, 1300, 17, 2222, 760,
-                                                          1024, 3, 1600, 250, 1400, 880, 2100, 45, 1000, 1500, 600}},
+                                                          1024, 3, 1600, 250, 1400, 880, 2100, 45, 1000, 1500, 600,
+                                                          3000, 12, 700, 2700}},
                                            LateInputCase{"3bit_split", Preset::turboquant_3bit_nc, 32, {2049, 5}},
                                            LateInputCase{"k8v4_split", Preset::turboquant_k8v4, 64, {3001, 40}},
                                            LateInputCase{"q4_split_late_constants", Preset::turboquant_4bit_nc, 64,
