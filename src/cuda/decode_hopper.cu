@@ -14,9 +14,9 @@
 // 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
 // grids of more than two waves serves two, four or eight kv heads, 8, 4 or 2
 // warps each (grid (partition, kv head group, sequence)); one CTA of 8 warps
-// for groups over 8 (KernelShape). The kernel is launched as a programmatic dependent
-// (launch_decode_hopper): its CTAs may start while the previous kernel of the
-// stream drains. A CTA
+// for groups over 8 (KernelShape). The kernel is launched as a programmatic
+// dependent (launch_decode_hopper): its CTAs may start while the previous
+// kernel of the stream drains. A CTA
 // 0. builds the key lookup table from the centroids (and for short
 //    partitions loads PiT's operands), model constants that no kernel writes
 //    just before a decode (decode.hpp), then waits for the previous kernel;
@@ -121,10 +121,10 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// CTA of 16 warps per SM sharing a 64 KB lookup table whose 256-byte rows
 /// make each lookup's address one byte permute (entry byte in bits 8..15,
 /// lane in bits 2..6); chosen for grids of few waves (policy.cpp,
-/// choose_grid), and with two, four or eight kv heads per CTA for larger grids: kv
-/// heads hy .. hy + h - 1 of one sequence, 16 / h warps each, sharing the
-/// table, the block table and the rotation, so an SM streams h work items at
-/// once with the wide table's shorter loop. Otherwise 8 warps: two CTAs per SM
+/// choose_grid), and with two, four or eight kv heads per CTA for larger
+/// grids: kv heads hy .. hy + h - 1 of one sequence, 16 / h warps each,
+/// sharing the table, the block table and the rotation, so an SM streams h
+/// work items at once with the wide table's shorter loop. Otherwise 8 warps: two CTAs per SM
 /// with a table of 128-byte rows (a shift and a LOP3 per 4-bit lookup), or
 /// one CTA at two head tiles, whose roughly 190 registers allow no more.
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
@@ -145,7 +145,8 @@ struct KernelShape {
   static_assert(kThreads % kHeadDim == 0 && kCtaRows % kRowStep == 0, "whole rows per thread group");
 };
 
-/// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][query bits][issue plans].
+/// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][query bits][issue plans]
+/// (the wide shape keeps the query bits in the rings before the main loop).
 /// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
 /// to a bf16 pair, one copy per lane.
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
@@ -394,12 +395,12 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
         const SplitRotationOperands split = split_rotation_operands(rotation);
 #pragma unroll
         for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
+          const auto store = [&](int row, int dim_out, float2 pair) {
+            *reinterpret_cast<std::uint32_t*>(query_rows + query_slot(first + row, dim_out)) = pack_bf16(pair.x, pair.y);
+          };
           rotate_queries<kTilesPerPass, Shared::kQueryBitsTileStride>(
               split, query_bits + (first / kHeadsPerTile) * Shared::kQueryBitsTileStride, rq.query_dtype == DType::f16,
-              warp, lane, [&](int row, int dim_out, float2 pair) {
-                                          *reinterpret_cast<std::uint32_t*>(query_rows + query_slot(first + row, dim_out)) =
-                                              pack_bf16(pair.x, pair.y);
-                                        });
+              warp, lane, store);
         }
       }
     }
