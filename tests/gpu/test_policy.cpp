@@ -95,8 +95,9 @@ TEST(PartitionPolicy, ResidentCtasOfEachPath) {
 
 // The benchmark shapes (Hq 64, Hk 8 unless stated; bench/NOTES.md, v3.5,
 // v3.9 and v3.12): the wide shape where its grid takes at most two waves,
-// beyond that the wide shape with two or four kv heads per CTA, whichever
-// grid has fewer waves (two on a tie), or for odd Hk the two-CTA shape.
+// beyond that the wide shape with two, four or eight kv heads per CTA,
+// whichever grid has the fewest waves (the fewest heads on a tie), or for odd
+// Hk the two-CTA shape.
 TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   const auto grid = [](Preset preset, int group, int batch, int hk, int context) {
     return choose_grid(DecodePath::hopper, preset, group, batch, hk, context, kH200Sms);
@@ -114,7 +115,7 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_EQ(b16.kv_heads_per_cta, 1);
   EXPECT_EQ(b32.kv_heads_per_cta, 1);
   const GridChoice b64 = grid(Preset::turboquant_4bit_nc, 8, 64, 8, 8192);
-  EXPECT_TRUE(b64.wide_table);  // 512 CTAs of one kv head: four waves; 256 of two: two; 128 of four: one
+  EXPECT_TRUE(b64.wide_table);  // 512 CTAs of one kv head: four waves; 256 of two: two; 128 of four: one (eight: one, N = 2)
   EXPECT_EQ(b64.kv_heads_per_cta, 4);
   EXPECT_EQ(b64.num_partitions, 1);
   const GridChoice b128 = grid(Preset::turboquant_4bit_nc, 8, 128, 8, 4096);
@@ -128,7 +129,7 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_EQ(b48.kv_heads_per_cta, 2);  // N = 2: three waves; four and eight kv heads take three too
   EXPECT_EQ(b48.num_partitions, 2);
   const GridChoice b38 = grid(Preset::turboquant_4bit_nc, 6, 38, 8, 4000);  // q4_g6_b38_quad_split_sinks_f16
-  EXPECT_EQ(b38.kv_heads_per_cta, 4);  // N = 5: three waves
+  EXPECT_EQ(b38.kv_heads_per_cta, 4);  // N = 5: three waves (two kv heads: six; eight: three, N = 10)
   EXPECT_EQ(b38.num_partitions, 5);
   EXPECT_EQ(grid(Preset::turboquant_4bit_nc, 8, 128, 8, 1200).kv_heads_per_cta, 8);  // q4_b128_octo_late
   const GridChoice odd = grid(Preset::turboquant_4bit_nc, 3, 700, 1, 64);  // Hk odd: the two-CTA shape
