@@ -68,21 +68,25 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
       const long long partition_tokens = (static_cast<long long>(max_context_tokens) + partitions - 1) / partitions;
       return partition_tokens * heads_per_cta <= kEarlyRotationMaxCtaTokens;
     };
-    const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1);
-    if (static_cast<long long>(batch) * num_kv_heads * wide <= static_cast<long long>(kWideTableMaxWaves) * sm_count) {
-      return {wide, true, 1, early_rotation(wide, 1)};
-    }
-    // Larger grids: several kv heads per 16-warp CTA keep several work items
-    // per SM streaming, as two 8-warp CTAs do, with the wide table's shorter
-    // loop; the fewer waves, the fewer times every SM pays a prologue and a
-    // merge at once (bench/NOTES.md, v3.12).
+    const auto waves_of = [&](long long ctas) { return (ctas + sm_count - 1) / sm_count; };
+    // One kv head per CTA for grids of at most kWideTableMaxWaves waves;
+    // several kv heads per CTA keep several work items per SM streaming, as
+    // two 8-warp CTAs do, with the wide table's shorter loop. The fewest
+    // waves win (the fewer heads on a tie): the fewer times every SM pays a
+    // prologue and a merge at once, and no half-empty last wave
+    // (bench/NOTES.md, v3.12).
     GridChoice best{0, true};
     long long best_waves = 0;
+    const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1);
+    const long long wide_waves = waves_of(static_cast<long long>(batch) * num_kv_heads * wide);
+    if (wide_waves <= kWideTableMaxWaves) {
+      best = {wide, true, 1, early_rotation(wide, 1)};
+      best_waves = wide_waves;
+    }
     for (const int heads_per_cta : kWideKvHeadsPerCta) {
       if (num_kv_heads % heads_per_cta != 0) continue;
       const int partitions = choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count, 1);
-      const long long ctas = static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions;
-      const long long waves = (ctas + sm_count - 1) / sm_count;
+      const long long waves = waves_of(static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions);
       if (best.num_partitions == 0 || waves < best_waves) {
         best = {partitions, true, heads_per_cta, early_rotation(partitions, heads_per_cta)};
         best_waves = waves;

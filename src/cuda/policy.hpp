@@ -47,11 +47,12 @@ const DeviceInfo& current_device_info();
 /// N for a call (see the rule above).
 int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, int sm_count, int resident_ctas_per_sm);
 
-/// Grids of the 16-warp Hopper kernel up to this many waves use it; larger
-/// grids use two CTAs of 8 warps per SM (bench/NOTES.md, v3.5).
+/// Grids of the 16-warp Hopper kernel with one kv head per CTA up to this
+/// many waves may use it; larger grids use several kv heads per CTA, or two
+/// CTAs of 8 warps per SM (bench/NOTES.md, v3.5, v3.9, v3.12).
 inline constexpr int kWideTableMaxWaves = 2;
 
-/// kv heads per CTA of the 16-warp kernel on grids of more than kWideTableMaxWaves waves.
+/// kv heads per CTA of the 16-warp kernel besides one.
 inline constexpr int kWideKvHeadsPerCta[] = {2, 4, 8};
 
 /// The 16-warp kernel loads PiT's operands first (LaunchPlan::early_rotation)
@@ -73,12 +74,12 @@ struct GridChoice {
   bool early_rotation = false;
 };
 
-/// N and the Hopper kernel shape for a call: the 16-warp kernel when it
-/// exists and its grid (planned for one CTA per SM) takes at most
-/// kWideTableMaxWaves waves; beyond that the 16-warp kernel with h = 2, 4 or 8
-/// kv heads per CTA (planned for Hk / h heads, one CTA per SM; h divides Hk),
-/// the h whose grid has the fewer waves, the smaller on a tie; else (Hk odd)
-/// the 8-warp kernel's plan. The 16-warp kernel loads PiT first for
+/// N and the Hopper kernel shape for a call: where the 16-warp kernel
+/// exists, it serves h = 1, 2, 4 or 8 kv heads per CTA (planned for Hk / h
+/// heads, one CTA per SM; h divides Hk; h = 1 only for grids of at most
+/// kWideTableMaxWaves waves), the h whose grid has the fewest waves, the
+/// smallest on a tie; with no such h (Hk odd, larger grids) the 8-warp
+/// kernel's plan. The 16-warp kernel loads PiT first for
 /// CTAs streaming up to kEarlyRotationMaxCtaTokens.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count);

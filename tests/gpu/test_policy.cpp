@@ -94,10 +94,10 @@ TEST(PartitionPolicy, ResidentCtasOfEachPath) {
 }
 
 // The benchmark shapes (Hq 64, Hk 8 unless stated; bench/NOTES.md, v3.5,
-// v3.9 and v3.12): the wide shape where its grid takes at most two waves,
-// beyond that the wide shape with two, four or eight kv heads per CTA,
-// whichever grid has the fewest waves (the fewest heads on a tie), or for odd
-// Hk the two-CTA shape.
+// v3.9 and v3.12): the wide shape with one (grids of at most two waves),
+// two, four or eight kv heads per CTA, whichever grid has the fewest waves
+// (the fewest heads on a tie), or for odd Hk beyond two waves the two-CTA
+// shape.
 TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   const auto grid = [](Preset preset, int group, int batch, int hk, int context) {
     return choose_grid(DecodePath::hopper, preset, group, batch, hk, context, kH200Sms);
@@ -106,14 +106,14 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_TRUE(b16.wide_table);
   EXPECT_EQ(b16.num_partitions, 1);  // 128 CTAs, one per SM
   const GridChoice b32 = grid(Preset::turboquant_4bit_nc, 8, 32, 8, 131072);
-  EXPECT_TRUE(b32.wide_table);  // 256 CTAs: two waves
+  EXPECT_TRUE(b32.wide_table);  // 256 CTAs of one kv head: two waves; 128 of two: one
   EXPECT_EQ(b32.num_partitions, 1);
   const GridChoice b1 = grid(Preset::turboquant_4bit_nc, 8, 1, 8, 32768);
   EXPECT_TRUE(b1.wide_table);
   EXPECT_EQ(b1.num_partitions, 16);  // 128 CTAs
   EXPECT_TRUE(grid(Preset::turboquant_4bit_nc, 4, 16, 16, 32768).wide_table);  // group 4: 256 CTAs
   EXPECT_EQ(b16.kv_heads_per_cta, 1);
-  EXPECT_EQ(b32.kv_heads_per_cta, 1);
+  EXPECT_EQ(b32.kv_heads_per_cta, 2);
   const GridChoice b64 = grid(Preset::turboquant_4bit_nc, 8, 64, 8, 8192);
   EXPECT_TRUE(b64.wide_table);  // 512 CTAs of one kv head: four waves; 256 of two: two; 128 of four: one (eight: one, N = 2)
   EXPECT_EQ(b64.kv_heads_per_cta, 4);
