@@ -39,17 +39,18 @@ struct LaunchPlan {
   int num_partitions;   ///< N: fixed by shapes, never by seq_lens values
   int partition_align;  ///< tokens; partition ranges are multiples of it
   /// Hopper path, turboquant_4bit_nc up to group 8: one CTA of 16 warps per
-  /// SM sharing a 64 KB key table (grids of at most two waves) instead of two
-  /// CTAs of 8 warps (larger grids, where one CTA's prologue then overlaps
+  /// SM sharing a 64 KB key table (serving one kv head on grids of at most
+  /// two waves, else several: kv_heads_per_cta) instead of two CTAs of 8
+  /// warps (odd Hk on larger grids, where one CTA's prologue then overlaps
   /// the other's streaming).
   bool wide_table = false;
   /// With wide_table: the kv heads each CTA serves, 16 / kv_heads_per_cta
-  /// warps each. 1 for grids of at most two waves; beyond that 2, 4 or 8 (heads
+  /// warps each: 1 (grids of at most two waves), 2, 4 or 8 (heads
   /// hy .. hy + h - 1 of one sequence, Hk a multiple of h), whichever gives
-  /// the grid fewer waves (the smaller on a tie): an SM streams several work
-  /// items at once, as the two-CTA shape does, with the wide table's shorter
-  /// loop, and each wave's prologue and merge are paid fewer times. The grid
-  /// is (N, Hk / h, B).
+  /// the grid the fewest waves (the fewest heads on a tie): with several, an
+  /// SM streams several work items at once, as the two-CTA shape does, with
+  /// the wide table's shorter loop, and each wave's prologue and merge are
+  /// paid fewer times. The grid is (N, Hk / h, B).
   int kv_heads_per_cta = 1;
   /// With wide_table, for CTAs that stream at most 8192 tokens (partition
   /// length, from the longest context the block table covers over N, times

@@ -76,6 +76,13 @@ std::vector<DecodeCase> decode_cases() {
          lengths[7] = 1200;
          return lengths;
        }()},
+      // Two kv heads per CTA in one wave (one per CTA would take two) with
+      // partitions of 5000 tokens: PiT loaded after the first tiles.
+      {"q4_b32_paired_long", p4, 64, 8, 128, 16, [] {
+         std::vector<int> lengths = random_lengths(32, 3000, 21);
+         lengths[3] = 5000;
+         return lengths;
+       }()},
       // Four kv heads per CTA with partitions over 8192 tokens: PiT loaded
       // after the first tiles; the shorter grids above load it first.
       {"q4_b66_quad_long", p4, 64, 8, 128, 16, [] {

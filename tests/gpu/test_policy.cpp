@@ -132,6 +132,10 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_EQ(b38.kv_heads_per_cta, 4);  // N = 5: three waves (two kv heads: six; eight: three, N = 10)
   EXPECT_EQ(b38.num_partitions, 5);
   EXPECT_EQ(grid(Preset::turboquant_4bit_nc, 8, 128, 8, 1200).kv_heads_per_cta, 8);  // q4_b128_octo_late
+  const GridChoice b32_long = grid(Preset::turboquant_4bit_nc, 8, 32, 8, 5008);  // q4_b32_paired_long
+  EXPECT_EQ(b32_long.kv_heads_per_cta, 2);
+  EXPECT_EQ(b32_long.num_partitions, 1);
+  EXPECT_FALSE(b32_long.early_rotation);
   const GridChoice odd = grid(Preset::turboquant_4bit_nc, 3, 700, 1, 64);  // Hk odd: the two-CTA shape
   EXPECT_FALSE(odd.wide_table);
   EXPECT_EQ(odd.kv_heads_per_cta, 1);
