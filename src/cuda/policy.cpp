@@ -74,7 +74,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     // two 8-warp CTAs do, with the wide table's shorter loop. The fewest
     // waves win (the fewer heads on a tie): the fewer times every SM pays a
     // prologue and a merge at once, and no half-empty last wave
-    // (bench/NOTES.md, v3.12).
+    // (bench/NOTES.md, v3.12 and v3.13).
     GridChoice best{0, true};
     long long best_waves = 0;
     const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1);
