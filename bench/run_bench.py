@@ -134,6 +134,7 @@ def merge(tq, bf16, commit):
         merged = {
             "name": r["name"], "preset": r["preset"], "B": r["B"], "L": r["L"], "Hq": r["Hq"], "Hk": r["Hk"],
             "D": r["D"], "block_size": r["block_size"], "request": r["request"], "path": r["path"],
+            "kernel": r.get("kernel", ""),
             "instances": r["instances"], "partitions": r["partitions"],
             "tq_us": r["tq_us"], "bf16_us": bf16_us, "bf16_impl": b.get("best_impl"),
             "copy_tbps": r["copy_tbps"], "read_tbps": r["read_tbps"], "tq_tbps": r["tq_tbps"],
@@ -188,7 +189,7 @@ def write_markdown(path, meta, tq, bf16, records):
             lines.append(f"| {r['name']} | {r['request'] or '-'} | ERROR | | | | | | | | | {r['error']} |")
             continue
         lines.append(
-            f"| {r['name']} | {r['request']} | {r['path']} | {r['instances']} | {r['partitions']} | "
+            f"| {r['name']} | {r['request']} | {' '.join(filter(None, (r['path'], r['kernel'])))} | {r['instances']} | {r['partitions']} | "
             f"{fmt(r['tq_us'], '.2f')} | {fmt(r['tq_tbps'], '.3f')} | {fmt(r['frac_of_read'] and 100 * r['frac_of_read'], '.1f')} | "
             f"{fmt(r['bf16_us'], '.2f')} | {r['bf16_impl'] or '-'} | {fmt(r['speedup_vs_bf16'], '.2f')} | "
             f"{targets_cell(r)} |")
@@ -201,8 +202,9 @@ def write_markdown(path, meta, tq, bf16, records):
         "Targets (from the performance issue; evaluated on the automatic path unless stated): "
         "(16,32768), (64,8192), (128,4096), (32,131072): tq TB/s >= 0.8 x read ceiling and speedup >= 3.0; "
         "(1,4096): tq_us <= 10; (1,32768): tq_us <= 16; group 4 / 16 and block 32 at (16,32768): tq TB/s >= 0.9 x "
-        "the group-8 / block-16 record; other presets (automatic) and the 4bit_nc generic path at (16,32768): "
-        "tq TB/s >= 0.6 x read ceiling.",
+        "the group-8 / block-16 record; other presets (automatic) and the 4bit_nc generic path (request cuda_generic, "
+        "its best kernel for the device) at (16,32768): tq TB/s >= 0.6 x read ceiling. cuda_generic_scalar: the "
+        "generic path's scalar kernel, for comparison.",
         "",
     ]
     checks = [r for r in records if not r["error"] and (r["nonfinite_outputs"] or r["max_abs_diff_vs_automatic"])]

@@ -632,8 +632,9 @@ class Problem {
 
 struct Record {
   Shape shape;
-  std::string request;  // automatic or cuda_generic
+  std::string request;  // automatic, cuda_generic or cuda_generic_scalar
   std::string path;     // the path that ran
+  std::string kernel;   // the generic path's kernel (tensor_core or scalar); empty on the Hopper path
   std::string reason;   // why the launcher chose it
   int instances = 0;
   int partitions = 0;
@@ -679,17 +680,23 @@ void run_shape(const Shape& shape, const Ceilings& ceilings, cudaStream_t stream
     DecodeWorkspace workspace(shape.batch);  // pool sized for this batch; freed with the shape
 
     std::vector<float> automatic_output;
-    DecodePath automatic_path = DecodePath::cuda_generic;
-    for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
+    std::vector<std::pair<DecodePath, GenericKernel>> kernels_run;
+    const std::pair<PathRequest, const char*> requests[] = {{PathRequest::automatic, "automatic"},
+                                                            {PathRequest::cuda_generic, "cuda_generic"},
+                                                            {PathRequest::cuda_generic_scalar, "cuda_generic_scalar"}};
+    for (const auto& [request, request_name] : requests) {
       Record record = base;
-      record.request = request == PathRequest::automatic ? "automatic" : "cuda_generic";
-      // Where the automatic path already is the generic kernel, a second run measures nothing new.
-      if (request == PathRequest::cuda_generic && automatic_path == DecodePath::cuda_generic && !automatic_output.empty()) {
-        continue;
-      }
+      record.request = request_name;
       try {
         const LaunchPlan launch = plan_decode(problem.args().front(), request);
+        // A kernel an earlier request already ran measures nothing new.
+        const std::pair<DecodePath, GenericKernel> kernel{launch.path, launch.path == DecodePath::cuda_generic
+                                                                           ? launch.generic_kernel
+                                                                           : GenericKernel::scalar};
+        if (std::find(kernels_run.begin(), kernels_run.end(), kernel) != kernels_run.end()) continue;
+        kernels_run.push_back(kernel);
         record.path = decode_path_name(launch.path);
+        if (launch.path == DecodePath::cuda_generic) record.kernel = generic_kernel_name(launch.generic_kernel);
         record.reason = launch.reason;
         record.partitions = launch.num_partitions;
         const std::vector<float> replay_ms = time_decode(problem.args(), request, workspace, stream);
@@ -703,7 +710,6 @@ void run_shape(const Shape& shape, const Ceilings& ceilings, cudaStream_t stream
         record.nonfinite_outputs = std::count_if(output.begin(), output.end(), [](float x) { return !std::isfinite(x); });
         if (request == PathRequest::automatic) {
           automatic_output = output;
-          automatic_path = launch.path;
         } else if (!automatic_output.empty()) {
           double diff = 0;
           for (std::size_t i = 0; i < output.size(); ++i) diff = std::max(diff, double(std::fabs(output[i] - automatic_output[i])));
@@ -722,10 +728,10 @@ void run_shape(const Shape& shape, const Ceilings& ceilings, cudaStream_t stream
 
 void print_record(const Record& r) {
   if (!r.error.empty()) {
-    std::printf("%-30s %-13s ERROR: %s\n", r.shape.name.c_str(), r.request.empty() ? "-" : r.request.c_str(), r.error.c_str());
+    std::printf("%-30s %-19s ERROR: %s\n", r.shape.name.c_str(), r.request.empty() ? "-" : r.request.c_str(), r.error.c_str());
   } else {
-    std::printf("%-30s %-13s %-13s %4d %3d %10.2f %10.2f %7.3f %6.1f%% %8lld\n", r.shape.name.c_str(), r.request.c_str(),
-                r.path.c_str(), r.instances, r.partitions, r.tq_us, r.bytes / 1e6, r.tq_tbps, 100 * r.frac_of_read,
+    std::printf("%-30s %-19s %-24s %4d %3d %10.2f %10.2f %7.3f %6.1f%% %8lld\n", r.shape.name.c_str(), r.request.c_str(),
+                (r.kernel.empty() ? r.path : r.path + " " + r.kernel).c_str(), r.instances, r.partitions, r.tq_us, r.bytes / 1e6, r.tq_tbps, 100 * r.frac_of_read,
                 static_cast<long long>(r.nonfinite_outputs));
   }
   std::fflush(stdout);
@@ -791,6 +797,7 @@ void write_json(const std::string& path, const RunInfo& info, const Ceilings& ce
     out += ", \"Hq\": " + std::to_string(r.shape.num_q_heads) + ", \"Hk\": " + std::to_string(r.shape.num_kv_heads);
     out += ", \"D\": " + std::to_string(r.shape.head_dim) + ", \"block_size\": " + std::to_string(r.shape.block_size);
     out += ", \"request\": " + json_string(r.request) + ", \"path\": " + json_string(r.path);
+    out += ", \"kernel\": " + json_string(r.kernel);
     out += ", \"reason\": " + json_string(r.reason);
     out += ", \"instances\": " + std::to_string(r.instances) + ", \"partitions\": " + std::to_string(r.partitions);
     out += ", \"tq_us\": " + json_number(r.tq_us) + ", \"tq_us_min\": " + json_number(r.tq_us_min);
@@ -885,7 +892,7 @@ int run(const Options& options) {
   const Ceilings ceilings = measure_ceilings(stream.get(), info.sm_count);
   std::printf("ceilings (median of %d): device-to-device copy %.3f TB/s (read+write), read-only stream %.3f TB/s\n\n",
               kCeilingReps, ceilings.copy_tbps, ceilings.read_tbps);
-  std::printf("%-30s %-13s %-13s %4s %3s %10s %10s %7s %7s %8s\n", "shape", "request", "path", "R", "N", "tq_us",
+  std::printf("%-30s %-19s %-24s %4s %3s %10s %10s %7s %7s %8s\n", "shape", "request", "path", "R", "N", "tq_us",
               "MB/call", "TB/s", "%read", "nonfin");
 
   std::vector<Record> records;

@@ -10,4 +10,8 @@ const char* decode_path_name(DecodePath path) {
   }
 }
 
+const char* generic_kernel_name(GenericKernel kernel) {
+  return kernel == GenericKernel::tensor_core ? "tensor_core" : "scalar";
+}
+
 }  // namespace tqdecode

@@ -18,14 +18,28 @@ namespace tqdecode {
 
 enum class DecodePath : std::uint8_t {
   hopper,         ///< tensor-core kernel for turboquant_4bit_nc, _k3v4_nc and _k8v4, D = 128, on sm_90
-  cuda_generic,   ///< CUDA kernel for every preset and supported shape
+  cuda_generic,   ///< CUDA kernels for every preset and supported shape on any CUDA GPU (GenericKernel)
   cpu_reference,  ///< host memory, no GPU (slow; tests and tools)
 };
 
 const char* decode_path_name(DecodePath path);
 
-/// What a request for a path means: `automatic` picks the fastest that applies.
-enum class PathRequest : std::uint8_t { automatic, hopper, cuda_generic, cpu_reference };
+/// What a request for a path means: `automatic` picks the fastest that
+/// applies; `cuda_generic_scalar` is the generic path with its scalar kernel
+/// even where the tensor-core kernel could serve (tests, comparisons).
+enum class PathRequest : std::uint8_t { automatic, hopper, cuda_generic, cuda_generic_scalar, cpu_reference };
+
+/// The kernel of the generic path.
+enum class GenericKernel : std::uint8_t {
+  /// The Hopper path's tensor-core kernel in its 8-warp configuration, no
+  /// programmatic launch: sm_80 and newer, D = 128, 16-byte aligned cache,
+  /// group up to 16, where the device's shared memory holds its CTA (at most
+  /// 109 KB: every sm_80 / sm_90 part; sm_86 / sm_89 take the 3-bit-key presets).
+  tensor_core,
+  scalar,  ///< CUDA cores: any CUDA GPU, every preset and supported shape
+};
+
+const char* generic_kernel_name(GenericKernel kernel);
 
 struct PathChoice {
   DecodePath path;
@@ -60,6 +74,8 @@ struct LaunchPlan {
   /// (register allocation), so it pays where the prologue weighs: short
   /// streams per CTA (bench/NOTES.md, v3.10 and v3.12).
   bool early_rotation = false;
+  /// The generic path's kernel (path cuda_generic only).
+  GenericKernel generic_kernel = GenericKernel::scalar;
 };
 
 /// True when a CUDA device is present and this build has CUDA.

@@ -41,7 +41,7 @@ LaunchPlan plan_decode(const DecodeArgs& args, PathRequest request) {
   validate_decode_shapes(args, /*output_required=*/false);
   TQ_REQUIRE(request == PathRequest::automatic || request == PathRequest::cpu_reference, "path",
           "this build has no CUDA; accepted: automatic, cpu_reference");
-  return {DecodePath::cpu_reference, "this build has no CUDA", 1, 1, false};
+  return {DecodePath::cpu_reference, "this build has no CUDA", 1, 1};
 }
 
 PathChoice choose_decode_path(const DecodeArgs& args, PathRequest request) {

@@ -238,9 +238,7 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
 // shared base in a vector register): chosen for short partitions
 // (LaunchPlan::early_rotation).
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool EarlyRotation>
-__global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kThreads,
-                                  KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas)
-    decode_kernel(const __grid_constant__ FusedDecodeParams params) {
+__device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
   constexpr bool kFp8 = Format == CacheFormat::fp8;
   using Layout = TileLayout<Format>;
   using Shared = SharedLayout<HeadTiles, Format, Wide, HeadsPerCta>;
@@ -847,6 +845,25 @@ __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerC
   }
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kBelowSm90 = true;
+#else
+constexpr bool kBelowSm90 = false;
+#endif
+
+// The 16-warp configurations need sm_90's 227 KB of shared memory per CTA and
+// are never launched below it (policy.cpp), so their sm_80 code is a trap.
+template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool EarlyRotation>
+__global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kThreads,
+                                  KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas)
+    decode_kernel(const __grid_constant__ FusedDecodeParams params) {
+  if constexpr (Wide && kBelowSm90) {
+    __trap();
+  } else {
+    decode_cta<HeadTiles, Format, Wide, HeadsPerCta, EarlyRotation>(params);
+  }
+}
+
 template <int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta = 1, bool EarlyRotation = false>
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   constexpr auto kernel = decode_kernel<HeadTiles, Format, Wide, HeadsPerCta, EarlyRotation>;
@@ -888,19 +905,35 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   launch<1, Format>(params, stream);
 }
 
+// The one map from preset to key format: visit.template operator()<Format>().
+template <class Visit>
+auto visit_key_format(Preset preset, Visit&& visit) {
+  switch (preset) {
+    case Preset::turboquant_k8v4: return visit.template operator()<CacheFormat::fp8>();
+    case Preset::turboquant_k3v4_nc: return visit.template operator()<CacheFormat::mse3>();
+    case Preset::turboquant_3bit_nc: return visit.template operator()<CacheFormat::mse3_v3>();
+    default: return visit.template operator()<CacheFormat::mse4>();
+  }
+}
+
 }  // namespace hopper
 
 // The one dispatch point: key format (preset) and group size.
 void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) {
-  switch (params.partitions.layout.preset) {
-    case Preset::turboquant_k8v4: return hopper::launch_for_group<hopper::CacheFormat::fp8>(params, stream);
-    case Preset::turboquant_k3v4_nc: return hopper::launch_for_group<hopper::CacheFormat::mse3>(params, stream);
-    case Preset::turboquant_3bit_nc: return hopper::launch_for_group<hopper::CacheFormat::mse3_v3>(params, stream);
-    default: return hopper::launch_for_group<hopper::CacheFormat::mse4>(params, stream);
-  }
+  hopper::visit_key_format(params.partitions.layout.preset,
+                           [&]<hopper::CacheFormat Format>() { hopper::launch_for_group<Format>(params, stream); });
 }
 
-bool hopper_kernel_runnable() {
+EightWarpFootprint eight_warp_footprint(Preset preset, int group_size) {
+  return hopper::visit_key_format(preset, [&]<hopper::CacheFormat Format>() -> EightWarpFootprint {
+    if (group_size > hopper::kHeadsPerTile) {
+      return {hopper::SharedLayout<2, Format, false>::kBytes, hopper::KernelShape<2, Format, false>::kResidentCtas};
+    }
+    return {hopper::SharedLayout<1, Format, false>::kBytes, hopper::KernelShape<1, Format, false>::kResidentCtas};
+  });
+}
+
+bool tensor_core_kernel_runnable() {
   cudaFuncAttributes attributes;
   return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, hopper::CacheFormat::mse4, false, 1, false>) == cudaSuccess;
 }

@@ -121,7 +121,18 @@ void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream);
 /// Generic partition kernel: every preset, head dim, group size, block size.
 void launch_partitions_generic(const PartitionParams& params, CUstream_st* stream);
 
-/// Hopper kernel, the whole decode step: turboquant_4bit_nc, _k3v4_nc or _k8v4, D = 128 (sm_90).
+/// Tensor-core kernel, the whole decode step: turboquant_4bit_nc, _k3v4_nc,
+/// _3bit_nc or _k8v4, D = 128. Every configuration runs on sm_90 (the Hopper
+/// path); the 8-warp one (wide_table false) also on sm_80 and newer (the
+/// generic path's tensor-core kernel).
 void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream);
+
+/// What one CTA of the 8-warp configuration serving this preset and group
+/// size needs: dynamic shared memory, and the CTAs per SM its launch bounds plan for.
+struct EightWarpFootprint {
+  int shared_bytes;
+  int planned_ctas_per_sm;
+};
+EightWarpFootprint eight_warp_footprint(Preset preset, int group_size);
 
 }  // namespace tqdecode::cuda

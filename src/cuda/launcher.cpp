@@ -38,35 +38,45 @@ void log_fallback_once(const std::string& reason) {
   static std::mutex mutex;
   static std::set<std::string> logged;
   std::lock_guard<std::mutex> lock(mutex);
-  if (logged.insert(reason).second) std::fprintf(stderr, "tqdecode: using the generic CUDA kernel: %s\n", reason.c_str());
+  if (logged.insert(reason).second) std::fprintf(stderr, "tqdecode: using the generic CUDA path: %s\n", reason.c_str());
 }
 
 LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::DeviceInfo& device) {
   const std::string not_hopper = cuda::hopper_unsupported_reason(args, device);
-  DecodePath path = DecodePath::cuda_generic;
-  std::string reason;
-  switch (request) {
-    case PathRequest::hopper:
-      TQ_REQUIRE(not_hopper.empty(), "path", "the Hopper kernel cannot serve this call: " + not_hopper);
-      path = DecodePath::hopper;
-      reason = "requested";
-      break;
-    case PathRequest::cuda_generic:
-      reason = "requested";
-      break;
-    default:
-      if (not_hopper.empty()) {
-        path = DecodePath::hopper;
-        reason = std::string(preset_info(args.layout.preset).name) + ", D=128 on sm_90";
-      } else {
-        reason = not_hopper;
-        log_fallback_once(reason);
-      }
-  }
   const int max_context = args.max_blocks_per_seq * args.layout.block_size;
-  const cuda::GridChoice grid = cuda::choose_grid(path, args.layout.preset, args.group_size(), args.batch,
-                                                  args.layout.num_kv_heads, max_context, device.sm_count);
-  return {path, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table, grid.kv_heads_per_cta, grid.early_rotation};
+  if (request == PathRequest::hopper) {
+    TQ_REQUIRE(not_hopper.empty(), "path", "the Hopper kernel cannot serve this call: " + not_hopper);
+  }
+  if (request == PathRequest::hopper || (request == PathRequest::automatic && not_hopper.empty())) {
+    const cuda::GridChoice grid = cuda::choose_grid(DecodePath::hopper, args.layout.preset, args.group_size(), args.batch,
+                                                    args.layout.num_kv_heads, max_context, device.sm_count);
+    const std::string reason = request == PathRequest::hopper
+                                   ? "requested"
+                                   : std::string(preset_info(args.layout.preset).name) + ", D=128 on sm_90";
+    return {DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
+            grid.kv_heads_per_cta, grid.early_rotation};
+  }
+  // The generic path: the tensor-core kernel's 8-warp configuration where it
+  // runs, else the scalar kernel.
+  std::string reason = request == PathRequest::automatic ? not_hopper : "requested";
+  if (request == PathRequest::automatic) log_fallback_once(not_hopper);
+  const std::string not_tensor_core = request == PathRequest::cuda_generic_scalar
+                                          ? "the scalar kernel was requested"
+                                          : cuda::generic_tensor_core_unsupported_reason(args, device);
+  LaunchPlan plan{DecodePath::cuda_generic, {}, 0, cuda::kPartitionAlign};
+  if (not_tensor_core.empty()) {
+    plan.generic_kernel = GenericKernel::tensor_core;
+    plan.num_partitions = cuda::choose_num_partitions(
+        args.batch, args.layout.num_kv_heads, max_context, device.sm_count,
+        cuda::eight_warp_resident_ctas(args.layout.preset, args.group_size(), device));
+    plan.reason = reason + "; the tensor-core kernel (8 warps per CTA)";
+  } else {
+    const cuda::GridChoice grid = cuda::choose_grid(DecodePath::cuda_generic, args.layout.preset, args.group_size(),
+                                                    args.batch, args.layout.num_kv_heads, max_context, device.sm_count);
+    plan.num_partitions = grid.num_partitions;
+    plan.reason = reason + "; the scalar kernel: " + not_tensor_core;
+  }
+  return plan;
 }
 
 }  // namespace
@@ -76,7 +86,7 @@ bool cuda_available() { return device_present(); }
 bool is_available() {
   if (!device_present()) return false;
   const cuda::DeviceInfo& device = cuda::current_device_info();
-  return device.cc_major == 9 && device.cc_minor == 0 && cuda::hopper_kernel_runnable();
+  return device.cc_major == 9 && device.cc_minor == 0 && cuda::tensor_core_kernel_runnable();
 }
 
 LaunchPlan plan_decode(const DecodeArgs& args, PathRequest request) {
@@ -155,10 +165,13 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
   const cuda::ReduceParams reduce{buffers.part_max, buffers.part_sum, buffers.part_out, call.sinks, call.output,
                                   call.query_dtype, call.out_stride_b(), call.out_stride_h(), call.batch,
                                   call.num_q_heads, call.layout.head_dim, plan.num_partitions};
-  if (plan.path == DecodePath::hopper) {
-    // One launch: rotation, partitions and reduction fused.
+  if (plan.path == DecodePath::hopper || plan.generic_kernel == GenericKernel::tensor_core) {
+    // One launch: rotation, partitions and reduction fused. The generic
+    // path's plan has the 8-warp configuration, launched plainly (programmatic
+    // dependent launch is an sm_90 feature).
+    const bool programmatic = plan.path == DecodePath::hopper && workspace.programmatic_launch() && call.constants_stable;
     cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta,
-                                plan.early_rotation, workspace.programmatic_launch() && call.constants_stable},
+                                plan.early_rotation, programmatic},
                                stream);
   } else {
     cuda::launch_rotate_queries(rotate, stream);

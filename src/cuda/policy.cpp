@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "cuda_check.hpp"
+#include "kernel_params.hpp"
 
 namespace tqdecode::cuda {
 
@@ -18,10 +19,12 @@ const DeviceInfo& current_device_info() {
   std::lock_guard<std::mutex> lock(mutex);
   auto found = devices.find(device);
   if (found == devices.end()) {
-    DeviceInfo info{device, 0, 0, 0};
+    DeviceInfo info{device, 0, 0, 0, 0, 0};
     TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
     TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, device));
     TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
+    TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.shared_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.shared_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
     found = devices.emplace(device, info).first;
   }
   return found->second;
@@ -52,8 +55,8 @@ bool wide_table_kernel(Preset preset, int group_size) { return preset == Preset:
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table) {
   if (path != DecodePath::hopper) return 2;
   // decode_hopper.cu, KernelShape: one CTA of 16 warps in the wide-table
-  // shape, one of 8 warps beyond group 8 (two head tiles), else two of 8.
-  return (wide_table && wide_table_kernel(preset, group_size)) || group_size > 8 ? 1 : 2;
+  // shape, else the 8-warp configuration's (one beyond group 8, else two).
+  return wide_table && wide_table_kernel(preset, group_size) ? 1 : eight_warp_footprint(preset, group_size).planned_ctas_per_sm;
 }
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
@@ -114,21 +117,50 @@ int max_partition_rows(int max_batch, int num_kv_heads, int sm_count) {
   return rows;
 }
 
+namespace {
+
+// What the tensor-core kernel needs in every configuration, whatever the device.
+std::string tensor_core_layout_unsupported_reason(const DecodeArgs& args, const char* kernel) {
+  if (args.layout.head_dim != 128) {
+    return "head_dim " + std::to_string(args.layout.head_dim) + ": the " + kernel + " needs 128";
+  }
+  if (args.layout.block_stride % 16 != 0 || reinterpret_cast<std::uintptr_t>(args.cache) % 16 != 0) {
+    return std::string("cache pointer or block_stride not a multiple of 16 bytes (the ") + kernel + " uses 16-byte loads)";
+  }
+  if (args.layout.block_stride >= (std::int64_t{1} << 31)) {
+    return std::string("block_stride of 2 GiB or more (the ") + kernel + " keeps offsets within a block in 32 bits)";
+  }
+  if (!tensor_core_kernel_runnable()) return std::string("the ") + kernel + " is not compiled for this device in this build";
+  return {};
+}
+
+}  // namespace
+
 std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& device) {
   if (device.cc_major != 9 || device.cc_minor != 0) {
     return "device is sm_" + std::to_string(device.cc_major * 10 + device.cc_minor) +
            "; the Hopper kernel needs sm_90";
   }
-  if (args.layout.head_dim != 128) {
-    return "head_dim " + std::to_string(args.layout.head_dim) + ": the Hopper kernel needs 128";
+  return tensor_core_layout_unsupported_reason(args, "Hopper kernel");
+}
+
+int eight_warp_resident_ctas(Preset preset, int group_size, const DeviceInfo& device) {
+  const EightWarpFootprint footprint = eight_warp_footprint(preset, group_size);
+  if (footprint.shared_bytes > device.shared_per_block) return 0;
+  constexpr int kReservedPerCta = 1024;  // shared memory the system keeps per resident CTA (sm_80 and newer)
+  return std::min(footprint.planned_ctas_per_sm, device.shared_per_sm / (footprint.shared_bytes + kReservedPerCta));
+}
+
+std::string generic_tensor_core_unsupported_reason(const DecodeArgs& args, const DeviceInfo& device) {
+  if (device.cc_major < 8) {
+    return "device is sm_" + std::to_string(device.cc_major * 10 + device.cc_minor) + "; the tensor-core kernel needs sm_80 or newer";
   }
-  if (args.layout.block_stride % 16 != 0 || reinterpret_cast<std::uintptr_t>(args.cache) % 16 != 0) {
-    return "cache pointer or block_stride not a multiple of 16 bytes (the Hopper kernel uses 16-byte loads)";
+  if (std::string layout = tensor_core_layout_unsupported_reason(args, "tensor-core kernel"); !layout.empty()) return layout;
+  if (eight_warp_resident_ctas(args.layout.preset, args.group_size(), device) == 0) {
+    return "the tensor-core kernel's CTA needs " +
+           std::to_string(eight_warp_footprint(args.layout.preset, args.group_size()).shared_bytes) +
+           " bytes of shared memory; the device allows " + std::to_string(device.shared_per_block);
   }
-  if (args.layout.block_stride >= (std::int64_t{1} << 31)) {
-    return "block_stride of 2 GiB or more (the Hopper kernel keeps offsets within a block in 32 bits)";
-  }
-  if (!hopper_kernel_runnable()) return "the Hopper kernel is not compiled for this device in this build";
   return {};
 }
 

@@ -39,6 +39,8 @@ struct DeviceInfo {
   int sm_count;
   int cc_major;
   int cc_minor;
+  int shared_per_block;  ///< bytes of dynamic shared memory a CTA may opt in to
+  int shared_per_sm;     ///< bytes of shared memory per SM
 };
 
 /// Properties of the current device, read once per device.
@@ -92,7 +94,16 @@ int max_partition_rows(int max_batch, int num_kv_heads, int sm_count);
 /// Empty when the Hopper kernel serves these arguments on `device`, else why not.
 std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& device);
 
-/// True when the Hopper kernel's binary can run on the current device.
-bool hopper_kernel_runnable();
+/// Resident CTAs per SM of the tensor-core kernel's 8-warp configuration on
+/// `device` (its planned count, or fewer where shared memory holds fewer);
+/// 0 where not even one CTA fits.
+int eight_warp_resident_ctas(Preset preset, int group_size, const DeviceInfo& device);
+
+/// Empty when the generic path's tensor-core kernel (GenericKernel) serves
+/// these arguments on `device`, else why not.
+std::string generic_tensor_core_unsupported_reason(const DecodeArgs& args, const DeviceInfo& device);
+
+/// True when the tensor-core kernel's binary can run on the current device.
+bool tensor_core_kernel_runnable();
 
 }  // namespace tqdecode::cuda

@@ -159,12 +159,23 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
   expect_close(automatic, expected, c.name + " " + decode_path_name(choice.path));
   expect_zero_rows(automatic, scenario);
 
-  if (choice.path == DecodePath::hopper) {
+  // The other kernels that can serve the case: the generic path's
+  // tensor-core kernel (sm_80 and newer) and its scalar kernel.
+  for (const PathRequest request : {PathRequest::cuda_generic, PathRequest::cuda_generic_scalar}) {
+    const LaunchPlan other = plan_decode(device.args(), request);
+    if (other.path == plan.path && other.generic_kernel == plan.generic_kernel) continue;  // the automatic call's kernel
+    if (request == PathRequest::cuda_generic_scalar && plan_decode(device.args(), PathRequest::cuda_generic).generic_kernel ==
+                                                           GenericKernel::scalar) {
+      continue;  // the cuda_generic request ran it
+    }
+    const std::string name = c.name + " cuda_generic " + generic_kernel_name(other.generic_kernel);
+    std::printf("[ path     ] %s: N = %d\n", name.c_str(), other.num_partitions);
     device.poison_output();
-    decode(device.args(), workspace, nullptr, PathRequest::cuda_generic);
+    decode(device.args(), workspace, nullptr, request);
     const std::vector<float> generic = device.output();
-    expect_close(generic, expected, c.name + " cuda_generic");
-    expect_close(generic, automatic, c.name + " hopper vs generic");
+    expect_close(generic, expected, name);
+    expect_close(generic, automatic, name + " vs automatic");
+    expect_zero_rows(generic, scenario);
   }
 }
 
@@ -187,16 +198,33 @@ TEST(DecodeGpuPath, HopperKernelServesEveryPresetAtHeadDim128OnSm90) {
   }
   const Scenario small_heads = build({"d64", Preset::turboquant_4bit_nc, 32, 8, 64, 16, {100}});
   DeviceScenario small_device(small_heads);
-  const PathChoice generic = choose_decode_path(small_device.args());
+  const LaunchPlan generic = plan_decode(small_device.args());
   EXPECT_EQ(generic.path, DecodePath::cuda_generic);
-  if (sm90) EXPECT_NE(generic.reason.find("head_dim 64"), std::string::npos) << generic.reason;
+  EXPECT_EQ(generic.generic_kernel, GenericKernel::scalar);
+  EXPECT_NE(generic.reason.find("head_dim 64"), std::string::npos) << generic.reason;
+}
+
+TEST(DecodeGpuPath, GenericPathTakesTheTensorCoreKernelOnSm80AndNewerUnlessTheScalarIsRequested) {
+  TQ_SKIP_WITHOUT_GPU();
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  const Scenario scenario = build({"generic", Preset::turboquant_k3v4_nc, 32, 8, 128, 16, {100}});
+  DeviceScenario device(scenario);
+  const LaunchPlan generic = plan_decode(device.args(), PathRequest::cuda_generic);
+  EXPECT_EQ(generic.path, DecodePath::cuda_generic);
+  // The k3v4 CTA (74 KB) fits every sm_80-and-newer part's shared memory.
+  EXPECT_EQ(generic.generic_kernel, major >= 8 ? GenericKernel::tensor_core : GenericKernel::scalar) << generic.reason;
+  const LaunchPlan scalar = plan_decode(device.args(), PathRequest::cuda_generic_scalar);
+  EXPECT_EQ(scalar.path, DecodePath::cuda_generic);
+  EXPECT_EQ(scalar.generic_kernel, GenericKernel::scalar);
+  EXPECT_NE(scalar.reason.find("scalar kernel was requested"), std::string::npos) << scalar.reason;
 }
 
 // Capture one decode in a CUDA graph, then change seq_lens and block tables in
 // place and replay: each replay must equal an eager call on the same inputs.
 TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
   TQ_SKIP_WITHOUT_GPU();
-  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
+  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar}) {
     const Scenario scenario = build({"graph", Preset::turboquant_4bit_nc, 32, 8, 128, 16, {3000, 1, 700, 2222, 0, 1500}, 0, true});
     DeviceScenario device(scenario);
     DecodeWorkspace workspace(16);
@@ -289,7 +317,7 @@ TEST(DecodeGpuArguments, MisalignedPiTIsRefusedAndNothingIsWritten) {
   DecodeArgs args = device.args();
   ASSERT_EQ(cudaMemcpy(shifted + 1, args.PiT, std::size_t(d) * d * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
   args.PiT = shifted + 1;
-  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
+  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar}) {
     device.poison_output();
     DecodeWorkspace workspace;
     try {

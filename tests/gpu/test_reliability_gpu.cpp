@@ -127,35 +127,49 @@ TEST(ReliabilityGpuDifferential, RandomConfigurationsMatchTheCpuReference) {
     int passed = 0;
     int run = 0;
   };
-  std::map<DecodePath, Tally> tallies;
+  // By kernel: the automatic path's, and the generic path's where it differs
+  // (its tensor-core kernel beside the Hopper kernel).
+  std::map<std::string, Tally> tallies;
+  const auto kernel_name = [](const LaunchPlan& plan) {
+    return plan.path == DecodePath::cuda_generic ? std::string("generic ") + generic_kernel_name(plan.generic_kernel)
+                                                 : std::string(decode_path_name(plan.path));
+  };
   for (int index = 0; index < count; ++index) {
     const std::uint64_t seed = kDifferentialBaseSeed + static_cast<std::uint64_t>(index);
     const ScenarioConfig config = random_config(seed);
-    DecodePath path = DecodePath::cpu_reference;  // tallied as such if the setup throws first
-    std::string failure;
+    const auto tally = [&](const std::string& kernel, const std::string& failure) {
+      Tally& counts = tallies[kernel];
+      ++counts.run;
+      if (failure.empty()) {
+        ++counts.passed;
+      } else {
+        ADD_FAILURE() << "config " << index << " (seed 0x" << std::hex << seed << std::dec << ", " << kernel
+                      << "): " << describe(config) << ": " << failure;
+      }
+    };
+    std::string kernel = "setup";  // tallied as such if the setup throws
     try {
       const Scenario scenario = make_scenario(config);
       DeviceScenario device(scenario);
-      path = choose_decode_path(device.args()).path;
-      device.poison_output();
-      decode(device.args(), workspace);
-      const std::vector<float> actual = device.output();
-      failure = closeness_failure(actual, reference_output(scenario));
-      if (failure.empty()) failure = test::zero_row_failure(actual, scenario);
+      const std::vector<float> expected = reference_output(scenario);
+      const LaunchPlan automatic = plan_decode(device.args());
+      for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
+        const LaunchPlan plan = plan_decode(device.args(), request);
+        if (request != PathRequest::automatic && plan.path == automatic.path) break;  // ran already
+        kernel = kernel_name(plan);
+        device.poison_output();
+        decode(device.args(), workspace, nullptr, request);
+        const std::vector<float> actual = device.output();
+        std::string failure = closeness_failure(actual, expected);
+        if (failure.empty()) failure = test::zero_row_failure(actual, scenario);
+        tally(kernel, failure);
+      }
     } catch (const std::exception& error) {
-      failure = std::string("threw: ") + error.what();
-    }
-    Tally& tally = tallies[path];
-    ++tally.run;
-    if (failure.empty()) {
-      ++tally.passed;
-    } else {
-      ADD_FAILURE() << "config " << index << " (seed 0x" << std::hex << seed << std::dec << ", path "
-                    << decode_path_name(path) << "): " << describe(config) << ": " << failure;
+      tally(kernel, std::string("threw: ") + error.what());
     }
   }
-  for (const auto& [path, tally] : tallies) {
-    std::printf("[ paths    ] %-13s %d of %d configurations passed\n", decode_path_name(path), tally.passed, tally.run);
+  for (const auto& [kernel, tally] : tallies) {
+    std::printf("[ paths    ] %-20s %d of %d configurations passed\n", kernel.c_str(), tally.passed, tally.run);
   }
 }
 
@@ -250,11 +264,12 @@ TEST(ReliabilityGpuLargeCache, SequenceOf512KTokensInACacheOver4GiB) {
   args.block_table_stride = 0;
   args.seq_lens = device_lengths.get();
   DecodeWorkspace workspace(1);
-  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
-    const DecodePath path = choose_decode_path(args, request).path;
+  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar}) {
+    const LaunchPlan plan = plan_decode(args, request);
     device.poison_output();
     decode(args, workspace, nullptr, request);
-    expect_close(device.output(), expected, std::string("512K tokens past 4 GiB, ") + decode_path_name(path));
+    expect_close(device.output(), expected,
+                 std::string("512K tokens past 4 GiB, ") + decode_path_name(plan.path) + " " + generic_kernel_name(plan.generic_kernel));
   }
 }
 
@@ -391,7 +406,7 @@ std::vector<DecodeArgs> planning_shapes(const DecodeArgs& base) {
 bool same_plan(const LaunchPlan& a, const LaunchPlan& b) {
   return a.path == b.path && a.reason == b.reason && a.num_partitions == b.num_partitions &&
          a.partition_align == b.partition_align && a.wide_table == b.wide_table && a.kv_heads_per_cta == b.kv_heads_per_cta &&
-         a.early_rotation == b.early_rotation;
+         a.early_rotation == b.early_rotation && a.generic_kernel == b.generic_kernel;
 }
 
 TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {
@@ -402,13 +417,14 @@ TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {
   const Scenario scenario = make_scenario(config);
   const DeviceScenario device(scenario);
   const std::vector<DecodeArgs> shapes = planning_shapes(device.args());
-  const PathRequest requests[] = {PathRequest::automatic, PathRequest::cuda_generic};
+  const PathRequest requests[] = {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar};
+  constexpr std::size_t kRequests = std::size(requests);
   constexpr int kPasses = 3;
 
   // Every thread plans every (shape, request) in its own order, so first
   // insertions into the plan cache race with lookups from the other threads.
-  using Answers = std::vector<LaunchPlan>;  // [shape * 2 + request]
-  std::vector<Answers> answers(kConcurrentStreams, Answers(shapes.size() * 2));
+  using Answers = std::vector<LaunchPlan>;  // [shape * kRequests + request]
+  std::vector<Answers> answers(kConcurrentStreams, Answers(shapes.size() * kRequests));
   std::vector<std::vector<PathChoice>> choices(kConcurrentStreams, std::vector<PathChoice>(shapes.size()));
   std::vector<std::exception_ptr> errors(kConcurrentStreams);
   std::vector<std::thread> threads;
@@ -419,7 +435,7 @@ TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {
         for (int pass = 0; pass < kPasses; ++pass) {
           for (std::size_t k = 0; k < shapes.size(); ++k) {
             const std::size_t shape = (start + k) % shapes.size();
-            for (int r = 0; r < 2; ++r) answers[i][shape * 2 + r] = plan_decode(shapes[shape], requests[r]);
+            for (std::size_t r = 0; r < kRequests; ++r) answers[i][shape * kRequests + r] = plan_decode(shapes[shape], requests[r]);
             choices[i][shape] = choose_decode_path(shapes[shape]);
           }
         }
@@ -436,21 +452,26 @@ TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {
   const bool hopper_device = is_available();
   for (std::size_t shape = 0; shape < shapes.size(); ++shape) {
     const DecodeArgs& args = shapes[shape];
-    const LaunchPlan& automatic = answers[0][shape * 2];
-    const LaunchPlan& generic = answers[0][shape * 2 + 1];
-    const bool hopper = hopper_device && args.layout.head_dim == 128;
+    const LaunchPlan& automatic = answers[0][shape * kRequests];
+    const LaunchPlan& generic = answers[0][shape * kRequests + 1];
+    const LaunchPlan& scalar = answers[0][shape * kRequests + 2];
+    const bool tensor_cores = hopper_device && args.layout.head_dim == 128;
     SCOPED_TRACE(std::string(preset_info(args.layout.preset).name) + " D=" + std::to_string(args.layout.head_dim) +
                  " block_size=" + std::to_string(args.layout.block_size) + " B=" + std::to_string(args.batch) +
                  " Hk=" + std::to_string(args.layout.num_kv_heads) + " Hq=" + std::to_string(args.num_q_heads));
-    EXPECT_EQ(automatic.path, hopper ? DecodePath::hopper : DecodePath::cuda_generic) << automatic.reason;
+    EXPECT_EQ(automatic.path, tensor_cores ? DecodePath::hopper : DecodePath::cuda_generic) << automatic.reason;
     EXPECT_EQ(generic.path, DecodePath::cuda_generic);
+    EXPECT_EQ(generic.generic_kernel, tensor_cores ? GenericKernel::tensor_core : GenericKernel::scalar) << generic.reason;
+    EXPECT_EQ(scalar.path, DecodePath::cuda_generic);
+    EXPECT_EQ(scalar.generic_kernel, GenericKernel::scalar);
     EXPECT_GE(automatic.num_partitions, 1);
     EXPECT_LE(automatic.num_partitions, 32);
-    // N depends on the resident CTAs of the serving kernel, so only one path's plans must agree.
+    // N depends on the resident CTAs of the serving kernel, so only one kernel's plans must agree.
     if (automatic.path == generic.path) EXPECT_EQ(automatic.num_partitions, generic.num_partitions);
     for (int i = 0; i < kConcurrentStreams; ++i) {
-      EXPECT_TRUE(same_plan(answers[i][shape * 2], automatic)) << "thread " << i;
-      EXPECT_TRUE(same_plan(answers[i][shape * 2 + 1], generic)) << "thread " << i;
+      for (std::size_t r = 0; r < kRequests; ++r) {
+        EXPECT_TRUE(same_plan(answers[i][shape * kRequests + r], answers[0][shape * kRequests + r])) << "thread " << i;
+      }
       EXPECT_EQ(choices[i][shape].path, automatic.path) << "thread " << i;
       EXPECT_EQ(choices[i][shape].reason, automatic.reason) << "thread " << i;
     }
@@ -466,7 +487,7 @@ TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {
 // columns at its own first blocks gives a valid length of exactly the
 // table's coverage. Next to it: bad inputs of each kind and valid sequences.
 
-constexpr PathRequest kGpuRequests[] = {PathRequest::automatic, PathRequest::cuda_generic};
+constexpr PathRequest kGpuRequests[] = {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar};
 
 ScenarioConfig check_config() {
   ScenarioConfig config;
