@@ -62,7 +62,7 @@ class CacheLayout(NamedTuple):
 
 
 class DecodePath(NamedTuple):
-    path: str  # "hopper", "cuda_generic" or "cpu_reference"
+    path: str  # "hopper", "cuda_generic" or "cpu_reference"; for cuda_generic the reason names its kernel (tensor-core or scalar)
     reason: str
 
 
