@@ -72,6 +72,7 @@ const char* const kUsage =
     "  --json FILE         write the ceilings and one record per (shape, path) as JSON\n"
     "  --commit STR        commit recorded in the JSON [unknown]\n"
     "  --quick             only the first two shapes of the shape list (smoke test)\n"
+    "  --automatic-only    only the automatic path (A/B runs of the fast path)\n"
     "  --shapes A,B        only these shape names\n"
     "  --shapes-file FILE  the shape list [" TQDECODE_BENCH_SHAPES_FILE "]\n"
     "  --help              this text\n";
@@ -664,7 +665,7 @@ std::vector<float> time_decode(const std::vector<DecodeArgs>& args, PathRequest 
   return time_reps(stream, kGraphWarmups, kGraphReplays, [&] { graph.launch(stream); });
 }
 
-void run_shape(const Shape& shape, const Ceilings& ceilings, cudaStream_t stream, int sm_count,
+void run_shape(const Shape& shape, const Ceilings& ceilings, cudaStream_t stream, int sm_count, bool automatic_only,
                std::vector<Record>& records) {
   Record base;
   base.shape = shape;
@@ -685,6 +686,7 @@ void run_shape(const Shape& shape, const Ceilings& ceilings, cudaStream_t stream
                                                             {PathRequest::cuda_generic, "cuda_generic"},
                                                             {PathRequest::cuda_generic_scalar, "cuda_generic_scalar"}};
     for (const auto& [request, request_name] : requests) {
+      if (automatic_only && request != PathRequest::automatic) break;
       Record record = base;
       record.request = request_name;
       try {
@@ -824,6 +826,7 @@ struct Options {
   std::string commit = "unknown";
   std::string shapes_file = TQDECODE_BENCH_SHAPES_FILE;
   bool quick = false;
+  bool automatic_only = false;
   std::vector<std::string> only;  // --shapes
 };
 
@@ -835,8 +838,8 @@ Options parse_options(int argc, char** argv) {
       std::printf("%s", kUsage);
       std::exit(0);
     }
-    if (flag == "--quick") {
-      options.quick = true;
+    if (flag == "--quick" || flag == "--automatic-only") {
+      (flag == "--quick" ? options.quick : options.automatic_only) = true;
       continue;
     }
     if (i + 1 >= argc) throw std::runtime_error(std::string(flag) + " needs a value\n" + kUsage);
@@ -898,7 +901,7 @@ int run(const Options& options) {
   std::vector<Record> records;
   for (const Shape& shape : shapes) {
     const std::size_t first = records.size();
-    run_shape(shape, ceilings, stream.get(), info.sm_count, records);
+    run_shape(shape, ceilings, stream.get(), info.sm_count, options.automatic_only, records);
     for (std::size_t i = first; i < records.size(); ++i) print_record(records[i]);
   }
   std::printf("\nR: instances rotated per graph replay; N: split-KV partitions; tq_us: median of %d graph replays / R;\n"

@@ -126,6 +126,7 @@ Scenario make_scenario(const ScenarioConfig& config) {
   const SyntheticShape shape{Hk, config.num_q_heads, D};
   s.keys = synthetic_keys(total, shape, config.seed);
   s.values = synthetic_values(total, shape, config.seed);
+  for (float& value : s.values) value *= config.value_amplitude;
   s.query = synthetic_queries(batch, shape, config.seed);  // same seed as the keys: shared outlier channels
   const std::vector<std::uint8_t> key_data = to_dtype(s.keys, config.kv_dtype);
   const std::vector<std::uint8_t> value_data = to_dtype(s.values, config.kv_dtype);

@@ -34,6 +34,7 @@ struct ScenarioConfig {
   RotationKind rotation = RotationKind::hadamard;
   bool identity_rotation = false;  ///< Pi = PiT = I (MSE presets): the rotated query is the query itself
   bool keep_unquantized = true;    ///< keep K/V for exact attention (memory heavy for long contexts)
+  float value_amplitude = 1.0f;    ///< values are scaled by this (large values stress the fp16 value path)
 };
 
 struct Scenario {

@@ -361,6 +361,27 @@ INSTANTIATE_TEST_SUITE_P(QueryDtypes, DecodeCpu, testing::Values(DType::bf16, DT
 // exact_attention itself, on a case small enough to work out by hand: two
 // tokens with scores 0 and ln 3 give weights 1/4 and 3/4; a sink of ln 4
 // adds 4 to the denominator 1 + 3.
+// The GPU decode tests' large-value cases (test_decode_gpu.cpp) rely on
+// this: values of amplitude 10^4 stay in fp16 range, and many vectors get a
+// value scale over 4094, the largest the Hopper kernel's lazy rescale takes
+// (decode_hopper.cu, kMaxLazyValueScale), so their tiles take the exact path.
+TEST(ScenarioValues, AmplitudeTenThousandGivesScalesPastTheLazyRescaleLimit) {
+  ScenarioConfig config;
+  config.seq_lens = {3000, 17, 1200, 0, 2500};
+  config.value_amplitude = 10000.0f;
+  const Scenario scenario = make_scenario(config);
+  const int D = config.head_dim;
+  std::size_t large = 0, vectors = 0;
+  for (std::size_t row = 0; row + D <= scenario.values.size(); row += D, ++vectors) {
+    const auto [low, high] = std::minmax_element(scenario.values.begin() + row, scenario.values.begin() + row + D);
+    ASSERT_LT(std::max(std::abs(*low), std::abs(*high)), 65504.0f) << "vector " << vectors;
+    if ((*high - *low) / 15.0f > 4094.0f) ++large;
+  }
+  EXPECT_GT(large, vectors / 10) << large << " of " << vectors;
+  const DequantizedKv kv = dequantize(scenario);
+  EXPECT_TRUE(std::all_of(kv.values.begin(), kv.values.end(), [](float v) { return std::isfinite(v); }));
+}
+
 TEST(ExactAttention, WeightsValuesBySoftmaxOfScores) {
   const int D = 2;
   const float query[D] = {1.0f, 0.0f};

@@ -34,6 +34,7 @@ struct DecodeCase {
   std::int64_t padding = 0;
   bool sinks = false;
   DType dtype = DType::bf16;
+  float value_amplitude = 1.0f;
 };
 
 std::vector<int> random_lengths(int batch, int max_len, std::uint64_t seed) {
@@ -93,6 +94,11 @@ std::vector<DecodeCase> decode_cases() {
       // 2100 query rows of 3 heads: the rotation kernel's eight-rows-per-thread
       // variant with a partial last tile and rows crossing sequences.
       {"q4_g3_b700_rows", p4, 3, 1, 128, 16, random_lengths(700, 64, 16)},
+      // Values near 10^4: most tokens' value scales exceed what the lazy
+      // rescale allows (p * scale would overflow fp16), so their tiles take
+      // the exact softmax path; partitions and sinks too.
+      {"q4_large_values", p4, 32, 8, 128, 16, {3000, 17, 1200, 0, 2500}, 0, true, DType::bf16, 10000.0f},
+      {"k3v4_large_values", Preset::turboquant_k3v4_nc, 16, 4, 128, 16, {2000, 333}, 16, false, DType::f16, 10000.0f},
       {"q4_d64", p4, 16, 4, 64, 16, {1, 300, 2049}},
       {"q4_d256_sinks", p4, 16, 4, 256, 32, {0, 999}, 0, true},
   };
@@ -122,6 +128,7 @@ Scenario build(const DecodeCase& c, std::uint64_t seed = 7) {
   config.block_stride_padding = c.padding;
   config.sinks = c.sinks;
   config.query_dtype = c.dtype;
+  config.value_amplitude = c.value_amplitude;
   config.seed = seed;
   config.keep_unquantized = false;
   return make_scenario(config);
