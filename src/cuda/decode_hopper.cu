@@ -624,7 +624,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       // one vote, and only then the shuffles for the tile maxima and the
       // rescale of the accumulators. A tile with a value scale too large for
       // p * scale to stay finite in fp16 takes the exact path (p <= 1).
-      bool grows = fmaxf(fabsf(value_scale[0]), fabsf(value_scale[1])) > kMaxLazyValueScale;
+      const bool large_scale = fmaxf(fabsf(value_scale[0]), fabsf(value_scale[1])) > kMaxLazyValueScale;
+      bool grows = large_scale;
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
@@ -634,6 +635,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         }
       }
       if (__any_sync(kFullMask, grows)) {
+        // Each row moves its reference by its own scores and the tile's value
+        // scales only, never because another row of the warp did: a head's
+        // output does not depend on the other heads' queries.
+        const float threshold = __any_sync(kFullMask, large_scale) ? 0.0f : kLazyRescaleLog2;
 #pragma unroll
         for (int nt = 0; nt < HeadTiles; ++nt) {
           float alpha[2];
@@ -643,7 +648,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
             tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 4));
             tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 8));
             tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 16));
-            const float new_max = fmaxf(row_max[nt][e], tile_max);
+            const float new_max = tile_max > row_max[nt][e] + threshold ? tile_max : row_max[nt][e];
             alpha[e] = fast_exp2(row_max[nt][e] - new_max);
             row_max[nt][e] = new_max;
             row_sum[nt][e] *= alpha[e];
