@@ -17,7 +17,7 @@ struct CUstream_st;
 namespace tqdecode {
 
 enum class DecodePath : std::uint8_t {
-  hopper,         ///< tensor-core kernel for turboquant_4bit_nc, _k3v4_nc and _k8v4, D = 128, on sm_90
+  hopper,         ///< tensor-core kernel, every preset at D = 128, on sm_90
   cuda_generic,   ///< CUDA kernels for every preset and supported shape on any CUDA GPU (GenericKernel)
   cpu_reference,  ///< host memory, no GPU (slow; tests and tools)
 };

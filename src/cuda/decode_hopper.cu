@@ -1,6 +1,8 @@
-// The Hopper kernel: the whole decode step for every preset at D = 128 —
-// turboquant_4bit_nc (the headline profile), turboquant_k3v4_nc,
-// turboquant_3bit_nc and turboquant_k8v4 — in one launch, built for sm_90a.
+// The tensor-core ("Hopper") kernel: the whole decode step for every preset at
+// D = 128 — turboquant_4bit_nc (the headline profile), turboquant_k3v4_nc,
+// turboquant_3bit_nc and turboquant_k8v4 — in one launch, built for sm_90a
+// (the Hopper path) and sm_80 (its 8-warp configuration also serves the
+// generic path on sm_80 and newer: GenericKernel::tensor_core).
 // The presets share everything after the scores; they differ in how keys
 // reach the S^T mma: 4-bit codes look up a byte (two codes), 3-bit codes six
 // bits (two codes, brought into place by a funnel shift) in a per-lane table
@@ -14,9 +16,9 @@
 // 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
 // grids of more than two waves serves two, four or eight kv heads, 8, 4 or 2
 // warps each (grid (partition, kv head group, sequence)); one CTA of 8 warps
-// for groups over 8 (KernelShape). The kernel is launched as a programmatic
-// dependent (launch_decode_hopper): its CTAs may start while the previous
-// kernel of the stream drains. A CTA
+// for groups over 8 (KernelShape). On the Hopper path the kernel is launched
+// as a programmatic dependent (launch_decode_hopper): its CTAs may start
+// while the previous kernel of the stream drains. A CTA
 // 0. builds the key lookup table from the centroids (and for short
 //    partitions loads PiT's operands), model constants that no kernel writes
 //    just before a decode (decode.hpp), then waits for the previous kernel;

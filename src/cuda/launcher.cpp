@@ -58,8 +58,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   }
   // The generic path: the tensor-core kernel's 8-warp configuration where it
   // runs, else the scalar kernel.
-  std::string reason = request == PathRequest::automatic ? not_hopper : "requested";
-  if (request == PathRequest::automatic) log_fallback_once(not_hopper);
+  const std::string reason = request == PathRequest::automatic ? not_hopper : "requested";
   const std::string not_tensor_core = request == PathRequest::cuda_generic_scalar
                                           ? "the scalar kernel was requested"
                                           : cuda::generic_tensor_core_unsupported_reason(args, device);
@@ -76,6 +75,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     plan.num_partitions = grid.num_partitions;
     plan.reason = reason + "; the scalar kernel: " + not_tensor_core;
   }
+  if (request == PathRequest::automatic) log_fallback_once(plan.reason);
   return plan;
 }
 
