@@ -146,7 +146,10 @@ struct KernelShape {
   static_assert(HeadsPerCta == 1 || (Wide && (HeadsPerCta == 2 || HeadsPerCta == 4 || HeadsPerCta == 8)),
                 "two, four or eight kv heads per CTA in the wide shape only");
   static constexpr bool kWideTable = Wide;
-  static constexpr int kWarps = kWideTable ? 16 : 8;
+  // Two head tiles need about 168 registers a thread, one CTA per SM: 12
+  // warps fill the register file (8 left a third of it idle and two warps per
+  // scheduler to cover the loop's latencies; bench/NOTES.md, v3.16).
+  static constexpr int kWarps = kWideTable ? 16 : HeadTiles == 2 ? 12 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
   static constexpr int kThreads = kWarps * 32;
@@ -155,7 +158,8 @@ struct KernelShape {
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
   // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
   static constexpr int kRowStep = kThreads / kHeadDim;
-  static_assert(kThreads % kHeadDim == 0 && kCtaRows % kRowStep == 0, "whole rows per thread group");
+  static_assert(kThreads % kHeadDim == 0, "whole rows per thread group");
+  static constexpr int kRowsPerThread = (kCtaRows + kRowStep - 1) / kRowStep;
 };
 
 /// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][query bits][issue plans]
@@ -334,13 +338,13 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     // The query first (one element per row and thread, as bits): under a
     // saturated memory system its load waits behind the cache tiles if issued
     // after them (ncu: 6 % of the time at (128, 4096)).
-    constexpr int kRowsPerThread = kCtaRows / kRowStep;
+    constexpr int kRowsPerThread = Shape::kRowsPerThread;
     std::uint16_t query_values[kRowsPerThread];
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int row = first_row + kRowStep * i;
       query_values[i] = 0;
-      if (row_valid(row)) {
+      if (row < kCtaRows && row_valid(row)) {
         query_values[i] = __ldg(static_cast<const std::uint16_t*>(rq.query) + batch * rq.query_stride_batch +
                                 query_head(row) * rq.query_stride_head + dim);
       }
@@ -385,8 +389,11 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       // for bf16 values of magnitude 2^-14 to 65504).
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
-        query_rows[query_slot(first_row + kRowStep * i, dim)] =
-            __half_as_ushort(__float2half_rn(query_bits_to_float(rq.query_dtype == DType::f16, query_values[i])));
+        const int row = first_row + kRowStep * i;
+        if (row < kCtaRows) {
+          query_rows[query_slot(row, dim)] =
+              __half_as_ushort(__float2half_rn(query_bits_to_float(rq.query_dtype == DType::f16, query_values[i])));
+        }
       }
     } else {
       // MSE keys: the rotation on the tensor cores (hopper_rotation.cuh).
@@ -394,8 +401,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
         const int row = first_row + kRowStep * i;
-        query_bits[(row / kHeadsPerTile) * Shared::kQueryBitsTileStride + (row % kHeadsPerTile) * kQueryBitsStride + dim] =
-            query_values[i];
+        if (row < kCtaRows) {
+          query_bits[(row / kHeadsPerTile) * Shared::kQueryBitsTileStride + (row % kHeadsPerTile) * kQueryBitsStride + dim] =
+              query_values[i];
+        }
       }
       if (!EarlyRotation && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
       __syncthreads();  // the query bits are in place
