@@ -31,10 +31,11 @@ enum class PathRequest : std::uint8_t { automatic, hopper, cuda_generic, cuda_ge
 
 /// The kernel of the generic path.
 enum class GenericKernel : std::uint8_t {
-  /// The Hopper path's tensor-core kernel in its 8-warp configuration, no
-  /// programmatic launch: sm_80 and newer, D = 128, 16-byte aligned cache,
-  /// group up to 16, where the device's shared memory holds its CTA (at most
-  /// 109 KB: every sm_80 / sm_90 part; sm_86 / sm_89 take the 3-bit-key presets).
+  /// The Hopper path's tensor-core kernel in its narrow configuration (8
+  /// warps, 12 for groups 9..16), no programmatic launch: sm_80 and newer,
+  /// D = 128, 16-byte aligned cache, group up to 16, where the device's shared
+  /// memory holds its CTA (at most 153 KB: every sm_80 / sm_90 part; sm_86 /
+  /// sm_89 take the 3-bit-key presets up to group 8).
   tensor_core,
   scalar,  ///< CUDA cores: any CUDA GPU, every preset and supported shape
 };

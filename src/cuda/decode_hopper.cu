@@ -1,8 +1,8 @@
 // The tensor-core ("Hopper") kernel: the whole decode step for every preset at
 // D = 128 — turboquant_4bit_nc (the headline profile), turboquant_k3v4_nc,
 // turboquant_3bit_nc and turboquant_k8v4 — in one launch, built for sm_90a
-// (the Hopper path) and sm_80 (its 8-warp configuration also serves the
-// generic path on sm_80 and newer: GenericKernel::tensor_core).
+// (the Hopper path) and sm_80 (its narrow configuration, 128-byte table
+// rows, also serves the generic path on sm_80 and newer: GenericKernel::tensor_core).
 // The presets share everything after the scores; they differ in how keys
 // reach the S^T mma: 4-bit codes look up a byte (two codes), 3-bit codes six
 // bits (two codes, brought into place by a funnel shift) in a per-lane table
@@ -15,7 +15,7 @@
 // Grid (partition, kv head, sequence). Two CTAs of 8 warps per SM, or for
 // 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
 // grids of more than two waves serves two, four or eight kv heads, 8, 4 or 2
-// warps each (grid (partition, kv head group, sequence)); one CTA of 8 warps
+// warps each (grid (partition, kv head group, sequence)); one CTA of 12 warps
 // for groups over 8 (KernelShape). On the Hopper path the kernel is launched
 // as a programmatic dependent (launch_decode_hopper): its CTAs may start
 // while the previous kernel of the stream drains. A CTA
@@ -137,18 +137,19 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// choose_grid), and with two, four or eight kv heads per CTA for larger
 /// grids: kv heads hy .. hy + h - 1 of one sequence, 16 / h warps each,
 /// sharing the table, the block table and the rotation, so an SM streams h
-/// work items at once with the wide table's shorter loop. Otherwise 8 warps: two CTAs per SM
-/// with a table of 128-byte rows (a shift and a LOP3 per 4-bit lookup), or
-/// one CTA at two head tiles, whose roughly 190 registers allow no more.
+/// work items at once with the wide table's shorter loop. Otherwise the narrow
+/// configuration, a table of 128-byte rows (a shift and a LOP3 per 4-bit
+/// lookup): two CTAs of 8 warps per SM, or at two head tiles one CTA of 12
+/// warps at 168 registers.
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct KernelShape {
   static_assert(!Wide || (Format == CacheFormat::mse4 && HeadTiles == 1), "the wide table serves 4-bit keys, one head tile");
   static_assert(HeadsPerCta == 1 || (Wide && (HeadsPerCta == 2 || HeadsPerCta == 4 || HeadsPerCta == 8)),
                 "two, four or eight kv heads per CTA in the wide shape only");
   static constexpr bool kWideTable = Wide;
-  // Two head tiles need about 168 registers a thread, one CTA per SM: 12
-  // warps fill the register file (8 left a third of it idle and two warps per
-  // scheduler to cover the loop's latencies; bench/NOTES.md, v3.16).
+  // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
+  // warps fill the register file (8 left a third of it idle, and two warps
+  // per scheduler to cover the loop's latencies; bench/NOTES.md, v3.16).
   static constexpr int kWarps = kWideTable ? 16 : HeadTiles == 2 ? 12 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
@@ -201,7 +202,8 @@ struct SharedLayout {
   // compiler does at 128 registers) costs about 70 instructions per tile.
   static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
   // 207872 (4-bit, wide), 210944, 217088 and 229376 (two, four and eight kv heads),
-  // 107648 (4-bit), 74368 (k3v4), 65664 (3bit), 103936 (fp8), 111872 (two head tiles)
+  // 107648 (4-bit), 74368 (k3v4), 65664 (3bit), 103936 (fp8); two head tiles (12 warps):
+  // 146688, 109824, 109312, 156160
   static constexpr int kBytes =
       kPlanOffset + HeadsPerCta * 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
@@ -953,8 +955,8 @@ void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) 
                            [&]<hopper::CacheFormat Format>() { hopper::launch_for_group<Format>(params, stream); });
 }
 
-EightWarpFootprint eight_warp_footprint(Preset preset, int group_size) {
-  return hopper::visit_key_format(preset, [&]<hopper::CacheFormat Format>() -> EightWarpFootprint {
+NarrowFootprint narrow_footprint(Preset preset, int group_size) {
+  return hopper::visit_key_format(preset, [&]<hopper::CacheFormat Format>() -> NarrowFootprint {
     if (group_size > hopper::kHeadsPerTile) {
       return {hopper::SharedLayout<2, Format, false>::kBytes, hopper::KernelShape<2, Format, false>::kResidentCtas};
     }

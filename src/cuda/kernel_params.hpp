@@ -123,16 +123,17 @@ void launch_partitions_generic(const PartitionParams& params, CUstream_st* strea
 
 /// Tensor-core kernel, the whole decode step: turboquant_4bit_nc, _k3v4_nc,
 /// _3bit_nc or _k8v4, D = 128. Every configuration runs on sm_90 (the Hopper
-/// path); the 8-warp one (wide_table false) also on sm_80 and newer (the
-/// generic path's tensor-core kernel).
+/// path); the narrow one (wide_table false: 128-byte table rows, 8 warps, or
+/// 12 for two head tiles) also on sm_80 and newer (the generic path's
+/// tensor-core kernel).
 void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream);
 
-/// What one CTA of the 8-warp configuration serving this preset and group
+/// What one CTA of the narrow configuration serving this preset and group
 /// size needs: dynamic shared memory, and the CTAs per SM its launch bounds plan for.
-struct EightWarpFootprint {
+struct NarrowFootprint {
   int shared_bytes;
   int planned_ctas_per_sm;
 };
-EightWarpFootprint eight_warp_footprint(Preset preset, int group_size);
+NarrowFootprint narrow_footprint(Preset preset, int group_size);
 
 }  // namespace tqdecode::cuda

@@ -56,7 +56,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     return {DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
             grid.kv_heads_per_cta, grid.early_rotation};
   }
-  // The generic path: the tensor-core kernel's 8-warp configuration where it
+  // The generic path: the tensor-core kernel's narrow configuration where it
   // runs, else the scalar kernel.
   const std::string reason = request == PathRequest::automatic ? not_hopper : "requested";
   const std::string not_tensor_core = request == PathRequest::cuda_generic_scalar
@@ -67,8 +67,8 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     plan.generic_kernel = GenericKernel::tensor_core;
     plan.num_partitions = cuda::choose_num_partitions(
         args.batch, args.layout.num_kv_heads, max_context, device.sm_count,
-        cuda::eight_warp_resident_ctas(args.layout.preset, args.group_size(), device));
-    plan.reason = reason + "; the tensor-core kernel (8 warps per CTA)";
+        cuda::narrow_resident_ctas(args.layout.preset, args.group_size(), device));
+    plan.reason = reason + "; the tensor-core kernel (narrow configuration)";
   } else {
     const cuda::GridChoice grid = cuda::choose_grid(DecodePath::cuda_generic, args.layout.preset, args.group_size(),
                                                     args.batch, args.layout.num_kv_heads, max_context, device.sm_count);
@@ -167,7 +167,7 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
                                   call.num_q_heads, call.layout.head_dim, plan.num_partitions};
   if (plan.path == DecodePath::hopper || plan.generic_kernel == GenericKernel::tensor_core) {
     // One launch: rotation, partitions and reduction fused. The generic
-    // path's plan has the 8-warp configuration, launched plainly (programmatic
+    // path's plan has the narrow configuration, launched plainly (programmatic
     // dependent launch is an sm_90 feature).
     const bool programmatic = plan.path == DecodePath::hopper && workspace.programmatic_launch() && call.constants_stable;
     cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta,

@@ -55,8 +55,9 @@ bool wide_table_kernel(Preset preset, int group_size) { return preset == Preset:
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table) {
   if (path != DecodePath::hopper) return 2;
   // decode_hopper.cu, KernelShape: one CTA of 16 warps in the wide-table
-  // shape, else the 8-warp configuration's (one beyond group 8, else two).
-  return wide_table && wide_table_kernel(preset, group_size) ? 1 : eight_warp_footprint(preset, group_size).planned_ctas_per_sm;
+  // shape, else the narrow configuration's (two of 8 warps up to group 8,
+  // one of 12 beyond).
+  return wide_table && wide_table_kernel(preset, group_size) ? 1 : narrow_footprint(preset, group_size).planned_ctas_per_sm;
 }
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
@@ -144,8 +145,8 @@ std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& 
   return tensor_core_layout_unsupported_reason(args, "Hopper kernel");
 }
 
-int eight_warp_resident_ctas(Preset preset, int group_size, const DeviceInfo& device) {
-  const EightWarpFootprint footprint = eight_warp_footprint(preset, group_size);
+int narrow_resident_ctas(Preset preset, int group_size, const DeviceInfo& device) {
+  const NarrowFootprint footprint = narrow_footprint(preset, group_size);
   if (footprint.shared_bytes > device.shared_per_block) return 0;
   constexpr int kReservedPerCta = 1024;  // shared memory the system keeps per resident CTA (sm_80 and newer)
   return std::min(footprint.planned_ctas_per_sm, device.shared_per_sm / (footprint.shared_bytes + kReservedPerCta));
@@ -156,9 +157,9 @@ std::string generic_tensor_core_unsupported_reason(const DecodeArgs& args, const
     return "device is sm_" + std::to_string(device.cc_major * 10 + device.cc_minor) + "; the tensor-core kernel needs sm_80 or newer";
   }
   if (std::string layout = tensor_core_layout_unsupported_reason(args, "tensor-core kernel"); !layout.empty()) return layout;
-  if (eight_warp_resident_ctas(args.layout.preset, args.group_size(), device) == 0) {
+  if (narrow_resident_ctas(args.layout.preset, args.group_size(), device) == 0) {
     return "the tensor-core kernel's CTA needs " +
-           std::to_string(eight_warp_footprint(args.layout.preset, args.group_size()).shared_bytes) +
+           std::to_string(narrow_footprint(args.layout.preset, args.group_size()).shared_bytes) +
            " bytes of shared memory; the device allows " + std::to_string(device.shared_per_block);
   }
   return {};

@@ -26,7 +26,7 @@ inline constexpr int kMaxPartitions = 32;
 /// Resident CTAs per SM: the Hopper kernel holds 1 CTA of 16 warps in its
 /// 64 KB-table shape (turboquant_4bit_nc up to group 8, 203 to 224 KB of
 /// shared memory), else 2 of 8 warps up to group 8 (at most 128 registers,
-/// at most 105 KB each) and 1 of 8 warps for groups 9..16; the generic kernel is
+/// at most 105 KB each) and 1 of 12 warps for groups 9..16; the generic kernel is
 /// planned for 2. No path holds more, which bounds the pool.
 inline constexpr int kMaxResidentCtasPerSm = 2;
 inline constexpr double kGoodWaveUtilization = 0.95;
@@ -80,8 +80,8 @@ struct GridChoice {
 /// exists, it serves h = 1, 2, 4 or 8 kv heads per CTA (planned for Hk / h
 /// heads, one CTA per SM; h divides Hk; h = 1 only for grids of at most
 /// kWideTableMaxWaves waves), the h whose grid has the fewest waves, the
-/// smallest on a tie; with no such h (Hk odd, larger grids) the 8-warp
-/// kernel's plan. The 16-warp kernel loads PiT first for
+/// smallest on a tie; with no such h (Hk odd, larger grids) the narrow
+/// configuration's plan. The 16-warp kernel loads PiT first for
 /// CTAs streaming up to kEarlyRotationMaxCtaTokens.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count);
@@ -94,10 +94,10 @@ int max_partition_rows(int max_batch, int num_kv_heads, int sm_count);
 /// Empty when the Hopper kernel serves these arguments on `device`, else why not.
 std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& device);
 
-/// Resident CTAs per SM of the tensor-core kernel's 8-warp configuration on
+/// Resident CTAs per SM of the tensor-core kernel's narrow configuration on
 /// `device` (its planned count, or fewer where shared memory holds fewer);
 /// 0 where not even one CTA fits.
-int eight_warp_resident_ctas(Preset preset, int group_size, const DeviceInfo& device);
+int narrow_resident_ctas(Preset preset, int group_size, const DeviceInfo& device);
 
 /// Empty when the generic path's tensor-core kernel (GenericKernel) serves
 /// these arguments on `device`, else why not.

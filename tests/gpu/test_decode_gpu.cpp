@@ -64,6 +64,10 @@ std::vector<DecodeCase> decode_cases() {
        DType::f16},
       {"k8v4_b48_waves", Preset::turboquant_k8v4, 64, 8, 128, 16, random_lengths(48, 2000, 14)},
       {"q4_g16_b101_waves_sinks", p4, 32, 2, 128, 16, random_lengths(101, 1500, 15), 0, true},
+      // Two head tiles (12-warp CTAs) for the other key formats: a padded
+      // second head tile (group 12) and 3-bit keys and values.
+      {"k8v4_g12_sinks", Preset::turboquant_k8v4, 24, 2, 128, 16, {1500, 7, 0, 300}, 0, true},
+      {"3bit_g16_bs32_f16", Preset::turboquant_3bit_nc, 32, 2, 128, 32, {1100, 33}, 0, false, DType::f16},
       // Two, four and eight kv heads per CTA (wide table, grids over two
       // waves; test_policy.cpp has each case's plan): N = 2, 5 with sinks,
       // fp16 and padded head tiles (group 6); q4_b40_split_waves takes eight

@@ -94,23 +94,28 @@ TEST(PartitionPolicy, ResidentCtasOfEachPath) {
   EXPECT_EQ(resident_ctas_per_sm(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 16, true), 2);
 }
 
-// The generic path's tensor-core kernel: as many 8-warp CTAs per SM as its
+// The generic path's tensor-core kernel: as many narrow-configuration CTAs per SM as its
 // launch bounds plan for and the device's shared memory holds (opt-in
 // maximum per CTA, and per SM with 1 KB reserved per CTA).
-TEST(PartitionPolicy, EightWarpResidentCtasFollowTheDevicesSharedMemory) {
+TEST(PartitionPolicy, NarrowConfigurationResidentCtasFollowTheDevicesSharedMemory) {
   const DeviceInfo h200{0, 132, 9, 0, 232448, 233472};
   const DeviceInfo a100{0, 108, 8, 0, 166912, 167936};
   const DeviceInfo sm86{0, 84, 8, 6, 101376, 102400};
-  EXPECT_EQ(eight_warp_footprint(Preset::turboquant_4bit_nc, 8).shared_bytes, 107648);
-  EXPECT_EQ(eight_warp_footprint(Preset::turboquant_k3v4_nc, 8).shared_bytes, 74368);
-  EXPECT_EQ(eight_warp_resident_ctas(Preset::turboquant_4bit_nc, 8, h200), 2);
-  EXPECT_EQ(eight_warp_resident_ctas(Preset::turboquant_4bit_nc, 16, h200), 1);  // two head tiles: planned for one
-  EXPECT_EQ(eight_warp_resident_ctas(Preset::turboquant_4bit_nc, 8, a100), 1);   // 2 x 108672 > 167936
-  EXPECT_EQ(eight_warp_resident_ctas(Preset::turboquant_k3v4_nc, 8, a100), 2);
-  EXPECT_EQ(eight_warp_resident_ctas(Preset::turboquant_4bit_nc, 8, sm86), 0);   // 107648 > 101376: the scalar kernel
-  EXPECT_EQ(eight_warp_resident_ctas(Preset::turboquant_k3v4_nc, 8, sm86), 1);
-  EXPECT_EQ(eight_warp_resident_ctas(Preset::turboquant_3bit_nc, 4, sm86), 1);
-  EXPECT_EQ(eight_warp_resident_ctas(Preset::turboquant_k8v4, 8, sm86), 0);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8).shared_bytes, 107648);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 8).shared_bytes, 74368);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 8, h200), 2);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 16, h200), 1);  // two head tiles: planned for one
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 8, a100), 1);   // 2 x 108672 > 167936
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, a100), 2);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 8, sm86), 0);   // 107648 > 101376: the scalar kernel
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, sm86), 1);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_3bit_nc, 4, sm86), 1);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 8, sm86), 0);
+  // Two head tiles: one CTA of 12 warps.
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16).shared_bytes, 146688);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 16).shared_bytes, 156160);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 16, a100), 1);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 16, sm86), 0);  // 109824 > 101376
 }
 
 // The benchmark shapes (Hq 64, Hk 8 unless stated; bench/NOTES.md, v3.5,
