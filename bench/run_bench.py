@@ -5,6 +5,11 @@ and DIR/RESULTS.md (plus each program's JSON and log).
 
     python3 bench/run_bench.py --build build --out DIR [--quick]
 
+On a machine that runs a copy of the working tree whose git metadata may be
+stale, pass --commit. A run recorded under the wrong commit is corrected with
+--relabel-commit SHA --out DIR: it merges the programs' JSON already in DIR
+again under SHA, keeping the run's date, command and driver, and says so.
+
 It builds the tqdecode_bench target in --build first (configuring that
 directory if it has no CMakeCache.txt), so the binary measured is the working
 tree's. Every number in the outputs comes from the two programs; this script
@@ -174,6 +179,7 @@ def write_markdown(path, meta, tq, bf16, records):
         f"torch {meta['torch']} (CUDA {meta['torch_cuda']})",
         f"- commit: {meta['commit']}",
         f"- command: `{meta['command']}`",
+        *([f"- relabelled: {meta['relabelled']}"] if meta.get("relabelled") else []),
         f"- ceilings: device-to-device copy {fmt(ceilings.get('copy_tbps'), '.3f')} TB/s (read+write bytes), "
         f"read-only stream {fmt(ceilings.get('read_tbps'), '.3f')} TB/s (median of {ceilings.get('reps', '-')} reps)",
         "",
@@ -233,6 +239,23 @@ def write_markdown(path, meta, tq, bf16, records):
     path.write_text("\n".join(lines) + "\n")
 
 
+def relabel(out_dir, commit):
+    """Rewrites results.json and RESULTS.md of the run in `out_dir` under `commit`; every number is the run's."""
+    tq, bf16, earlier = (load_json(out_dir / name) for name in ("tqdecode_bench.json", "bf16_baseline.json", "results.json"))
+    if not (tq and bf16 and earlier):
+        sys.exit(f"run_bench: --relabel-commit needs tqdecode_bench.json, bf16_baseline.json and results.json in {out_dir}")
+    records = merge(tq, bf16, commit)
+    meta = {key: earlier[key] for key in ("date", "command", "gpu", "driver", "runtime", "driver_release", "torch", "torch_cuda")}
+    meta.update(commit=commit, failures=earlier["failures"],
+                relabelled=f"recorded as {earlier['commit']}, relabelled by `{shlex.join(['python3', *sys.argv])}`")
+    results = {**{k: v for k, v in meta.items() if k != "failures"}, "failures": meta["failures"],
+               "ceilings": tq.get("ceilings"), "records": records, "bf16": bf16.get("records")}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_markdown(out_dir / "RESULTS.md", meta, tq, bf16, records)
+    print(f"relabelled {out_dir / 'results.json'} and {out_dir / 'RESULTS.md'} as {commit}")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build", help="CMake build directory [build]")
@@ -241,7 +264,11 @@ def main():
     parser.add_argument("--shapes", help="comma list of shape names (both programs)")
     parser.add_argument("--commit", help="commit to record [git rev-parse HEAD, else unknown]")
     parser.add_argument("--no-build", action="store_true", help="use the tqdecode_bench binary as it is")
+    parser.add_argument("--relabel-commit", metavar="SHA",
+                        help="run nothing: merge the JSON of an earlier run in --out again, recorded under SHA")
     args = parser.parse_args()
+    if args.relabel_commit:
+        return relabel(Path(args.out).resolve(), args.relabel_commit)
 
     build_dir = Path(args.build).resolve()
     out_dir = Path(args.out).resolve()

@@ -131,6 +131,9 @@ TEST_P(ProgrammaticLaunch, DecodeReadsInputsWrittenByThePreviousKernelOnlyAfterI
   const auto poison_inputs = [&] {
     for (int i = 0; i < writes.count; ++i) check_cuda(cudaMemset(writes.to[i], poison[i], sizes[i]), "poison");
     device.poison_output();
+    // cudaMemset runs on the default stream, which `stream` (non-blocking)
+    // does not wait for: finish the poison before the late writes start.
+    check_cuda(cudaDeviceSynchronize(), "poison");
   };
   const auto expect_bits = [&](const std::string& what) {
     const std::vector<float> actual = device.output();
