@@ -239,6 +239,14 @@ def write_markdown(path, meta, tq, bf16, records):
     path.write_text("\n".join(lines) + "\n")
 
 
+def write_results(out_dir, meta, tq, bf16, records):
+    """results.json and RESULTS.md of one run."""
+    results = {**{k: v for k, v in meta.items() if k != "failures"}, "failures": meta["failures"],
+               "ceilings": (tq or {}).get("ceilings"), "records": records, "bf16": (bf16 or {}).get("records")}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_markdown(out_dir / "RESULTS.md", meta, tq, bf16, records)
+
+
 def relabel(out_dir, commit):
     """Rewrites results.json and RESULTS.md of the run in `out_dir` under `commit`; every number is the run's."""
     tq, bf16, earlier = (load_json(out_dir / name) for name in ("tqdecode_bench.json", "bf16_baseline.json", "results.json"))
@@ -248,10 +256,7 @@ def relabel(out_dir, commit):
     meta = {key: earlier[key] for key in ("date", "command", "gpu", "driver", "runtime", "driver_release", "torch", "torch_cuda")}
     meta.update(commit=commit, failures=earlier["failures"],
                 relabelled=f"recorded as {earlier['commit']}, relabelled by `{shlex.join(['python3', *sys.argv])}`")
-    results = {**{k: v for k, v in meta.items() if k != "failures"}, "failures": meta["failures"],
-               "ceilings": tq.get("ceilings"), "records": records, "bf16": bf16.get("records")}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    write_markdown(out_dir / "RESULTS.md", meta, tq, bf16, records)
+    write_results(out_dir, meta, tq, bf16, records)
     print(f"relabelled {out_dir / 'results.json'} and {out_dir / 'RESULTS.md'} as {commit}")
     return 0
 
@@ -304,11 +309,7 @@ def main():
         "torch": (bf16 or {}).get("torch", "unknown"), "torch_cuda": (bf16 or {}).get("cuda", "unknown"),
         "failures": [(label, str(log)) for label, log in failures],
     }
-    results = {**{k: v for k, v in meta.items() if k != "failures"}, "failures": meta["failures"],
-               "ceilings": (tq or {}).get("ceilings"), "records": records,
-               "bf16": (bf16 or {}).get("records")}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    write_markdown(out_dir / "RESULTS.md", meta, tq, bf16, records)
+    write_results(out_dir, meta, tq, bf16, records)
     print(f"\nwrote {out_dir / 'results.json'} and {out_dir / 'RESULTS.md'}")
     if records:
         all_targets = [t for r in records for t in r["targets"]]
