@@ -202,8 +202,8 @@ struct SharedLayout {
   // compiler does at 128 registers) costs about 70 instructions per tile.
   static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
   // 207872 (4-bit, wide), 210944, 217088 and 229376 (two, four and eight kv heads),
-  // 107648 (4-bit), 74368 (k3v4), 65664 (3bit), 103936 (fp8); two head tiles (12 warps):
-  // 146688, 109824, 109312, 156160
+  // 107648 (4-bit), 82048 (k3v4), 65664 (3bit), 103936 (fp8); two head tiles (12 warps):
+  // 146688, 120576, 109312, 156160
   static constexpr int kBytes =
       kPlanOffset + HeadsPerCta * 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
@@ -453,22 +453,29 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     asm("mov.b32 %0, %1;" : "=r"(lane_lut) : "r"(static_cast<std::uint32_t>(lane) << 2));
     [[maybe_unused]] const std::uint8_t* lut = shared;
 
-    // Keys of tokens g and g + 8 (chunk c: dims 32c..32c+31); values of tokens
+    // Keys of tokens g and g + 8 (chunk c: dims 32c..32c+31): one 16-byte load
+    // (4-bit), two (fp8) or three 4-byte words (3-bit); values of tokens
     // 2c, 2c + 1, 2c + 8, 2c + 9 (bytes 8g..8g+7 of the value data).
     constexpr int kKeyLoads = kFp8 ? 2 : 1;  // key load bases per token
     int key_offset[2][kKeyLoads], value_offset[4];
+    // 3-bit keys: the lane's three key words of token g (token g + 8's are
+    // Layout::kKeyOffset8Tokens further).
+    [[maybe_unused]] int key_word[3];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int token = 8 * j + g;
       if constexpr (kFp8) {
         key_offset[j][0] = Layout::key_offset(token, c, 0);
         key_offset[j][1] = Layout::key_offset(token, c, 1);
+      } else if constexpr (three_bit_keys(Format)) {
+#pragma unroll
+        for (int w = 0; w < 3; ++w) key_word[w] = static_cast<int>(opaque(Layout::key_word_offset(g, c, w, head)));
       } else {
         key_offset[j][0] = static_cast<int>(opaque(Layout::key_offset(token, c)));
       }
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) value_offset[k] = Layout::value_offset(2 * c + (k & 1) + 8 * (k >> 1), g);
+    for (int k = 0; k < 4; ++k) value_offset[k] = Layout::value_offset(2 * c + (k & 1) + 8 * (k >> 1), g, head);
     [[maybe_unused]] const std::uint32_t value_shift = 16 * (g & 1);  // 3-bit values: the lane's bits start at byte 6g
 
     // O^T accumulators: dim tile m, rows g (dim 16g + 2m) and g + 8 (dim 16g + 2m + 1), heads 2c, 2c + 1.
@@ -544,7 +551,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
 #pragma unroll
-          for (int w = 0; w < 3; ++w) words[j][w] = load_shared<std::uint32_t>(stage + key_offset[j][0] + 4 * w);
+          for (int w = 0; w < 3; ++w) {
+            words[j][w] = load_shared<std::uint32_t>(stage + key_word[w] + j * Layout::kKeyOffset8Tokens);
+          }
         }
         const auto lookup = [&](const std::uint32_t (&bits)[3], int first_bit) {
           const int word = first_bit >> 5;

@@ -81,7 +81,8 @@ struct TokenRunCopy {
 };
 
 // Where one tile lives in a stage of a warp's ring and how it gets there, per
-// key format. Lane (g, c) = (lane >> 2, lane & 3) reads the keys of tokens g
+// key format (value offsets take the kv head: turboquant_k3v4_nc's rows start
+// 0 or 16 bytes before the record). Lane (g, c) = (lane >> 2, lane & 3) reads the keys of tokens g
 // and g + 8 (dims 32c..32c+31) and the value bytes 8g..8g+7 of tokens 2c,
 // 2c + 1, 2c + 8, 2c + 9; every layout keeps those loads free of bank
 // conflicts. Offsets into the cache are within a block
@@ -135,8 +136,8 @@ struct TileLayout<CacheFormat::mse4> {
   __device__ static int swizzle(int token) { return ((token & 1) << 2) ^ (token & 6); }
   /// The lane's 16 key bytes (one load) of `token`.
   __device__ static int key_offset(int token, int c) { return token * kRecordBytes + ((c ^ swizzle(token)) << 4); }
-  /// The lane's 8 value bytes of `token`.
-  __device__ static int value_offset(int token, int g) {
+  /// The lane's 8 value bytes of `token` (the same for every kv head).
+  __device__ static int value_offset(int token, int g, int /*head*/) {
     return token * kRecordBytes + (((4 + (g >> 1)) ^ swizzle(token)) << 4) + 8 * (g & 1);
   }
 
@@ -183,42 +184,62 @@ struct ValueArea {
   }
 };
 
-// 3-bit MSE keys (turboquant_k3v4_nc): a key area of 48 dense bytes per token
-// (a lane's 12 bytes are three 4-byte loads; 12 t + 3 c covers all 32 banks),
-// the value area, then the 3 fp16 fields.
+// 3-bit MSE keys (turboquant_k3v4_nc): one 128-byte row per token holding
+// the window of the cache from the 32-byte sector boundary at or below the
+// token's 112-byte record (48 key bytes, 64 value bytes): exactly the four
+// sectors the record touches, so each sector is one request of one copy
+// instruction (the 4-bit layout's TokenRunCopy<8>). The record starts
+// lead(head) = 0 or 16 bytes into its row. The row's 16-byte chunks are
+// XOR-swizzled by token & 7: a lane's key word w of token t (byte
+// lead + 12c + 4w) lands in bank 4 (chunk ^ t) + word, and the words 3c + w
+// mod 4 of the four lanes of a token differ, so the 32 lanes' loads are
+// conflict-free, as are the values' 8-byte loads. Then the 3 fp16 fields.
+// (Dense key and value areas filled by DenseRunCopy / TokenRunCopy<4> cost
+// 48 % excess shared wavefronts and 37 % excess L2 sectors: bench/NOTES.md, v3.16.)
 template <>
 struct TileLayout<CacheFormat::mse3> {
-  static constexpr int kKeyBytes = kHeadDim * 3 / 8;     // 48
-  static constexpr int kRecordBytes = kKeyBytes + 64;     // 112
-  static constexpr int kFields = 3;                       // key norm, value scale, value zero
+  static constexpr int kKeyBytes = kHeadDim * 3 / 8;  // 48
+  static constexpr int kRecordBytes = kKeyBytes + 64;  // 112
+  static constexpr int kRowBytes = 128;                // the window of one token
+  static constexpr int kFields = 3;                    // key norm, value scale, value zero
   static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
-  static constexpr int kValueArea = kTileTokens * kKeyBytes;         // 768
-  static constexpr int kMetaOffset = kValueArea + kTileTokens * 64;  // 1792
-  static constexpr int kStageBytes = kMetaOffset + 96;               // 1888
+  static constexpr int kMetaOffset = kTileTokens * kRowBytes;  // 2048
+  static constexpr int kStageBytes = kMetaOffset + 96;         // 2144
 
-  /// The lane's 12 key bytes (dims 32c..32c+31, 3 bits each) of `token`.
-  __device__ static int key_offset(int token, int c) { return token * kKeyBytes + 12 * c; }
-  __device__ static int value_offset(int token, int g) { return kValueArea + ValueArea::offset(token, g); }
+  /// Bytes from the window's start to the record of kv head `head`.
+  __device__ static int lead(int head) { return (head * kRecordBytes) & 31; }
+  /// Byte `byte` of `token`'s window in a stage.
+  __device__ static int row_offset(int token, int byte) {
+    return token * kRowBytes + ((((byte >> 4) ^ token) & 7) << 4) + (byte & 15);
+  }
+  /// Key word w (of 3) of the lane's 12 key bytes (dims 32c..32c+31, 3 bits each) of `token`.
+  __device__ static int key_word_offset(int token, int c, int w, int head) {
+    return row_offset(token, lead(head) + 12 * c + 4 * w);
+  }
+  /// From a token's key words to those of the token 8 later (the same swizzle).
+  static constexpr int kKeyOffset8Tokens = 8 * kRowBytes;
+  /// The lane's 8 value bytes of `token`.
+  __device__ static int value_offset(int token, int g, int head) {
+    return row_offset(token, lead(head) + kKeyBytes + 8 * g);
+  }
 
   struct alignas(16) IssuePlan {
     std::uint32_t slot_stride;  // Hk * 112 bytes
-    DenseRunCopy<0> keys;
-    TokenRunCopy<4> values;
+    TokenRunCopy<kRowBytes / 16> windows;
     FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
   };
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
-    return {static_cast<std::uint32_t>(slot_stride), DenseRunCopy<0>::make(slot_stride, head * kRecordBytes, lane),
-            ValueArea::copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane),
+    const auto destination = [](int token, int chunk) { return row_offset(token, 16 * chunk); };
+    return {static_cast<std::uint32_t>(slot_stride),
+            TokenRunCopy<kRowBytes / 16>::make(slot_stride, head * kRecordBytes - lead(head), lane, destination),
             FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
   }
 
   __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
                                int lane) {
-    const std::uint8_t* tile = block + slot0 * plan.slot_stride;
-    plan.keys.issue(stage, tile, lane);
-    plan.values.issue(stage, tile);
+    plan.windows.issue(stage, block + slot0 * plan.slot_stride);
     plan.fields.issue(stage, block, slot0, lane);
   }
 };
@@ -239,9 +260,14 @@ struct TileLayout<CacheFormat::mse3_v3> {
   static constexpr int kMetaOffset = kValueArea + kTileTokens * kValueBytes;  // 1536
   static constexpr int kStageBytes = kMetaOffset + 96;                        // 1632
 
-  __device__ static int key_offset(int token, int c) { return token * kKeyBytes + 12 * c; }
+  /// Key word w (of 3) of the lane's 12 key bytes (dims 32c..32c+31) of `token`.
+  __device__ static int key_word_offset(int token, int c, int w, int /*head*/) { return token * kKeyBytes + 12 * c + 4 * w; }
+  /// From a token's key words to those of the token 8 later.
+  static constexpr int kKeyOffset8Tokens = 8 * kKeyBytes;
   /// The first of the two value words of lane g for `token`.
-  __device__ static int value_offset(int token, int g) { return kValueArea + token * kValueBytes + ((6 * g) & ~3); }
+  __device__ static int value_offset(int token, int g, int /*head*/) {
+    return kValueArea + token * kValueBytes + ((6 * g) & ~3);
+  }
 
   struct alignas(16) IssuePlan {
     std::uint32_t slot_stride;  // Hk * 96 bytes
@@ -282,7 +308,7 @@ struct TileLayout<CacheFormat::fp8> {
   __device__ static int key_offset(int token, int c, int part) {
     return token * kKeyBytes + (((2 * c + part) ^ (token & 1)) << 4);
   }
-  __device__ static int value_offset(int token, int g) { return kValueArea + ValueArea::offset(token, g); }
+  __device__ static int value_offset(int token, int g, int /*head*/) { return kValueArea + ValueArea::offset(token, g); }
 
   struct alignas(16) IssuePlan {
     std::uint32_t slot_stride;  // Hk * 192 bytes
