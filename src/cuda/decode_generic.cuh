@@ -526,7 +526,7 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
     if constexpr (C::kHeadGroups == 1) {
       __syncwarp();
     } else {
-      named_barrier_sync(1 + token_group, 32 * C::kHeadGroups);
+      named_barrier_sync<C::kTokenGroups>(token_group, 32 * C::kHeadGroups);
     }
   };
   const int range_tokens = range.end - range.begin;

@@ -202,8 +202,8 @@ struct SharedLayout {
   // compiler does at 128 registers) costs about 70 instructions per tile.
   static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
   // 207872 (4-bit, wide), 210944, 217088 and 229376 (two, four and eight kv heads),
-  // 107648 (4-bit), 82048 (k3v4), 65664 (3bit), 103936 (fp8); two head tiles (12 warps):
-  // 146688, 120576, 109312, 156160
+  // 107648 (4-bit), 82048 (k3v4), 82560 (3bit), 103936 (fp8); two head tiles (12 warps):
+  // 146688, 120576, 121088, 156160
   static constexpr int kBytes =
       kPlanOffset + HeadsPerCta * 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
@@ -457,7 +457,11 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     // (4-bit), two (fp8) or three 4-byte words (3-bit); values of tokens
     // 2c, 2c + 1, 2c + 8, 2c + 9 (bytes 8g..8g+7 of the value data).
     constexpr int kKeyLoads = kFp8 ? 2 : 1;  // key load bases per token
-    int key_offset[2][kKeyLoads], value_offset[4];
+    int key_offset[2][kKeyLoads];
+    [[maybe_unused]] int value_offset[4];  // 4-bit values
+    // 3-bit values: words 0 and 1 of tokens 2c and 2c + 1 (those of 2c + 8
+    // and 2c + 9 are Layout::kValueOffset8Tokens further).
+    [[maybe_unused]] int value_word[2][2];
     // 3-bit keys: the lane's three key words of token g (token g + 8's are
     // Layout::kKeyOffset8Tokens further).
     [[maybe_unused]] int key_word[3];
@@ -474,8 +478,16 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         key_offset[j][0] = static_cast<int>(opaque(Layout::key_offset(token, c)));
       }
     }
+    if constexpr (value_bits(Format) == 4) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) value_offset[k] = Layout::value_offset(2 * c + (k & 1) + 8 * (k >> 1), g, head);
+      for (int k = 0; k < 4; ++k) value_offset[k] = Layout::value_offset(2 * c + (k & 1) + 8 * (k >> 1), g, head);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int w = 0; w < 2; ++w) value_word[j][w] = static_cast<int>(opaque(Layout::value_word_offset(2 * c + j, g, w)));
+      }
+    }
     [[maybe_unused]] const std::uint32_t value_shift = 16 * (g & 1);  // 3-bit values: the lane's bits start at byte 6g
 
     // O^T accumulators: dim tile m, rows g (dim 16g + 2m) and g + 8 (dim 16g + 2m + 1), heads 2c, 2c + 1.
@@ -738,8 +750,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         std::uint32_t low[4], high[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const std::uint32_t w0 = load_shared<std::uint32_t>(stage + value_offset[k]);
-          const std::uint32_t w1 = load_shared<std::uint32_t>(stage + value_offset[k] + 4);
+          const int token_offset = (k >> 1) * Layout::kValueOffset8Tokens;
+          const std::uint32_t w0 = load_shared<std::uint32_t>(stage + value_word[k & 1][0] + token_offset);
+          const std::uint32_t w1 = load_shared<std::uint32_t>(stage + value_word[k & 1][1] + token_offset);
           low[k] = __funnelshift_r(w0, w1, value_shift);
           high[k] = w1 >> value_shift;
         }

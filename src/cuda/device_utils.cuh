@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace tqdecode::cuda {
 
@@ -90,10 +91,22 @@ __device__ __forceinline__ unsigned arrive_acq_rel(unsigned* counter) {
   return before;
 }
 
-/// Barrier over `threads` threads (a multiple of 32) that use barrier `id`
-/// (1..15; 0 is __syncthreads). Also orders their shared-memory accesses.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+template <int Id>
+__device__ __forceinline__ void named_barrier_sync(int threads) {
+  static_assert(Id >= 1 && Id < 16, "barrier 0 is __syncthreads; there are 16");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "r"(threads) : "memory");
+}
+
+/// Barrier over `threads` threads (a multiple of 32) that use barrier
+/// 1 + `index` (index < Count <= 15). Also orders their shared-memory
+/// accesses. The barrier id is an immediate of each branch: compute-sanitizer's
+/// racecheck loses track of __syncthreads after bar.sync with a register id
+/// and reports hazards across it (docs/RELIABILITY.md).
+template <int Count>
+__device__ __forceinline__ void named_barrier_sync(int index, int threads) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((index == I ? named_barrier_sync<1 + I>(threads) : void()), ...);
+  }(std::make_integer_sequence<int, Count>{});
 }
 
 }  // namespace tqdecode::cuda

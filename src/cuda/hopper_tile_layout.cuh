@@ -96,27 +96,34 @@ enum class CacheFormat { mse4, mse3, mse3_v3, fp8 };
 constexpr bool three_bit_keys(CacheFormat format) { return format == CacheFormat::mse3 || format == CacheFormat::mse3_v3; }
 constexpr int value_bits(CacheFormat format) { return format == CacheFormat::mse3_v3 ? 3 : 4; }
 
-// 48 bytes per token (3-bit data of 128 dims) copied into a dense area: lane l
-// copies chunks l and l + 32 (when under 48) of the tile, chunk q being part
-// q % 3 of token q / 3 (runs of 48 bytes, one instruction each but token 10's).
-template <int Area>
-struct DenseRunCopy {
-  static constexpr int kRunBytes = kHeadDim * 3 / 8;          // 48
-  static constexpr int kChunks = kTileTokens * kRunBytes / 16;  // 48
-  std::uint32_t source[2];  // from the tile's first slot
+// A per-token run of `Chunks` 16-byte chunks (Chunks even, not dividing 32)
+// for the tile's 16 tokens, packed: copy i takes chunks 32 i .. 32 i + 31 of
+// the tile's 16 Chunks, chunk q being chunk q % Chunks of token q / Chunks.
+// A 32-byte sector of a sector-aligned run is an even-aligned chunk pair, so
+// each comes from one instruction.
+template <int Chunks>
+struct PackedRunCopy {
+  static_assert(Chunks % 2 == 0 && kTileTokens * Chunks % 32 == 0);
+  static constexpr int kCopies = kTileTokens * Chunks / 32;
+  std::uint32_t source[kCopies];  // from the tile's first slot
+  std::uint32_t destination[kCopies];
 
-  __device__ static DenseRunCopy make(int slot_stride, int run_offset, int lane) {
-    DenseRunCopy copy;
+  /// `destination_of(token, chunk)`: the chunk's offset within a stage.
+  template <class Destination>
+  __device__ static PackedRunCopy make(int slot_stride, int run_offset, int lane, Destination destination_of) {
+    PackedRunCopy copy;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int chunk = lane + 32 * k;
-      copy.source[k] = (chunk / 3) * slot_stride + run_offset + 16 * (chunk % 3);
+    for (int i = 0; i < kCopies; ++i) {
+      const int token = (32 * i + lane) / Chunks;
+      const int chunk = (32 * i + lane) % Chunks;
+      copy.source[i] = static_cast<std::uint32_t>(token * slot_stride + run_offset + 16 * chunk);
+      copy.destination[i] = static_cast<std::uint32_t>(destination_of(token, chunk));
     }
     return copy;
   }
-  __device__ void issue(std::uint32_t stage, const std::uint8_t* tile, int lane) const {
-    cp_async_16(stage + Area + 16 * lane, tile + source[0]);
-    if (lane + 32 < kChunks) cp_async_16(stage + Area + 16 * (lane + 32), tile + source[1]);
+  __device__ void issue(std::uint32_t stage, const std::uint8_t* tile) const {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) cp_async_16(stage + destination[i], tile + source[i]);
   }
 };
 
@@ -244,50 +251,63 @@ struct TileLayout<CacheFormat::mse3> {
   }
 };
 
-// 3-bit MSE keys and 3-bit values (turboquant_3bit_nc): the key area as for
-// turboquant_k3v4_nc, a value area of 48 dense bytes per token, then the 3
-// fp16 fields. Lane g's values (dims 16g..16g+15) are the 6 bytes at 6g: the
-// two 4-byte words from byte 6g & ~3 (bit 16 (g & 1) onwards); the words of
-// the four tokens a lane reads share a bank at most pairwise.
+// 3-bit MSE keys and 3-bit values (turboquant_3bit_nc): one 128-byte row per
+// token holding its 96-byte record (48 key bytes, 48 value bytes: three whole
+// sectors, as Hk * 96 and head * 96 are multiples of 32), copied by
+// PackedRunCopy<6>. Chunk k of token t sits at 16-byte position
+// k + rotation(t) mod 8 of its row. rotation(t) = 6 t + ((t >> 2) & 1) mod 8
+// takes 8 distinct values over t = 0..7, so the key loads of the 8 tokens g
+// are conflict-free (the 4 lanes of a token read distinct words 3c + w mod
+// 4), and each quarter-warp of a copy writes 8 consecutive chunks to 8
+// distinct positions. Lane g's values (dims 16g..16g+15) are the 6 bytes at
+// 48 + 6g: the two 4-byte words from byte 48 + (6g & ~3) (bit 16 (g & 1)
+// onwards), which may lie in two chunks; the four tokens' words share a bank
+// at most pairwise (as in any row layout of whole chunks). Then the 3 fp16
+// fields. (Dense 48-byte key and value areas cost a third of the copies and
+// excess shared wavefronts: bench/NOTES.md, v3.17.)
 template <>
 struct TileLayout<CacheFormat::mse3_v3> {
   static constexpr int kKeyBytes = kHeadDim * 3 / 8;    // 48
   static constexpr int kValueBytes = kHeadDim * 3 / 8;  // 48
   static constexpr int kRecordBytes = kKeyBytes + kValueBytes;  // 96
+  static constexpr int kRowBytes = 128;
   static constexpr int kFields = 3;  // key norm, value scale, value zero
   static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
-  static constexpr int kValueArea = kTileTokens * kKeyBytes;                  // 768
-  static constexpr int kMetaOffset = kValueArea + kTileTokens * kValueBytes;  // 1536
-  static constexpr int kStageBytes = kMetaOffset + 96;                        // 1632
+  static constexpr int kMetaOffset = kTileTokens * kRowBytes;  // 2048
+  static constexpr int kStageBytes = kMetaOffset + 96;         // 2144
 
+  __device__ static int rotation(int token) { return (6 * token + ((token >> 2) & 1)) & 7; }
+  /// Byte `byte` of `token`'s record in a stage.
+  __device__ static int row_offset(int token, int byte) {
+    return token * kRowBytes + ((((byte >> 4) + rotation(token)) & 7) << 4) + (byte & 15);
+  }
   /// Key word w (of 3) of the lane's 12 key bytes (dims 32c..32c+31) of `token`.
-  __device__ static int key_word_offset(int token, int c, int w, int /*head*/) { return token * kKeyBytes + 12 * c + 4 * w; }
-  /// From a token's key words to those of the token 8 later.
-  static constexpr int kKeyOffset8Tokens = 8 * kKeyBytes;
-  /// The first of the two value words of lane g for `token`.
-  __device__ static int value_offset(int token, int g, int /*head*/) {
-    return kValueArea + token * kValueBytes + ((6 * g) & ~3);
+  __device__ static int key_word_offset(int token, int c, int w, int /*head*/) { return row_offset(token, 12 * c + 4 * w); }
+  /// From a token's words to those of the token 8 later (rotation(t + 8) = rotation(t)).
+  static constexpr int kKeyOffset8Tokens = 8 * kRowBytes;
+  static constexpr int kValueOffset8Tokens = 8 * kRowBytes;
+  /// Value word w (of 2) of lane g for `token`.
+  __device__ static int value_word_offset(int token, int g, int w) {
+    return row_offset(token, kKeyBytes + ((6 * g) & ~3) + 4 * w);
   }
 
   struct alignas(16) IssuePlan {
     std::uint32_t slot_stride;  // Hk * 96 bytes
-    DenseRunCopy<0> keys;
-    DenseRunCopy<kValueArea> values;
+    PackedRunCopy<kRecordBytes / 16> records;
     FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
   };
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
-    return {static_cast<std::uint32_t>(slot_stride), DenseRunCopy<0>::make(slot_stride, head * kRecordBytes, lane),
-            DenseRunCopy<kValueArea>::make(slot_stride, head * kRecordBytes + kKeyBytes, lane),
+    const auto destination = [](int token, int chunk) { return row_offset(token, 16 * chunk); };
+    return {static_cast<std::uint32_t>(slot_stride),
+            PackedRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, destination),
             FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
   }
 
   __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
                                int lane) {
-    const std::uint8_t* tile = block + slot0 * plan.slot_stride;
-    plan.keys.issue(stage, tile, lane);
-    plan.values.issue(stage, tile, lane);
+    plan.records.issue(stage, block + slot0 * plan.slot_stride);
     plan.fields.issue(stage, block, slot0, lane);
   }
 };
