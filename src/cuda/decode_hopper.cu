@@ -70,6 +70,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 
 #include "cuda_check.hpp"
 #include "device_utils.cuh"
@@ -488,7 +489,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         for (int w = 0; w < 2; ++w) value_word[j][w] = static_cast<int>(opaque(Layout::value_word_offset(2 * c + j, g, w)));
       }
     }
-    [[maybe_unused]] const std::uint32_t value_shift = 16 * (g & 1);  // 3-bit values: the lane's bits start at byte 6g
+    // 3-bit values: the byte permutes taking bytes 0..3 and 2..5 of the lane's
+    // 6 bytes from the two words at 6g & ~3 (they start at byte 2 (g & 1)).
+    [[maybe_unused]] const std::uint32_t low_selector = g & 1 ? 0x5432u : 0x3210u;
+    [[maybe_unused]] const std::uint32_t high_selector = g & 1 ? 0x7654u : 0x5432u;
 
     // O^T accumulators: dim tile m, rows g (dim 16g + 2m) and g + 8 (dim 16g + 2m + 1), heads 2c, 2c + 1.
     float acc[HeadTiles][kDimTiles][4];
@@ -719,17 +723,20 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         pb[nt][1] = transpose_8x8(pack_f16(p_token[1][0], p_token[1][1]));
       }
 
-      // O^T += V^T P'^T. Dim tile m takes the codes of dims 16g + 2m (row g,
-      // exact c) and 16g + 2m + 1 (row g + 8, fp16 1 + c/64 for 4 bits, 1 + c/128
-      // for 3 bits) of the tokens 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9 (a2, a3).
-      const auto mma_values = [&](int m, std::uint32_t first, std::uint32_t second) {
-        // first / second: the code pair (low code, high code) of two tokens at bits 0.. and 16..
-        constexpr std::uint32_t kLow = value_bits(Format) == 4 ? 0x000f000fu : 0x00070007u;
-        constexpr std::uint32_t kHigh = value_bits(Format) == 4 ? 0x00f000f0u : 0x00380038u;
-        const std::uint32_t a[4] = {sub_f16x2(mask_or<kLow, kHalf1024>(first), kHalf1024), mask_or<kHigh, kHalfOnes>(first),
-                                    sub_f16x2(mask_or<kLow, kHalf1024>(second), kHalf1024), mask_or<kHigh, kHalfOnes>(second)};
+      // O^T += V^T P'^T. Dim tile m takes the codes of dims 16g + 2m (row g)
+      // and 16g + 2m + 1 (row g + 8) of the tokens 2c, 2c + 1 (a0, a1) and
+      // 2c + 8, 2c + 9 (a2, a3), each pair of tokens in the two fp16 halves
+      // of a window (value_code_encoding).
+      const auto mma_values = [&](int m, const std::uint32_t (&a)[4]) {
 #pragma unroll
         for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(acc[nt][m], a, pb[nt][0], pb[nt][1]);
+      };
+      // The operand of code `Code` from the window holding it at bit `position` of both halves.
+      const auto operand = [&]<int Code>(std::uint32_t window) {
+        constexpr ValueCodeEncoding kEncoding = value_code_encoding(Format, Code);
+        constexpr std::uint32_t kMask = (value_bits(Format) == 4 ? 0x000f000fu : 0x00070007u) << kEncoding.position;
+        if constexpr (kEncoding.exact) return sub_f16x2(mask_or<kMask, kHalf1024>(window), kHalf1024);
+        return mask_or<kMask, kHalfOnes>(window);
       };
       if constexpr (value_bits(Format) == 4) {
         // Byte m of each token's 8 bytes: low nibble dim 16g + 2m, high nibble 16g + 2m + 1.
@@ -737,36 +744,51 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         const uint2 v1 = load_shared<uint2>(stage + value_offset[1]);
         const uint2 v2 = load_shared<uint2>(stage + value_offset[2]);
         const uint2 v3 = load_shared<uint2>(stage + value_offset[3]);
-#pragma unroll
-        for (int m = 0; m < kDimTiles; ++m) {
-          const int b = m & 3;
-          const std::uint32_t selector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
-          mma_values(m, __byte_perm(m < 4 ? v0.x : v0.y, m < 4 ? v1.x : v1.y, selector),   // tokens 2c, 2c + 1
-                     __byte_perm(m < 4 ? v2.x : v2.y, m < 4 ? v3.x : v3.y, selector));  // tokens 2c + 8, 2c + 9
-        }
+        [&]<int... M>(std::integer_sequence<int, M...>) {
+          const auto dim_tile = [&]<int Tile>() {
+            constexpr int b = Tile & 3;
+            constexpr std::uint32_t kSelector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
+            const std::uint32_t first = __byte_perm(Tile < 4 ? v0.x : v0.y, Tile < 4 ? v1.x : v1.y, kSelector);  // tokens 2c, 2c + 1
+            const std::uint32_t second = __byte_perm(Tile < 4 ? v2.x : v2.y, Tile < 4 ? v3.x : v3.y, kSelector);  // 2c + 8, 2c + 9
+            mma_values(Tile, {operand.template operator()<2 * Tile>(first), operand.template operator()<2 * Tile + 1>(first),
+                              operand.template operator()<2 * Tile>(second), operand.template operator()<2 * Tile + 1>(second)});
+          };
+          (dim_tile.template operator()<M>(), ...);
+        }(std::make_integer_sequence<int, kDimTiles>{});
       } else {
-        // The lane's 48 bits of each token (dims 16g..16g+15) brought to bit
-        // 0 of (high : low); the 6 bits at 6m are the code pair of dim tile m.
+        // Each token's 6 bytes (dims 16g..16g+15) start at byte 2 (g & 1) of
+        // its first word: bytes 0..3 of them to `low`, bytes 2..5 to `high`.
         std::uint32_t low[4], high[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const int token_offset = (k >> 1) * Layout::kValueOffset8Tokens;
           const std::uint32_t w0 = load_shared<std::uint32_t>(stage + value_word[k & 1][0] + token_offset);
           const std::uint32_t w1 = load_shared<std::uint32_t>(stage + value_word[k & 1][1] + token_offset);
-          low[k] = __funnelshift_r(w0, w1, value_shift);
-          high[k] = w1 >> value_shift;
+          low[k] = __byte_perm(w0, w1, low_selector);
+          high[k] = __byte_perm(w0, w1, high_selector);
         }
-        const auto code_pair = [&](int k, int m) {
-          if (m < 5) return low[k] >> (6 * m);
-          if (m == 5) return __funnelshift_r(low[k], high[k], 30);
-          return high[k] >> (6 * m - 32);
-        };
+        // Window b of a token pair: bytes b, b + 1 of the first token, then of the second.
+        std::uint32_t window[2][6];
 #pragma unroll
-        for (int m = 0; m < kDimTiles; ++m) {
-          // Byte 0 of each token's pair to byte 0 (first token) and byte 2 (second).
-          mma_values(m, __byte_perm(code_pair(0, m), code_pair(1, m), 0x0400u),
-                     __byte_perm(code_pair(2, m), code_pair(3, m), 0x0400u));
+        for (int pair = 0; pair < 2; ++pair) {
+          const int first = 2 * pair, second = 2 * pair + 1;
+          window[pair][0] = __byte_perm(low[first], low[second], 0x5410u);
+          window[pair][1] = __byte_perm(low[first], low[second], 0x6521u);
+          window[pair][2] = __byte_perm(low[first], low[second], 0x7632u);
+          window[pair][3] = __byte_perm(high[first], high[second], 0x6521u);
+          window[pair][4] = __byte_perm(high[first], high[second], 0x7632u);
+          window[pair][5] = __byte_perm(high[first], high[second], 0x7733u);  // byte 5 alone: its codes sit at bits 2 and 5
         }
+        [&]<int... M>(std::integer_sequence<int, M...>) {
+          const auto dim_tile = [&]<int Tile>() {
+            constexpr int kEven = 3 * (2 * Tile) / 8, kOdd = 3 * (2 * Tile + 1) / 8;  // windows of codes 2 Tile, 2 Tile + 1
+            mma_values(Tile, {operand.template operator()<2 * Tile>(window[0][kEven]),
+                              operand.template operator()<2 * Tile + 1>(window[0][kOdd]),
+                              operand.template operator()<2 * Tile>(window[1][kEven]),
+                              operand.template operator()<2 * Tile + 1>(window[1][kOdd])});
+          };
+          (dim_tile.template operator()<M>(), ...);
+        }(std::make_integer_sequence<int, kDimTiles>{});
       }
       {
         const std::uint32_t ones[4] = {kHalfOnes, kHalfOnes, kHalfOnes, kHalfOnes};
@@ -791,8 +813,12 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     }
     __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer
     auto& merge = *reinterpret_cast<typename Shared::Merge*>(shared);
-    // High codes were summed as fp16 1 + c/64 (4-bit codes) or 1 + c/128 (3-bit).
-    constexpr float kHighCodeScale = value_bits(Format) == 4 ? 64.0f : 128.0f;
+    // Value code `code`'s sum over the tokens, from its accumulator (value_code_encoding).
+    const auto code_sum = [](float accumulated, float ones, float zero, int code) {
+      const ValueCodeEncoding encoding = value_code_encoding(Format, code);
+      if (!encoding.exact) return fmaf(accumulated - ones, static_cast<float>(1 << (10 - encoding.position)), zero);
+      return encoding.position == 0 ? accumulated + zero : fmaf(accumulated, 1.0f / static_cast<float>(1 << encoding.position), zero);
+    };
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
@@ -802,7 +828,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
 #pragma unroll
         for (int m = 0; m < kDimTiles; ++m) {
           *reinterpret_cast<float2*>(out + merge_dim(row, 16 * g + 2 * m)) =
-              make_float2(acc[nt][m][e] + zero_sum[nt][e], fmaf(acc[nt][m][2 + e] - pv_sum[nt][e], kHighCodeScale, zero_sum[nt][e]));
+              make_float2(code_sum(acc[nt][m][e], pv_sum[nt][e], zero_sum[nt][e], 2 * m),
+                          code_sum(acc[nt][m][2 + e], pv_sum[nt][e], zero_sum[nt][e], 2 * m + 1));
         }
         if (g == 0) {
           merge.max[head_warp][row] = row_max[nt][e];

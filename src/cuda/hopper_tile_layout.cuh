@@ -96,6 +96,24 @@ enum class CacheFormat { mse4, mse3, mse3_v3, fp8 };
 constexpr bool three_bit_keys(CacheFormat format) { return format == CacheFormat::mse3 || format == CacheFormat::mse3_v3; }
 constexpr int value_bits(CacheFormat format) { return format == CacheFormat::mse3_v3 ? 3 : 4; }
 
+// How value code `code` of a lane's 16 (dims 16g + code) enters the mma: at
+// bit `position` of an fp16 mantissa, either exact (1024 + c 2^position, the
+// 1024 subtracted in fp16, scaled by 2^-position after the loop) or as
+// 1 + c 2^(position - 10), whose ones are subtracted after the loop (the
+// sum of P' against ones) and the rest scaled by 2^(10 - position). 4-bit
+// values: byte m of a token holds codes 2m (exact) and 2m + 1 (position 4).
+// 3-bit values: code i is bits 3i..3i+2 of the lane's 48, taken from a
+// 16-bit window at byte 3i / 8 (position 3i % 8); the positions below 3
+// take the exact form, so no code is summed less precisely than 1 + c/128.
+struct ValueCodeEncoding {
+  bool exact;
+  int position;
+};
+constexpr ValueCodeEncoding value_code_encoding(CacheFormat format, int code) {
+  if (value_bits(format) == 4) return code % 2 == 0 ? ValueCodeEncoding{true, 0} : ValueCodeEncoding{false, 4};
+  return {3 * code % 8 < 3, 3 * code % 8};
+}
+
 // A per-token run of `Chunks` 16-byte chunks (Chunks even, not dividing 32)
 // for the tile's 16 tokens, packed: copy i takes chunks 32 i .. 32 i + 31 of
 // the tile's 16 Chunks, chunk q being chunk q % Chunks of token q / Chunks.
