@@ -10,7 +10,8 @@
 // byte pair converts to an fp16 pair (exact) and S^T = K Q^T runs in fp16
 // with the query rounded to fp16 (exact for fp16 queries and for bf16 values
 // of magnitude 2^-14 to 65504); and in how value codes reach the O^T mma
-// (4-bit: one byte permute per two tokens; 3-bit: a shift per token first).
+// (4-bit: one byte permute per two tokens; 3-bit: six byte windows per two
+// tokens, value_code_encoding).
 //
 // Grid (partition, kv head, sequence). Two CTAs of 8 warps per SM, or for
 // 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on

@@ -99,10 +99,10 @@ __device__ __forceinline__ void named_barrier_sync(int threads) {
 
 /// Barrier over `threads` threads (a multiple of 32) that use barrier
 /// 1 + `index` (index < Count <= 15). Also orders their shared-memory
-/// accesses. The barrier id is an immediate of each branch: with a register
-/// id, compute-sanitizer's racecheck reported 2136 hazards across the
-/// __syncthreads after the scalar kernel's tile loop, with immediates 40
-/// (docs/RELIABILITY.md, open findings).
+/// accesses. The barrier id is an immediate of each branch: racecheck reports
+/// false hazards across a __syncthreads that follows bar.sync of unequal
+/// trip counts, 2136 on a scalar-kernel test with a register id, 40 with
+/// immediates (docs/RELIABILITY.md, resolved findings).
 template <int Count>
 __device__ __forceinline__ void named_barrier_sync(int index, int threads) {
   [&]<int... I>(std::integer_sequence<int, I...>) {
