@@ -219,8 +219,9 @@ struct ValueArea {
 // lead + 12c + 4w) lands in bank 4 (chunk ^ t) + word, and the words 3c + w
 // mod 4 of the four lanes of a token differ, so the 32 lanes' loads are
 // conflict-free, as are the values' 8-byte loads. Then the 3 fp16 fields.
-// (Dense key and value areas filled by DenseRunCopy / TokenRunCopy<4> cost
-// 48 % excess shared wavefronts and 37 % excess L2 sectors: bench/NOTES.md, v3.16.)
+// (A dense 48-byte key area and a value area of two tokens per row had cost
+// 48 % excess shared wavefronts and 37 % excess L2 sectors, 220 against
+// 167 us at (16, 32768): bench/NOTES.md, v3.16 and v3.17.)
 template <>
 struct TileLayout<CacheFormat::mse3> {
   static constexpr int kKeyBytes = kHeadDim * 3 / 8;  // 48
@@ -281,8 +282,8 @@ struct TileLayout<CacheFormat::mse3> {
 // 48 + 6g: the two 4-byte words from byte 48 + (6g & ~3) (bit 16 (g & 1)
 // onwards), which may lie in two chunks; the four tokens' words share a bank
 // at most pairwise (as in any row layout of whole chunks). Then the 3 fp16
-// fields. (Dense 48-byte key and value areas cost a third of the copies and
-// excess shared wavefronts: bench/NOTES.md, v3.17.)
+// fields. (Dense 48-byte key and value areas took four copies a tile; this
+// layout's three gained 1.4 %: bench/NOTES.md, v3.17.)
 template <>
 struct TileLayout<CacheFormat::mse3_v3> {
   static constexpr int kKeyBytes = kHeadDim * 3 / 8;    // 48
