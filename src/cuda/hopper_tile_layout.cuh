@@ -113,6 +113,17 @@ constexpr ValueCodeEncoding value_code_encoding(CacheFormat format, int code) {
   if (value_bits(format) == 4) return code % 2 == 0 ? ValueCodeEncoding{true, 0} : ValueCodeEncoding{false, 4};
   return {3 * code % 8 < 3, 3 * code % 8};
 }
+// Every code fits its fp16 mantissa (10 bits), and no code is summed less
+// precisely than 1 + c/128 (1 + c/64 for 4-bit high nibbles).
+static_assert([] {
+  for (CacheFormat format : {CacheFormat::mse4, CacheFormat::mse3_v3}) {
+    for (int code = 0; code < 16; ++code) {
+      const ValueCodeEncoding encoding = value_code_encoding(format, code);
+      if (encoding.position + value_bits(format) > 10 || (!encoding.exact && encoding.position < 3)) return false;
+    }
+  }
+  return true;
+}());
 
 // A per-token run of `Chunks` 16-byte chunks (Chunks even, not dividing 32)
 // for the tile's 16 tokens, packed: copy i takes chunks 32 i .. 32 i + 31 of
