@@ -71,7 +71,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
-#include <utility>
 
 #include "cuda_check.hpp"
 #include "device_utils.cuh"
@@ -462,10 +461,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     int key_offset[2][kKeyLoads];
     [[maybe_unused]] int value_offset[4];  // 4-bit values
     // 3-bit values: words 0 and 1 of tokens 2c and 2c + 1 (those of 2c + 8
-    // and 2c + 9 are Layout::kValueOffset8Tokens further).
+    // and 2c + 9 are Layout::kOffset8Tokens further).
     [[maybe_unused]] int value_word[2][2];
     // 3-bit keys: the lane's three key words of token g (token g + 8's are
-    // Layout::kKeyOffset8Tokens further).
+    // Layout::kOffset8Tokens further).
     [[maybe_unused]] int key_word[3];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -569,7 +568,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         for (int j = 0; j < 2; ++j) {
 #pragma unroll
           for (int w = 0; w < 3; ++w) {
-            words[j][w] = load_shared<std::uint32_t>(stage + key_word[w] + j * Layout::kKeyOffset8Tokens);
+            words[j][w] = load_shared<std::uint32_t>(stage + key_word[w] + j * Layout::kOffset8Tokens);
           }
         }
         const auto lookup = [&](const std::uint32_t (&bits)[3], int first_bit) {
@@ -745,24 +744,21 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         const uint2 v1 = load_shared<uint2>(stage + value_offset[1]);
         const uint2 v2 = load_shared<uint2>(stage + value_offset[2]);
         const uint2 v3 = load_shared<uint2>(stage + value_offset[3]);
-        [&]<int... M>(std::integer_sequence<int, M...>) {
-          const auto dim_tile = [&]<int Tile>() {
-            constexpr int b = Tile & 3;
-            constexpr std::uint32_t kSelector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
-            const std::uint32_t first = __byte_perm(Tile < 4 ? v0.x : v0.y, Tile < 4 ? v1.x : v1.y, kSelector);  // tokens 2c, 2c + 1
-            const std::uint32_t second = __byte_perm(Tile < 4 ? v2.x : v2.y, Tile < 4 ? v3.x : v3.y, kSelector);  // 2c + 8, 2c + 9
-            mma_values(Tile, {operand.template operator()<2 * Tile>(first), operand.template operator()<2 * Tile + 1>(first),
-                              operand.template operator()<2 * Tile>(second), operand.template operator()<2 * Tile + 1>(second)});
-          };
-          (dim_tile.template operator()<M>(), ...);
-        }(std::make_integer_sequence<int, kDimTiles>{});
+        static_for<kDimTiles>([&]<int Tile>() {
+          constexpr int b = Tile & 3;
+          constexpr std::uint32_t kSelector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
+          const std::uint32_t first = __byte_perm(Tile < 4 ? v0.x : v0.y, Tile < 4 ? v1.x : v1.y, kSelector);  // tokens 2c, 2c + 1
+          const std::uint32_t second = __byte_perm(Tile < 4 ? v2.x : v2.y, Tile < 4 ? v3.x : v3.y, kSelector);  // 2c + 8, 2c + 9
+          mma_values(Tile, {operand.template operator()<2 * Tile>(first), operand.template operator()<2 * Tile + 1>(first),
+                            operand.template operator()<2 * Tile>(second), operand.template operator()<2 * Tile + 1>(second)});
+        });
       } else {
         // Each token's 6 bytes (dims 16g..16g+15) start at byte 2 (g & 1) of
         // its first word: bytes 0..3 of them to `low`, bytes 2..5 to `high`.
         std::uint32_t low[4], high[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const int token_offset = (k >> 1) * Layout::kValueOffset8Tokens;
+          const int token_offset = (k >> 1) * Layout::kOffset8Tokens;
           const std::uint32_t w0 = load_shared<std::uint32_t>(stage + value_word[k & 1][0] + token_offset);
           const std::uint32_t w1 = load_shared<std::uint32_t>(stage + value_word[k & 1][1] + token_offset);
           low[k] = __byte_perm(w0, w1, low_selector);
@@ -780,16 +776,13 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
           window[pair][4] = __byte_perm(high[first], high[second], 0x7632u);
           window[pair][5] = __byte_perm(high[first], high[second], 0x7733u);  // byte 5 alone: its codes sit at bits 2 and 5
         }
-        [&]<int... M>(std::integer_sequence<int, M...>) {
-          const auto dim_tile = [&]<int Tile>() {
-            constexpr int kEven = 3 * (2 * Tile) / 8, kOdd = 3 * (2 * Tile + 1) / 8;  // windows of codes 2 Tile, 2 Tile + 1
-            mma_values(Tile, {operand.template operator()<2 * Tile>(window[0][kEven]),
-                              operand.template operator()<2 * Tile + 1>(window[0][kOdd]),
-                              operand.template operator()<2 * Tile>(window[1][kEven]),
-                              operand.template operator()<2 * Tile + 1>(window[1][kOdd])});
-          };
-          (dim_tile.template operator()<M>(), ...);
-        }(std::make_integer_sequence<int, kDimTiles>{});
+        static_for<kDimTiles>([&]<int Tile>() {
+          constexpr int kEven = 3 * (2 * Tile) / 8, kOdd = 3 * (2 * Tile + 1) / 8;  // windows of codes 2 Tile, 2 Tile + 1
+          mma_values(Tile, {operand.template operator()<2 * Tile>(window[0][kEven]),
+                            operand.template operator()<2 * Tile + 1>(window[0][kOdd]),
+                            operand.template operator()<2 * Tile>(window[1][kEven]),
+                            operand.template operator()<2 * Tile + 1>(window[1][kOdd])});
+        });
       }
       {
         const std::uint32_t ones[4] = {kHalfOnes, kHalfOnes, kHalfOnes, kHalfOnes};

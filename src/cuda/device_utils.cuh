@@ -91,6 +91,13 @@ __device__ __forceinline__ unsigned arrive_acq_rel(unsigned* counter) {
   return before;
 }
 
+/// Calls body.template operator()<I>() for I = 0 .. Count - 1: loops whose
+/// index must be a compile-time constant (an asm immediate, a template argument).
+template <int Count, class Body>
+__device__ __forceinline__ void static_for(Body&& body) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (body.template operator()<I>(), ...); }(std::make_integer_sequence<int, Count>{});
+}
+
 template <int Id>
 __device__ __forceinline__ void named_barrier_sync(int threads) {
   static_assert(Id >= 1 && Id < 16, "barrier 0 is __syncthreads; there are 16");
@@ -105,9 +112,9 @@ __device__ __forceinline__ void named_barrier_sync(int threads) {
 /// immediates (docs/RELIABILITY.md, resolved findings).
 template <int Count>
 __device__ __forceinline__ void named_barrier_sync(int index, int threads) {
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    ((index == I ? named_barrier_sync<1 + I>(threads) : void()), ...);
-  }(std::make_integer_sequence<int, Count>{});
+  static_for<Count>([&]<int I>() {
+    if (index == I) named_barrier_sync<1 + I>(threads);
+  });
 }
 
 }  // namespace tqdecode::cuda

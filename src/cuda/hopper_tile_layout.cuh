@@ -254,7 +254,7 @@ struct TileLayout<CacheFormat::mse3> {
     return row_offset(token, lead(head) + 12 * c + 4 * w);
   }
   /// From a token's key words to those of the token 8 later (the same swizzle).
-  static constexpr int kKeyOffset8Tokens = 8 * kRowBytes;
+  static constexpr int kOffset8Tokens = 8 * kRowBytes;
   /// The lane's 8 value bytes of `token`.
   __device__ static int value_offset(int token, int g, int head) {
     return row_offset(token, lead(head) + kKeyBytes + 8 * g);
@@ -314,8 +314,7 @@ struct TileLayout<CacheFormat::mse3_v3> {
   /// Key word w (of 3) of the lane's 12 key bytes (dims 32c..32c+31) of `token`.
   __device__ static int key_word_offset(int token, int c, int w, int /*head*/) { return row_offset(token, 12 * c + 4 * w); }
   /// From a token's words to those of the token 8 later (rotation(t + 8) = rotation(t)).
-  static constexpr int kKeyOffset8Tokens = 8 * kRowBytes;
-  static constexpr int kValueOffset8Tokens = 8 * kRowBytes;
+  static constexpr int kOffset8Tokens = 8 * kRowBytes;
   /// Value word w (of 2) of lane g for `token`.
   __device__ static int value_word_offset(int token, int g, int w) {
     return row_offset(token, kKeyBytes + ((6 * g) & ~3) + 4 * w);
