@@ -11,7 +11,7 @@
 // with the query rounded to fp16 (exact for fp16 queries and for bf16 values
 // of magnitude 2^-14 to 65504); and in how value codes reach the O^T mma
 // (4-bit: one byte permute per two tokens; 3-bit: six byte windows per two
-// tokens, value_code_encoding).
+// tokens, value_code_position).
 //
 // Grid (partition, kv head, sequence). Two CTAs of 8 warps per SM, or for
 // 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
@@ -49,13 +49,14 @@
 //   permute form the address). The key norm is folded into the score.
 // - The head-dim order inside a k-step is permuted (the query uses the same
 //   permutation) so each lane's key operand is 16 contiguous bytes.
-// - Values: one byte permute pairs the same byte of two tokens; its low
-//   nibbles become fp16 c exactly ((x & 0xf) | 0x6400 is 1024 + c, minus
-//   1024) and its high nibbles fp16 (1 + c/64) by one mask-and-or (c lands in
-//   mantissa bits 7..4). Scale and zero fold into the probabilities:
+// - Values: one byte permute pairs the same byte of two tokens; one
+//   mask-and-or makes its low nibbles fp16 (1 + c/1024) ((x & 0xf) | 0x3c00)
+//   and its high nibbles fp16 (1 + c/64) (c in mantissa bits 7..4). Scale and
+//   zero fold into the probabilities:
 //     sum_t p_t (c_t s_t + z_t) = sum_t P'_t c_t + sum_t p_t z_t,  P'_t = fp16(p_t s_t)
-//   and for high nibbles sum_t P'_t c_t = 64 (sum_t P'_t (1 + c_t/64) - sum_t P'_t),
-//   sum_t P'_t coming from one extra mma with an all-ones operand.
+//   and sum_t P'_t c_t = 2^(10-p) (sum_t P'_t (1 + c_t 2^(p-10)) - sum_t P'_t)
+//   for a code at mantissa bit p, sum_t P'_t coming from one extra mma with
+//   an all-ones operand.
 // - Output dims are permuted (dims 16 g + 2 m + {0, 1} in m-tile m, rows g
 //   and g + 8) and restored in the merge.
 // - Softmax runs in base 2 (log2 e folded into the score scale) and rescales
@@ -726,16 +727,15 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       // O^T += V^T P'^T. Dim tile m takes the codes of dims 16g + 2m (row g)
       // and 16g + 2m + 1 (row g + 8) of the tokens 2c, 2c + 1 (a0, a1) and
       // 2c + 8, 2c + 9 (a2, a3), each pair of tokens in the two fp16 halves
-      // of a window (value_code_encoding).
+      // of a window (value_code_position).
       const auto mma_values = [&](int m, const std::uint32_t (&a)[4]) {
 #pragma unroll
         for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(acc[nt][m], a, pb[nt][0], pb[nt][1]);
       };
       // The operand of code `Code` from the window holding it at bit `position` of both halves.
       const auto operand = [&]<int Code>(std::uint32_t window) {
-        constexpr ValueCodeEncoding kEncoding = value_code_encoding(Format, Code);
-        constexpr std::uint32_t kMask = (value_bits(Format) == 4 ? 0x000f000fu : 0x00070007u) << kEncoding.position;
-        if constexpr (kEncoding.exact) return sub_f16x2(mask_or<kMask, kHalf1024>(window), kHalf1024);
+        constexpr std::uint32_t kMask = (value_bits(Format) == 4 ? 0x000f000fu : 0x00070007u)
+                                        << value_code_position(Format, Code);
         return mask_or<kMask, kHalfOnes>(window);
       };
       if constexpr (value_bits(Format) == 4) {
@@ -807,11 +807,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     }
     __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer
     auto& merge = *reinterpret_cast<typename Shared::Merge*>(shared);
-    // Value code `code`'s sum over the tokens, from its accumulator (value_code_encoding).
+    // Value code `code`'s sum over the tokens, from its accumulator (value_code_position).
     const auto code_sum = [](float accumulated, float ones, float zero, int code) {
-      const ValueCodeEncoding encoding = value_code_encoding(Format, code);
-      if (!encoding.exact) return fmaf(accumulated - ones, static_cast<float>(1 << (10 - encoding.position)), zero);
-      return encoding.position == 0 ? accumulated + zero : fmaf(accumulated, 1.0f / static_cast<float>(1 << encoding.position), zero);
+      return fmaf(accumulated - ones, static_cast<float>(1 << (10 - value_code_position(Format, code))), zero);
     };
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) {

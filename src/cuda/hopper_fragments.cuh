@@ -13,7 +13,6 @@
 namespace tqdecode::cuda::hopper {
 
 constexpr std::uint32_t kHalfOnes = 0x3c003c00u;  // fp16 (1, 1)
-constexpr std::uint32_t kHalf1024 = 0x64006400u;  // fp16 (1024, 1024)
 
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
@@ -23,11 +22,6 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
 __device__ __forceinline__ std::uint32_t pack_f16(float lo, float hi) {
   const __half2 pair = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&pair);
-}
-
-__device__ __forceinline__ std::uint32_t sub_f16x2(std::uint32_t a, std::uint32_t b) {
-  const __half2 difference = __hsub2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
-  return *reinterpret_cast<const std::uint32_t*>(&difference);
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -97,29 +97,24 @@ constexpr bool three_bit_keys(CacheFormat format) { return format == CacheFormat
 constexpr int value_bits(CacheFormat format) { return format == CacheFormat::mse3_v3 ? 3 : 4; }
 
 // How value code `code` of a lane's 16 (dims 16g + code) enters the mma: at
-// bit `position` of an fp16 mantissa, either exact (1024 + c 2^position, the
-// 1024 subtracted in fp16, scaled by 2^-position after the loop) or as
-// 1 + c 2^(position - 10), whose ones are subtracted after the loop (the
-// sum of P' against ones) and the rest scaled by 2^(10 - position). 4-bit
-// values: byte m of a token holds codes 2m (exact) and 2m + 1 (position 4).
-// 3-bit values: code i is bits 3i..3i+2 of the lane's 48, taken from a
-// 16-bit window at byte 3i / 8 (position 3i % 8); the positions below 3
-// take the exact form, so no code is summed less precisely than 1 + c/128.
-struct ValueCodeEncoding {
-  bool exact;
-  int position;
-};
-constexpr ValueCodeEncoding value_code_encoding(CacheFormat format, int code) {
-  if (value_bits(format) == 4) return code % 2 == 0 ? ValueCodeEncoding{true, 0} : ValueCodeEncoding{false, 4};
-  return {3 * code % 8 < 3, 3 * code % 8};
+// bit `position` of an fp16 mantissa whose exponent is that of 1, so the
+// operand is 1 + c 2^(position - 10). The ones are subtracted after the loop
+// (the sum of P' against ones, from the same mma accumulation) and the rest
+// is scaled by 2^(10 - position); one mask-and-or builds each operand, with
+// no fp16 subtraction. The cost is precision: the fp32 rounding of a sum of
+// magnitude sum P' becomes 2^(position - 14) of a code step at most per
+// addition (bench/NOTES.md, v3.18). 4-bit values: byte m of a token holds
+// codes 2m (position 0) and 2m + 1 (position 4). 3-bit values: code i is
+// bits 3i..3i+2 of the lane's 48, taken from a 16-bit window at byte 3i / 8
+// (position 3i % 8).
+constexpr int value_code_position(CacheFormat format, int code) {
+  return value_bits(format) == 4 ? 4 * (code % 2) : 3 * code % 8;
 }
-// Every code fits its fp16 mantissa (10 bits), and no code is summed less
-// precisely than 1 + c/128 (1 + c/64 for 4-bit high nibbles).
+// Every code fits its fp16 mantissa (10 bits).
 static_assert([] {
   for (CacheFormat format : {CacheFormat::mse4, CacheFormat::mse3_v3}) {
     for (int code = 0; code < 16; ++code) {
-      const ValueCodeEncoding encoding = value_code_encoding(format, code);
-      if (encoding.position + value_bits(format) > 10 || (!encoding.exact && encoding.position < 3)) return false;
+      if (value_code_position(format, code) + value_bits(format) > 10) return false;
     }
   }
   return true;
