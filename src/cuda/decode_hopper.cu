@@ -96,12 +96,18 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
 
-/// Per-warp partial results of a CTA, merged before the partition's are written.
+/// Per-warp partial results of a CTA, merged before the partition's are
+/// written: first each row's maximum, sum and warp weights, once per row,
+/// then the weighted outputs, one head dim per thread.
 template <int Warps, int Rows>
 struct MergeStorage {
+  static_assert(Warps <= 32, "one lane per warp in the row merge");
   float out[Warps][Rows][kHeadDim];
   float max[Warps][Rows];
   float sum[Warps][Rows];
+  float weight[Warps][Rows];  // exp2(max - the row's merged max), 0 for a warp without tiles
+  float merged_max[Rows];     // base-2 units
+  float merged_sum[Rows];     // NaN when a warp's row is NaN
 };
 
 // The online softmax moves a row's reference maximum only when a score
@@ -830,26 +836,36 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       }
     }
     __syncthreads();
+    // Each row's maximum, weights and sum, once per row: one warp per row,
+    // lane w holding warp w's (every thread computing them for its own head
+    // dims had made the merge about 40 % of a small grid's loop; bench/NOTES.md, v3.18).
+    // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
+    // non-finite query) makes the partition NaN so the reduction keeps it.
+    for (int row = warp; row < kCtaRows; row += kWarps) {
+      if (!row_valid(row)) continue;
+      const bool present = lane < kWarpsPerHead;
+      const float max = present ? merge.max[lane][row] : -INFINITY;
+      const float sum = present ? merge.sum[lane][row] : 0.0f;
+      const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
+      const float merged_max = warp_max(isnan(max) ? -INFINITY : max);
+      const float weight = max == -INFINITY ? 0.0f : fast_exp2(max - merged_max);
+      const float merged_sum = warp_sum(weight * sum);
+      if (present) merge.weight[lane][row] = weight;
+      if (lane == 0) {
+        merge.merged_max[row] = any_nan ? __uint_as_float(0x7fc00000u) : merged_max;
+        merge.merged_sum[row] = any_nan ? __uint_as_float(0x7fc00000u) : merged_sum;
+      }
+    }
+    __syncthreads();
     for (int row = first_row; row < kCtaRows; row += kRowStep) {
       if (!row_valid(row)) continue;
-      // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
-      // non-finite query) makes the partition NaN so the reduction keeps it.
-      float merged_max = -INFINITY;
-      bool any_nan = false;
+      float merged_out = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarpsPerHead; ++w) {
-        merged_max = merge_max(merged_max, merge.max[w][row]);
-        any_nan |= partition_is_nan(merge.max[w][row], merge.sum[w][row]);
+        merged_out = fmaf(merge.weight[w][row], merge.out[w][row][merge_dim(row, dim)], merged_out);
       }
-      float merged_sum = 0.0f, merged_out = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarpsPerHead; ++w) {
-        const float weight = merge.max[w][row] == -INFINITY ? 0.0f : fast_exp2(merge.max[w][row] - merged_max);
-        merged_sum = fmaf(weight, merge.sum[w][row], merged_sum);
-        merged_out = fmaf(weight, merge.out[w][row][merge_dim(row, dim)], merged_out);
-      }
-      if (any_nan) merged_max = merged_sum = merged_out = __uint_as_float(0x7fc00000u);
-      finish_row(row, merged_max * kLn2, merged_sum, merged_out / merged_sum);
+      const float merged_sum = merge.merged_sum[row];
+      finish_row(row, merge.merged_max[row] * kLn2, merged_sum, merged_out / merged_sum);
     }
   }
   if (num_partitions == 1) return;  // finish_row wrote the output
