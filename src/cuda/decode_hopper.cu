@@ -35,7 +35,9 @@
 //    The probabilities come out of the first product as an 8x8 (token, head)
 //    fragment per 8 tokens; one movmatrix transposes each into the second
 //    product's B operand;
-// 3. merges its warps and writes the partition's (max, sum, normalized out);
+// 3. merges its warps (each row's maximum, warp weights and sum once, one
+//    warp per row; then the weighted outputs, one head dim per thread) and
+//    writes the partition's (max, sum, normalized out);
 // 4. if it is the last CTA of its (sequence, kv head) to finish, reduces the
 //    N partitions with the sink (one warp per query head, one lane per
 //    partition) and writes the output (then resets the arrival counter, so

@@ -102,7 +102,7 @@ constexpr int value_bits(CacheFormat format) { return format == CacheFormat::mse
 // (the sum of P' against ones, from the same mma accumulation) and the rest
 // is scaled by 2^(10 - position); one mask-and-or builds each operand, with
 // no fp16 subtraction. The cost is precision: the fp32 rounding of a sum of
-// magnitude sum P' becomes 2^(position - 14) of a code step at most per
+// magnitude sum P' becomes 2^-(14 + position) of a code step at most per
 // addition (bench/NOTES.md, v3.18). 4-bit values: byte m of a token holds
 // codes 2m (position 0) and 2m + 1 (position 4). 3-bit values: code i is
 // bits 3i..3i+2 of the lane's 48, taken from a 16-bit window at byte 3i / 8
