@@ -39,7 +39,8 @@
 //    warp per row; then the weighted outputs, one head dim per thread) and
 //    writes the partition's (max, sum, normalized out);
 // 4. if it is the last CTA of its (sequence, kv head) to finish, reduces the
-//    N partitions with the sink (one warp per query head, one lane per
+//    N partitions with the sink (one warp per query head, or per half of
+//    one where the CTA has twice as many warps as rows; one lane per
 //    partition) and writes the output (then resets the arrival counter, so
 //    CUDA-graph replays need no memset).
 //
@@ -74,6 +75,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 
 #include "cuda_check.hpp"
 #include "device_utils.cuh"
@@ -107,7 +109,7 @@ struct MergeStorage {
   float out[Warps][Rows][kHeadDim];
   float max[Warps][Rows];
   float sum[Warps][Rows];
-  float weight[Warps][Rows];  // exp2(max - the row's merged max), 0 for a warp without tiles
+  alignas(16) float weight[Rows][Warps];  // exp2(max - the row's merged max), 0 for a warp without tiles
   float merged_max[Rows];     // base-2 units
   float merged_sum[Rows];     // NaN when a warp's row is NaN
 };
@@ -852,7 +854,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       const float merged_max = warp_max(isnan(max) ? -INFINITY : max);
       const float weight = max == -INFINITY ? 0.0f : fast_exp2(max - merged_max);
       const float merged_sum = warp_sum(weight * sum);
-      if (present) merge.weight[lane][row] = weight;
+      if (present) merge.weight[row][lane] = weight;
       if (lane == 0) {
         merge.merged_max[row] = any_nan ? __uint_as_float(0x7fc00000u) : merged_max;
         merge.merged_sum[row] = any_nan ? __uint_as_float(0x7fc00000u) : merged_sum;
@@ -861,10 +863,22 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     __syncthreads();
     for (int row = first_row; row < kCtaRows; row += kRowStep) {
       if (!row_valid(row)) continue;
+      // The row's warp weights in 16-byte (8-byte) broadcast loads: a 4-byte
+      // load per warp and head dim had made the merge's loads 64 per thread (bench/NOTES.md, v3.19).
       float merged_out = 0.0f;
+      const auto add_warp = [&](int w, float weight) {
+        merged_out = fmaf(weight, merge.out[w][row][merge_dim(row, dim)], merged_out);
+      };
+      static_assert(kWarpsPerHead % 2 == 0, "the row's weights in 8- or 16-byte loads");
 #pragma unroll
-      for (int w = 0; w < kWarpsPerHead; ++w) {
-        merged_out = fmaf(merge.weight[w][row], merge.out[w][row][merge_dim(row, dim)], merged_out);
+      for (int w = 0; w < kWarpsPerHead; w += kWarpsPerHead % 4 == 0 ? 4 : 2) {
+        if constexpr (kWarpsPerHead % 4 == 0) {
+          const float4 weights = *reinterpret_cast<const float4*>(&merge.weight[row][w]);
+          add_warp(w, weights.x), add_warp(w + 1, weights.y), add_warp(w + 2, weights.z), add_warp(w + 3, weights.w);
+        } else {
+          const float2 weights = *reinterpret_cast<const float2*>(&merge.weight[row][w]);
+          add_warp(w, weights.x), add_warp(w + 1, weights.y);
+        }
       }
       const float merged_sum = merge.merged_sum[row];
       finish_row(row, merge.merged_max[row] * kLn2, merged_sum, merged_out / merged_sum);
@@ -885,26 +899,37 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
   }
   __syncthreads();
   if (!is_last) return;
-  // One warp per output row, lane q holding partition q. The partitions'
-  // rows are loaded together with their maxima and sums, kRowBatch at a
-  // time, so the reduction costs one round trip to L2 for N <= kRowBatch.
+  // One warp per output row, or per half row where the CTA has twice as many
+  // warps as rows (the 16-warp shape with one kv head: all warps load); lane
+  // q holds partition q's max and sum. The partitions' rows are loaded
+  // together with their maxima and sums, kRowBatch at a time, so the
+  // reduction costs one round trip to L2 for N <= kRowBatch.
   // The merge rule is partition_merge.cuh's, shared with the CUDA and CPU reducers.
   static_assert(kMaxPartitions <= 32, "one lane per partition");
   constexpr int kRowBatch = 16;  // 64 registers of partition rows
-  for (int row = warp; row < kCtaRows; row += kWarps) {
+  constexpr int kRowParts = kWarps >= 2 * kCtaRows ? 2 : 1;
+  constexpr int kLaneDims = 4 / kRowParts;  // dims first_dim + kLaneDims lane, ...
+  using LaneVector = std::conditional_t<kRowParts == 2, float2, float4>;
+  union LaneValues {
+    LaneVector vector;
+    float element[kLaneDims];
+  };
+  for (int item = warp; item < kCtaRows * kRowParts; item += kWarps) {
+    const int row = item / kRowParts;
     if (!row_valid(row)) continue;
+    const int first_dim = (item % kRowParts) * (kHeadDim / kRowParts) + kLaneDims * lane;
     const std::int64_t hq = query_head(row);
     const std::int64_t base = (static_cast<std::int64_t>(batch) * p.num_q_heads + hq) * num_partitions;
     const bool present = lane < num_partitions;
     const float max = present ? __ldcg(p.part_max + base + lane) : -INFINITY;
     const float sum = present ? __ldcg(p.part_sum + base + lane) : 0.0f;
-    float4 rows[kRowBatch];  // dims 4 lane .. 4 lane + 3 of partitions q0 + i
+    LaneValues rows[kRowBatch];  // dims first_dim .. + kLaneDims - 1 of partitions q0 + i
     const auto load_rows = [&](int q0) {
 #pragma unroll
       for (int i = 0; i < kRowBatch; ++i) {
-        rows[i] = q0 + i < num_partitions
-                      ? __ldcg(reinterpret_cast<const float4*>(p.part_out + (base + q0 + i) * kHeadDim) + lane)
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float* partition_row = p.part_out + (base + q0 + i) * kHeadDim;
+        rows[i].vector =
+            q0 + i < num_partitions ? __ldcg(reinterpret_cast<const LaneVector*>(partition_row + first_dim)) : LaneVector{};
       }
     };
     load_rows(0);
@@ -914,24 +939,20 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     const float merged_max = merge_max(sink, warp_max(isnan(max) ? -INFINITY : max));
     const float weight = present ? partition_weight(max, sum, merged_max) : 0.0f;
     const float own_weight = output_weight(weight, warp_sum(weight), any_tokens, any_nan, has_sink, sink, merged_max);
-    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float value[kLaneDims] = {};
     for (int q0 = 0; q0 < num_partitions; q0 += kRowBatch) {
       if (q0 > 0) load_rows(q0);
 #pragma unroll
       for (int i = 0; i < kRowBatch; ++i) {
         const float w = __shfl_sync(kFullMask, own_weight, (q0 + i) & 31);
         if (q0 + i < num_partitions && w != 0.0f) {
-          value.x = fmaf(w, rows[i].x, value.x);
-          value.y = fmaf(w, rows[i].y, value.y);
-          value.z = fmaf(w, rows[i].z, value.z);
-          value.w = fmaf(w, rows[i].w, value.w);
+#pragma unroll
+          for (int j = 0; j < kLaneDims; ++j) value[j] = fmaf(w, rows[i].element[j], value[j]);
         }
       }
     }
-    store_output(r, batch, hq, 4 * lane + 0, value.x);
-    store_output(r, batch, hq, 4 * lane + 1, value.y);
-    store_output(r, batch, hq, 4 * lane + 2, value.z);
-    store_output(r, batch, hq, 4 * lane + 3, value.w);
+#pragma unroll
+    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);
   }
 }
 
