@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Per-CTA phase clocks of the Hopper decode kernel (a tuning tool; bench/NOTES.md, v3.19).
+
+Copies this tree to DEST (without build directories) and patches the copy:
+thread 0 of every CTA records clock64 at eight points of the kernel (entry,
+after the wait for the previous kernel, first tiles issued, rotation done,
+its own main loop done, all warps done, partition written, arrival known,
+reduction done) and the globaltimer at entry and exit; tqdecode_bench then
+prints, after each automatic record, the spread of each phase over the CTAs
+of the last call. The library itself is never built this way.
+
+    python3 scripts/phase_clocks.py /tmp/phase
+    cmake -S /tmp/phase -B /tmp/phase/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DTQDECODE_TESTS=OFF -DTQDECODE_BENCH=ON -DTQDECODE_PYTHON=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real
+    cmake --build /tmp/phase/build --target tqdecode_bench
+    TQDECODE_PROGRAMMATIC_LAUNCH=0 /tmp/phase/build/tqdecode_bench --automatic-only --shapes b1_l32768_g8_bs16_4bit_nc
+
+With programmatic launch off each phase is the CTA's own (with it, early
+CTAs wait for the previous call). The patch anchors on the kernel's source
+text and fails loudly when that text has changed.
+"""
+import shutil
+import sys
+from pathlib import Path
+
+if len(sys.argv) != 2:
+    sys.exit(__doc__)
+tree = Path(__file__).resolve().parent.parent
+root = sys.argv[1]
+shutil.copytree(tree, root, ignore=shutil.ignore_patterns("build*", ".git", ".device", "__pycache__"))
+p = root + '/src/cuda/decode_hopper.cu'
+s = open(p).read()
+def rep(old, new, count=1):
+    global s
+    assert s.count(old) == count, (old, s.count(old))
+    s = s.replace(old, new)
+helpers = r'''
+namespace tqdecode::cuda::hopper {
+__device__ long long tq_phase[4096][12];
+__device__ __forceinline__ long long tq_globaltimer() { long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+__device__ __forceinline__ int tq_cta() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
+#define TQ_MARK(i) do { if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][i] = clock64(); } while (0)
+}
+'''
+# the recording helpers, before the kernel's namespace
+i = s.index('namespace tqdecode')
+s = s[:i] + helpers + s[i:]
+rep("  extern __shared__ __align__(128) std::uint8_t shared[];\n",
+    "  extern __shared__ __align__(128) std::uint8_t shared[];\n  if (threadIdx.x == 0 && tq_cta() < 4096) { tq_phase[tq_cta()][10] = tq_globaltimer(); tq_phase[tq_cta()][9] = 0; }\n  TQ_MARK(0);\n")
+rep("  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up\n#endif\n",
+    "  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up\n#endif\n  TQ_MARK(1);\n")
+# after the loop issuing the ring's first tiles
+rep("""      cp_async_commit();
+    }
+    if constexpr (kFp8) {""", """      cp_async_commit();
+    }
+    TQ_MARK(2);
+    if constexpr (kFp8) {""")
+rep("    int blocks_next = load_blocks(32);  // only now: the rotation needs the registers\n    __syncthreads();\n",
+    "    int blocks_next = load_blocks(32);  // only now: the rotation needs the registers\n    __syncthreads();\n    TQ_MARK(3);\n")
+rep("    cp_async_wait<0>();\n", "    cp_async_wait<0>();\n    TQ_MARK(4);\n")
+rep("    __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n",
+    "    __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n    TQ_MARK(5);\n")
+rep("  if (num_partitions == 1) return;  // finish_row wrote the output\n",
+    "  TQ_MARK(6);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n"
+    "  if (num_partitions == 1) return;  // finish_row wrote the output\n")
+rep("  if (!is_last) return;\n", "  TQ_MARK(7);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n  if (!is_last) return;\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][9] = 1;\n")
+rep("    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);\n  }\n}\n",
+    "    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);\n  }\n  TQ_MARK(8);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n}\n")
+s += r'''
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+namespace tqdecode::cuda {
+void dump_phase_times(int ctas) {
+  std::vector<long long> h(4096 * 12);
+  cudaMemcpyFromSymbol(h.data(), hopper::tq_phase, h.size() * sizeof(long long));
+  ctas = 0;
+  while (ctas < 4096 && h[ctas * 12 + 10] != 0) ++ctas;
+  if (ctas == 0) { std::printf("  no phase records\n"); return; }
+  long long t0 = h[10], t1 = h[11];
+  for (int c = 0; c < ctas; ++c) { t0 = std::min(t0, h[c * 12 + 10]); t1 = std::max(t1, h[c * 12 + 11]); }
+  std::printf("  phases over %d CTAs: globaltimer span %.2f us (first start to last end)\n", ctas, (t1 - t0) / 1e3);
+  const char* names[] = {"entry", "after wait", "first tiles issued", "rotation done (loop start)", "own loop end", "all warps done",
+                         "partition written", "arrival known", "reduction done"};
+  for (int ph = 1; ph <= 8; ++ph) {
+    std::vector<double> d;
+    for (int c = 0; c < ctas; ++c) {
+      const long long* r = &h[c * 12];
+      if (ph == 8 && r[9] != 1) continue;
+      if (r[ph] != 0 && r[ph - 1] != 0) d.push_back(double(r[ph] - r[ph - 1]));
+    }
+    if (d.empty()) continue;
+    std::sort(d.begin(), d.end());
+    std::printf("  %-28s cycles since previous: min %7.0f median %7.0f max %7.0f (n %zu)\n", names[ph], d.front(), d[d.size() / 2], d.back(), d.size());
+  }
+  std::vector<double> starts, ends;
+  for (int c = 0; c < ctas; ++c) { starts.push_back((h[c * 12 + 10] - t0) / 1e3); ends.push_back((h[c * 12 + 11] - t0) / 1e3); }
+  std::sort(starts.begin(), starts.end()); std::sort(ends.begin(), ends.end());
+  std::printf("  start (us after first): min %.2f median %.2f max %.2f; end: min %.2f median %.2f max %.2f\n", starts.front(),
+              starts[starts.size() / 2], starts.back(), ends.front(), ends[ends.size() / 2], ends.back());
+  double cyc = 0, ns = 0;
+  for (int c = 0; c < ctas; ++c) { const long long* r = &h[c * 12]; long long last = r[9] == 1 ? r[8] : r[7]; cyc += last - r[0]; ns += r[11] - r[10]; }
+  std::printf("  clock: %.3f cycles per ns (CTA clocks over globaltimer)\n", cyc / ns);
+  std::fill(h.begin(), h.end(), 0LL);
+  cudaMemcpyToSymbol(hopper::tq_phase, h.data(), h.size() * sizeof(long long));
+}
+}  // namespace tqdecode::cuda
+'''
+open(p, 'w').write(s)
+b = root + '/bench/tqdecode_bench.cu'
+s = open(b).read()
+rep("        record.tq_us = median(replay_ms) * 1e3 / plan.instances;\n",
+    "        record.tq_us = median(replay_ms) * 1e3 / plan.instances;\n        std::printf(\"%s %s: %.2f us\\n\", shape.name.c_str(), request_name, record.tq_us);\n        tqdecode::cuda::dump_phase_times(4096);\n")
+i = s.index('namespace {')
+s = s[:i] + 'namespace tqdecode::cuda { void dump_phase_times(int ctas); }\n' + s[i:]
+open(b, 'w').write(s)
+print(f"patched copy in {root}")
