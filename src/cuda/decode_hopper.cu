@@ -295,8 +295,11 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
   const bool rotates = !kFp8 && warp < kRotationWarps;  // MSE keys: warps 0..7 rotate the query (hopper_rotation.cuh)
   RotationOperands rotation;
   if constexpr (!kFp8) {
-    if (EarlyRotation && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
+    // The table first: its centroid loads issued behind PiT's 64 KB delayed
+    // it, and the CTAs that start last, on the SMs the previous call's
+    // reductions held, pay their prologue on the call's critical path (bench/NOTES.md, v3.19).
     build_lookup_table<Shared, kWarps>(shared, p.centroids, warp, lane);
+    if (EarlyRotation && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
   }
 #if __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();           // no-op unless launched as a programmatic dependent
