@@ -148,7 +148,7 @@ __device__ __forceinline__ void fp8x4_to_float_over_256(unsigned word, float (&o
   if ((((word & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) != 0u) {  // some byte is 0x7f or 0xff
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (((word >> (8 * i)) & 0x7fu) == 0x7fu) out[i] = __uint_as_float(0x7fc00000u);
+      if (((word >> (8 * i)) & 0x7fu) == 0x7fu) out[i] = quiet_nan();
     }
   }
 }

@@ -859,8 +859,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       const float merged_sum = warp_sum(weight * sum);
       if (present) merge.weight[row][lane] = weight;
       if (lane == 0) {
-        merge.merged_max[row] = any_nan ? __uint_as_float(0x7fc00000u) : merged_max;
-        merge.merged_sum[row] = any_nan ? __uint_as_float(0x7fc00000u) : merged_sum;
+        merge.merged_max[row] = any_nan ? quiet_nan() : merged_max;
+        merge.merged_sum[row] = any_nan ? quiet_nan() : merged_sum;
       }
     }
     __syncthreads();

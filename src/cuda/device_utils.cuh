@@ -25,6 +25,9 @@ __device__ __forceinline__ float warp_sum(float value) {
   return value;
 }
 
+/// The quiet NaN every kernel writes for a NaN result.
+__device__ __forceinline__ float quiet_nan() { return __uint_as_float(0x7fc00000u); }
+
 /// A query element's bits (fp16 when `f16`, else bf16) as fp32, exactly.
 __device__ __forceinline__ float query_bits_to_float(bool f16, std::uint16_t bits) {
   return f16 ? __half2float(__ushort_as_half(bits)) : __uint_as_float(static_cast<std::uint32_t>(bits) << 16);

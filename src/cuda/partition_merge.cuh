@@ -15,6 +15,8 @@
 
 #include <cuda_runtime.h>
 
+#include "device_utils.cuh"
+
 namespace tqdecode::cuda {
 
 /// Rule 1: the partition covered tokens (it is not exactly (-inf, 0)).
@@ -46,7 +48,7 @@ __device__ __forceinline__ float sink_weight(bool has_sink, float sink, float me
 __device__ __forceinline__ float row_scale(float weight_total, bool any_tokens, bool any_nan, bool has_sink, float sink,
                                            float merged_max) {
   if (!any_tokens) return 0.0f;  // an all-zero row, sink or not
-  return any_nan ? __uint_as_float(0x7fc00000u) : 1.0f / (weight_total + sink_weight(has_sink, sink, merged_max));
+  return any_nan ? quiet_nan() : 1.0f / (weight_total + sink_weight(has_sink, sink, merged_max));
 }
 
 /// The factor of a partition's normalized output in its row, rules 1-3:
