@@ -251,7 +251,7 @@ __device__ __forceinline__ void store_output(const ReduceParams& r, int batch, s
 // An output element of a row with one partition (max in natural-log units):
 // the fused reduction's arithmetic for N = 1, without the trip through memory.
 __device__ __forceinline__ float single_partition_element(float max, float sum, float out, bool has_sink, float sink) {
-  const float merged_max = merge_max(sink, isnan(max) ? -INFINITY : max);
+  const float merged_max = merge_max(sink, max_for_merge(max));
   const float weight = partition_weight(max, sum, merged_max);
   const float own_weight = output_weight(weight, weight, partition_has_tokens(max, sum), partition_is_nan(max, sum),
                                          has_sink, sink, merged_max);
@@ -854,7 +854,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       const float max = present ? merge.max[lane][row] : -INFINITY;
       const float sum = present ? merge.sum[lane][row] : 0.0f;
       const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
-      const float merged_max = warp_max(isnan(max) ? -INFINITY : max);
+      const float merged_max = warp_max(max_for_merge(max));
       const float weight = max == -INFINITY ? 0.0f : fast_exp2(max - merged_max);
       const float merged_sum = warp_sum(weight * sum);
       if (present) merge.weight[row][lane] = weight;
@@ -939,7 +939,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     const float sink = has_sink ? __ldg(r.sinks + hq) : -INFINITY;
     const bool any_tokens = __any_sync(kFullMask, partition_has_tokens(max, sum));
     const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
-    const float merged_max = merge_max(sink, warp_max(isnan(max) ? -INFINITY : max));
+    const float merged_max = merge_max(sink, warp_max(max_for_merge(max)));
     const float weight = present ? partition_weight(max, sum, merged_max) : 0.0f;
     const float own_weight = output_weight(weight, warp_sum(weight), any_tokens, any_nan, has_sink, sink, merged_max);
     float value[kLaneDims] = {};

@@ -27,6 +27,10 @@ __device__ __forceinline__ bool partition_has_tokens(float max, float sum) {
 /// Rule 2: the partition makes its row NaN.
 __device__ __forceinline__ bool partition_is_nan(float max, float sum) { return isnan(max) || isnan(sum); }
 
+/// A partition's max as rule 3's fold takes it: a NaN max takes no part
+/// (rule 2 makes the row NaN instead).
+__device__ __forceinline__ float max_for_merge(float max) { return isnan(max) ? -INFINITY : max; }
+
 /// Rule 3's fold, std::max(merged, value): a NaN `merged` (the sink) stays
 /// NaN; a NaN `value` (a partition's max) is not taken, rule 2 covers it.
 /// Start from the sink, or -inf without one.
