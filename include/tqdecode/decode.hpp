@@ -53,11 +53,12 @@ struct LaunchPlan {
   std::string reason;
   int num_partitions;   ///< N: fixed by shapes, never by seq_lens values
   int partition_align;  ///< tokens; partition ranges are multiples of it
-  /// Hopper path, turboquant_4bit_nc up to group 8: one CTA of 16 warps per
-  /// SM sharing a 64 KB key table (serving one kv head on grids of at most
+  /// Hopper path, turboquant_4bit_nc: one CTA of 16 warps per SM sharing a
+  /// 64 KB key table (up to group 8 serving one kv head on grids of at most
   /// two waves, else several: kv_heads_per_cta) instead of two CTAs of 8
   /// warps (odd Hk on larger grids, where one CTA's prologue then overlaps
-  /// the other's streaming).
+  /// the other's streaming); groups over 8 always, one kv head per CTA,
+  /// instead of one CTA of 12 warps.
   bool wide_table = false;
   /// With wide_table: the kv heads each CTA serves, 16 / kv_heads_per_cta
   /// warps each: 1 (grids of at most two waves), 2, 4 or 8 (heads

@@ -50,14 +50,14 @@ int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, i
   return static_cast<int>(best);
 }
 
-bool wide_table_kernel(Preset preset, int group_size) { return preset == Preset::turboquant_4bit_nc && group_size <= 8; }
+bool wide_table_kernel(Preset preset) { return preset == Preset::turboquant_4bit_nc; }
 
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table) {
   if (path != DecodePath::hopper) return 2;
   // decode_hopper.cu, KernelShape: one CTA of 16 warps in the wide-table
   // shape, else the narrow configuration's (two of 8 warps up to group 8,
   // one of 12 beyond).
-  return wide_table && wide_table_kernel(preset, group_size) ? 1 : narrow_footprint(preset, group_size).planned_ctas_per_sm;
+  return wide_table && wide_table_kernel(preset) ? 1 : narrow_footprint(preset, group_size).planned_ctas_per_sm;
 }
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
@@ -65,7 +65,13 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // The wide shape streams about 10 % faster per SM but exposes every wave's
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
-  if (path == DecodePath::hopper && wide_table_kernel(preset, group_size)) {
+  if (path == DecodePath::hopper && wide_table_kernel(preset)) {
+    // Two head tiles: one CTA per SM either way (the narrow shape's 12 warps
+    // at 168 registers), so the 16 warps' shorter loop and deeper latency
+    // hiding win on every grid (bench/NOTES.md, v3.21).
+    if (group_size > kHeadsPerTile) {
+      return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1), true};
+    }
     // CTAs streaming many tokens keep the shorter main loop; the others gain
     // more from a shorter prologue (LaunchPlan::early_rotation).
     const auto early_rotation = [&](int partitions, int heads_per_cta) {

@@ -49,6 +49,10 @@ const DeviceInfo& current_device_info();
 /// N for a call (see the rule above).
 int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, int sm_count, int resident_ctas_per_sm);
 
+/// Query heads per head tile of the tensor-core kernels (the mma's N side):
+/// larger groups take two head tiles.
+inline constexpr int kHeadsPerTile = 8;
+
 /// Grids of the 16-warp Hopper kernel with one kv head per CTA up to this
 /// many waves may use it; larger grids use several kv heads per CTA, or two
 /// CTAs of 8 warps per SM (bench/NOTES.md, v3.5, v3.9, v3.12).
@@ -62,8 +66,8 @@ inline constexpr int kWideKvHeadsPerCta[] = {2, 4, 8};
 /// heads per CTA: 512 per warp; bench/NOTES.md, v3.10 and v3.12).
 inline constexpr int kEarlyRotationMaxCtaTokens = 8192;
 
-/// Whether the 16-warp, 64 KB-table Hopper kernel exists for this preset and group size.
-bool wide_table_kernel(Preset preset, int group_size);
+/// Whether the 16-warp, 64 KB-table Hopper kernel exists for this preset (4-bit keys, every group size).
+bool wide_table_kernel(Preset preset);
 
 /// Resident CTAs per SM of the kernel that serves `path` for this preset and
 /// group size (`wide_table`: the 16-warp Hopper kernel).
@@ -82,7 +86,9 @@ struct GridChoice {
 /// kWideTableMaxWaves waves), the h whose grid has the fewest waves, the
 /// smallest on a tie; with no such h (Hk odd, larger grids) the narrow
 /// configuration's plan. The 16-warp kernel loads PiT first for
-/// CTAs streaming up to kEarlyRotationMaxCtaTokens.
+/// CTAs streaming up to kEarlyRotationMaxCtaTokens. Groups over
+/// kHeadsPerTile (two head tiles) take the 16-warp kernel with one kv head
+/// per CTA whatever the grid: the narrow one is also one CTA per SM there.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count);
 

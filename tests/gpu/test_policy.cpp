@@ -165,7 +165,16 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_FALSE(odd.wide_table);
   EXPECT_EQ(odd.kv_heads_per_cta, 1);
   EXPECT_EQ(odd.num_partitions, choose_num_partitions(700, 1, 64, kH200Sms, 2));
-  EXPECT_FALSE(grid(Preset::turboquant_4bit_nc, 16, 16, 4, 32768).wide_table);  // two head tiles
+  // Two head tiles: the 16-warp kernel on every grid, one kv head per CTA, PiT after the first tiles.
+  const GridChoice g16 = grid(Preset::turboquant_4bit_nc, 16, 16, 8, 32768);
+  EXPECT_TRUE(g16.wide_table);
+  EXPECT_EQ(g16.num_partitions, 1);
+  EXPECT_EQ(g16.kv_heads_per_cta, 1);
+  const GridChoice g16_waves = grid(Preset::turboquant_4bit_nc, 16, 101, 2, 1500);  // q4_g16_b101_waves_sinks: 202 CTAs
+  EXPECT_TRUE(g16_waves.wide_table);
+  EXPECT_EQ(g16_waves.kv_heads_per_cta, 1);
+  EXPECT_EQ(g16_waves.num_partitions, choose_num_partitions(101, 2, 1500, kH200Sms, 1));
+  EXPECT_FALSE(grid(Preset::turboquant_k3v4_nc, 16, 16, 8, 32768).wide_table);
   EXPECT_FALSE(grid(Preset::turboquant_k8v4, 8, 16, 8, 32768).wide_table);
   EXPECT_FALSE(choose_grid(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 8, 16, 8, 32768, kH200Sms).wide_table);
 }
@@ -195,7 +204,7 @@ TEST(PartitionPolicy, EarlyRotationForCtasStreamingAtMost8192Tokens) {
   const GridChoice long_single = grid(8, 1, 131072 + 7 + 16 * 2);  // q4_long_128k: N = 16, over 8192 tokens each
   EXPECT_EQ(long_single.num_partitions, 16);
   EXPECT_FALSE(long_single.early_rotation);
-  // Only the 16-warp kernel has the variant.
+  // Only the 16-warp kernel with one head tile has the variant.
   EXPECT_FALSE(grid(16, 16, 4096).early_rotation);
   EXPECT_FALSE(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 4096, kH200Sms).early_rotation);
 }
