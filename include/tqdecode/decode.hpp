@@ -57,8 +57,8 @@ struct LaunchPlan {
   /// 64 KB key table (up to group 8 serving one kv head on grids of at most
   /// two waves, else several: kv_heads_per_cta) instead of two CTAs of 8
   /// warps (odd Hk on larger grids, where one CTA's prologue then overlaps
-  /// the other's streaming); groups over 8 always, one kv head per CTA,
-  /// instead of one CTA of 12 warps.
+  /// the other's streaming); for groups over 8 always, one kv head per CTA
+  /// of 12 warps (the same shape with a 128-byte-row table otherwise).
   bool wide_table = false;
   /// With wide_table: the kv heads each CTA serves, 16 / kv_heads_per_cta
   /// warps each: 1 (grids of at most two waves), 2, 4 or 8 (heads

@@ -14,10 +14,10 @@
 // tokens, value_code_position).
 //
 // Grid (partition, kv head, sequence). Two CTAs of 8 warps per SM, or for
-// 4-bit keys one CTA of 16 warps (the wide table), which up to group 8 on
+// 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
 // grids of more than two waves serves two, four or eight kv heads, 8, 4 or 2
-// warps each (grid (partition, kv head group, sequence)); for groups over 8
-// of the other presets one CTA of 12 warps (KernelShape). On the Hopper path the kernel is launched
+// warps each (grid (partition, kv head group, sequence)); one CTA of 12 warps
+// for groups over 8, with the wide table for 4-bit keys (KernelShape). On the Hopper path the kernel is launched
 // as a programmatic dependent (launch_decode_hopper): its CTAs may start
 // while the previous kernel of the stream drains. A CTA
 // 0. builds the key lookup table from the centroids (and for short
@@ -141,17 +141,17 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
   return dim ^ ((4 * ((row >> 1) & 3) + 2 * (dim >> 5)) & 15);
 }
 
-/// Shape of a kernel instance. Wide: 4-bit keys in one CTA of 16 warps per
-/// SM sharing a 64 KB lookup table whose 256-byte rows make each lookup's
-/// address one byte permute (entry byte in bits 8..15, lane in bits 2..6).
-/// With two head tiles (groups over 8) always, one kv head per CTA; with one,
-/// chosen for grids of few waves (policy.cpp, choose_grid), and with two,
-/// four or eight kv heads per CTA for larger grids: kv heads hy .. hy + h - 1 of one sequence, 16 / h warps each,
+/// Shape of a kernel instance. Wide: 4-bit keys, one CTA per SM sharing a
+/// 64 KB lookup table whose 256-byte rows make each lookup's address one
+/// byte permute (entry byte in bits 8..15, lane in bits 2..6). At two head
+/// tiles (groups over 8) always, 12 warps; at one, 16 warps, chosen for grids
+/// of few waves (policy.cpp, choose_grid), and with two, four or eight kv
+/// heads per CTA for larger grids: kv heads hy .. hy + h - 1 of one sequence, 16 / h warps each,
 /// sharing the table, the block table and the rotation, so an SM streams h
 /// work items at once with the wide table's shorter loop. Otherwise the narrow
 /// configuration, a table of 128-byte rows (a shift and a LOP3 per 4-bit
 /// lookup): two CTAs of 8 warps per SM, or at two head tiles one CTA of 12
-/// warps at 168 registers.
+/// warps at 168 registers (the other presets, and 4-bit keys on sm_80).
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct KernelShape {
   static_assert(!Wide || Format == CacheFormat::mse4, "the wide table serves 4-bit keys");
@@ -160,13 +160,10 @@ struct KernelShape {
   static constexpr bool kWideTable = Wide;
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
   // warps fill the register file (8 left a third of it idle, and two warps
-  // per scheduler to cover the loop's latencies; bench/NOTES.md, v3.16).
-  static constexpr int kWarps = kWideTable ? 16 : HeadTiles == 2 ? 12 : 8;
-  // 16 warps at two head tiles fit 128 registers (8 bytes spilled, two local
-  // loads a tile) only with the query operand read from shared memory in the
-  // loop (16 bytes per k-step pair and head tile) instead of held in 32
-  // registers, and one S^T accumulator chain per head tile.
-  static constexpr bool kQueryFromShared = kWideTable && HeadTiles == 2;
+  // per scheduler to cover the loop's latencies; bench/NOTES.md, v3.16), and
+  // 16 at 128 registers, the query operand in shared memory, ran 2 % slower
+  // than these 12 (v3.21).
+  static constexpr int kWarps = HeadTiles == 2 ? 12 : kWideTable ? 16 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
   static constexpr int kThreads = kWarps * 32;
@@ -218,16 +215,11 @@ struct SharedLayout {
   // compiler does at 128 registers) costs about 70 instructions per tile.
   static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
   // 207872 (4-bit, wide), 210944, 217088 and 229376 (two, four and eight kv heads),
-  // 214016 (4-bit, wide, two head tiles),
+  // 175104 (4-bit, wide, two head tiles),
   // 107648 (4-bit), 82048 (k3v4), 82560 (3bit), 103936 (fp8); two head tiles (12 warps):
   // 146688, 120576, 121088, 156160
-  // Shape::kQueryFromShared: the query operand's registers in loop order,
-  // [head tile][k-step pair][lane] as 16 bytes, so each k-step pair is one
-  // conflict-free 16-byte load.
-  static constexpr int kFragmentOffset =
+  static constexpr int kBytes =
       kPlanOffset + HeadsPerCta * 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
-  static constexpr int kFragmentBytes = Shape::kQueryFromShared ? HeadTiles * 4 * 32 * 16 : 0;
-  static constexpr int kBytes = kFragmentOffset + kFragmentBytes;
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
   // per CTA, 128 bytes static.
   static_assert(kBytes <= 227 * 1024, "dynamic shared memory per CTA");
@@ -458,28 +450,16 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     const int g = lane >> 2;
     // Query operand (B of S^T = K Q^T), permuted: k-step ks, lane (g, c)
     // holds head g of the tile, dims 32c + 4ks + {0, 1} and {2, 3}.
-    constexpr bool kQueryFromShared = Shape::kQueryFromShared;
-    std::uint32_t qb[kQueryFromShared ? 1 : HeadTiles][8][2];
-    const std::uint8_t* query_fragments = shared + Shared::kFragmentOffset + 16 * lane;
-    if constexpr (kQueryFromShared) {
-      // One 8-byte entry per thread: (head tile, k-step, lane) = threadIdx.x.
-      static_assert(Shape::kThreads == HeadTiles * 8 * 32, "one fragment entry per thread");
-      const int entry_lane = threadIdx.x & 31, ks = (threadIdx.x >> 5) & 7, nt = threadIdx.x >> 8;
-      const uint2 q = *reinterpret_cast<const uint2*>(
-          query_rows + query_slot(kHeadsPerTile * nt + (entry_lane >> 2), 32 * (entry_lane & 3) + 4 * ks));
-      *reinterpret_cast<uint2*>(shared + Shared::kFragmentOffset + ((nt * 4 + ks / 2) * 32 + entry_lane) * 16 + 8 * (ks & 1)) = q;
-      __syncthreads();
-    } else {
+    std::uint32_t qb[HeadTiles][8][2];
 #pragma unroll
-      for (int nt = 0; nt < HeadTiles; ++nt) {
+    for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
-          const int row = kRows * head_slot + kHeadsPerTile * nt + g;
-          // fp16 against fp8 keys (exact: e4m3 values are fp16 values), bf16 against the table's bf16 centroids.
-          const uint2 q = *reinterpret_cast<const uint2*>(query_rows + query_slot(row, 32 * c + 4 * ks));
-          qb[nt][ks][0] = q.x;
-          qb[nt][ks][1] = q.y;
-        }
+      for (int ks = 0; ks < 8; ++ks) {
+        const int row = kRows * head_slot + kHeadsPerTile * nt + g;
+        // fp16 against fp8 keys (exact: e4m3 values are fp16 values), bf16 against the table's bf16 centroids.
+        const uint2 q = *reinterpret_cast<const uint2*>(query_rows + query_slot(row, 32 * c + 4 * ks));
+        qb[nt][ks][0] = q.x;
+        qb[nt][ks][1] = q.y;
       }
     }
 
@@ -495,7 +475,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     // 2c, 2c + 1, 2c + 8, 2c + 9 (bytes 8g..8g+7 of the value data).
     constexpr int kKeyLoads = kFp8 ? 2 : 1;  // key load bases per token
     int key_offset[2][kKeyLoads];
-    [[maybe_unused]] int value_offset[2];  // 4-bit values of tokens 2c, 2c + 1 (2c + 8, 2c + 9: Layout::kValueOffset8Tokens further)
+    [[maybe_unused]] int value_offset[4];  // 4-bit values
     // 3-bit values: words 0 and 1 of tokens 2c and 2c + 1 (those of 2c + 8
     // and 2c + 9 are Layout::kOffset8Tokens further).
     [[maybe_unused]] int value_word[2][2];
@@ -512,13 +492,12 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
 #pragma unroll
         for (int w = 0; w < 3; ++w) key_word[w] = static_cast<int>(opaque(Layout::key_word_offset(g, c, w, head)));
       } else {
-        // Token g + 8's are Layout::kOffset8Tokens further (an immediate, one register fewer).
-        key_offset[j][0] = static_cast<int>(opaque(Layout::key_offset(g, c))) + j * Layout::kOffset8Tokens;
+        key_offset[j][0] = static_cast<int>(opaque(Layout::key_offset(token, c)));
       }
     }
     if constexpr (value_bits(Format) == 4) {
 #pragma unroll
-      for (int k = 0; k < 2; ++k) value_offset[k] = static_cast<int>(opaque(Layout::value_offset(2 * c + k, g, head)));
+      for (int k = 0; k < 4; ++k) value_offset[k] = Layout::value_offset(2 * c + (k & 1) + 8 * (k >> 1), g, head);
     } else {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -567,9 +546,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       const int tile_token = (first_tile + k * kWarpsPerHead) * kTileTokens;
 
       // S^T = K Q^T: rows are tokens g and g + 8, columns heads 2c, 2c + 1.
-      // Two accumulator chains (even and odd k-steps) halve the mma dependency
-      // chain; with the query from shared memory, one per head tile (two head
-      // tiles are two chains, and 8 registers fewer avoid a spill).
+      // Two accumulator chains (even and odd k-steps) halve the mma dependency chain.
       float score[HeadTiles][4], score_odd[HeadTiles][4];
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) {
@@ -649,24 +626,14 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
             }
             return load_shared<std::uint32_t>(lut + offset);
           };
-          // The query operand of k-steps 2w and 2w + 1.
-          uint4 q[HeadTiles];
-#pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) {
-            if constexpr (kQueryFromShared) {
-              q[nt] = load_shared<uint4>(query_fragments + (nt * 4 + w) * 32 * 16);
-            } else {
-              q[nt] = make_uint4(qb[nt][2 * w][0], qb[nt][2 * w][1], qb[nt][2 * w + 1][0], qb[nt][2 * w + 1][1]);
-            }
-          }
           const std::uint32_t even[4] = {lookup(words_g[w], 0), lookup(words_g8[w], 0), lookup(words_g[w], 1),
                                          lookup(words_g8[w], 1)};
 #pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score[nt], even, q[nt].x, q[nt].y);
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score[nt], even, qb[nt][2 * w][0], qb[nt][2 * w][1]);
           const std::uint32_t odd[4] = {lookup(words_g[w], 2), lookup(words_g8[w], 2), lookup(words_g[w], 3),
                                         lookup(words_g8[w], 3)};
 #pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(kQueryFromShared ? score[nt] : score_odd[nt], odd, q[nt].z, q[nt].w);
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score_odd[nt], odd, qb[nt][2 * w + 1][0], qb[nt][2 * w + 1][1]);
         }
       }
 
@@ -688,10 +655,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const float dot = kQueryFromShared ? score[nt][2 * j + e] : score[nt][2 * j + e] + score_odd[nt][2 * j + e];
-            s[nt][e][j] = dot * norm_scale[j];
-          }
+          for (int j = 0; j < 2; ++j) s[nt][e][j] = (score[nt][2 * j + e] + score_odd[nt][2 * j + e]) * norm_scale[j];
         }
       }
       if (tile_token + kTileTokens > range.end) {
@@ -793,8 +757,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         // Byte m of each token's 8 bytes: low nibble dim 16g + 2m, high nibble 16g + 2m + 1.
         const uint2 v0 = load_shared<uint2>(stage + value_offset[0]);
         const uint2 v1 = load_shared<uint2>(stage + value_offset[1]);
-        const uint2 v2 = load_shared<uint2>(stage + value_offset[0] + Layout::kValueOffset8Tokens);
-        const uint2 v3 = load_shared<uint2>(stage + value_offset[1] + Layout::kValueOffset8Tokens);
+        const uint2 v2 = load_shared<uint2>(stage + value_offset[2]);
+        const uint2 v3 = load_shared<uint2>(stage + value_offset[3]);
         static_for<kDimTiles>([&]<int Tile>() {
           constexpr int b = Tile & 3;
           constexpr std::uint32_t kSelector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
@@ -1003,7 +967,7 @@ constexpr bool kBelowSm90 = true;
 constexpr bool kBelowSm90 = false;
 #endif
 
-// The 16-warp configurations need sm_90's 227 KB of shared memory per CTA and
+// The wide-table configurations need sm_90's shared memory per CTA (175 KB and more) and
 // are never launched below it (policy.cpp), so their sm_80 code is a trap.
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool EarlyRotation>
 __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kThreads,

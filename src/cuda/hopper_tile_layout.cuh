@@ -171,9 +171,6 @@ struct TileLayout<CacheFormat::mse4> {
   __device__ static int value_offset(int token, int g, int /*head*/) {
     return token * kRecordBytes + (((4 + (g >> 1)) ^ swizzle(token)) << 4) + 8 * (g & 1);
   }
-  /// From a token's key or value bytes to those of the token 8 later (swizzle(t + 8) = swizzle(t)).
-  static constexpr int kOffset8Tokens = 8 * kRecordBytes;
-  static constexpr int kValueOffset8Tokens = kOffset8Tokens;
 
   struct alignas(16) IssuePlan {
     std::uint32_t slot_stride;  // Hk * 128 bytes
@@ -205,8 +202,6 @@ struct ValueArea {
     const int row = token >> 1;
     return row * 128 + (((4 * (token & 1) + (g >> 1)) ^ (2 * (row & 3))) << 4) + 8 * (g & 1);
   }
-  /// From a token's value bytes to those of the token 8 later (4 rows on: the same swizzle).
-  static constexpr int kOffset8Tokens = 4 * 128;
   /// Unit `chunk` (bytes 16 chunk .. 16 chunk + 15) of `token`'s values.
   __device__ static int chunk_offset(int token, int chunk) {
     const int row = token >> 1;
@@ -259,7 +254,6 @@ struct TileLayout<CacheFormat::mse3> {
   __device__ static int value_offset(int token, int g, int head) {
     return row_offset(token, lead(head) + kKeyBytes + 8 * g);
   }
-  static constexpr int kValueOffset8Tokens = kOffset8Tokens;
 
   struct alignas(16) IssuePlan {
     std::uint32_t slot_stride;  // Hk * 112 bytes
@@ -359,7 +353,6 @@ struct TileLayout<CacheFormat::fp8> {
     return token * kKeyBytes + (((2 * c + part) ^ (token & 1)) << 4);
   }
   __device__ static int value_offset(int token, int g, int /*head*/) { return kValueArea + ValueArea::offset(token, g); }
-  static constexpr int kValueOffset8Tokens = ValueArea::kOffset8Tokens;
 
   struct alignas(16) IssuePlan {
     std::uint32_t slot_stride;  // Hk * 192 bytes

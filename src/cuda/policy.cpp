@@ -66,9 +66,8 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
   if (path == DecodePath::hopper && wide_table_kernel(preset)) {
-    // Two head tiles: one CTA per SM either way (the narrow shape's 12 warps
-    // at 168 registers), so the 16 warps' shorter loop and deeper latency
-    // hiding win on every grid (bench/NOTES.md, v3.21).
+    // Two head tiles: one CTA of 12 warps per SM either way, so the wide
+    // table's shorter loop wins on every grid (bench/NOTES.md, v3.21).
     if (group_size > kHeadsPerTile) {
       return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1), true};
     }

@@ -66,11 +66,11 @@ inline constexpr int kWideKvHeadsPerCta[] = {2, 4, 8};
 /// heads per CTA: 512 per warp; bench/NOTES.md, v3.10 and v3.12).
 inline constexpr int kEarlyRotationMaxCtaTokens = 8192;
 
-/// Whether the 16-warp, 64 KB-table Hopper kernel exists for this preset (4-bit keys, every group size).
+/// Whether the 64 KB-table Hopper kernel (16 warps, 12 for groups over 8) exists for this preset (4-bit keys).
 bool wide_table_kernel(Preset preset);
 
 /// Resident CTAs per SM of the kernel that serves `path` for this preset and
-/// group size (`wide_table`: the 16-warp Hopper kernel).
+/// group size (`wide_table`: the 64 KB-table Hopper kernel).
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table);
 
 struct GridChoice {
@@ -87,8 +87,8 @@ struct GridChoice {
 /// smallest on a tie; with no such h (Hk odd, larger grids) the narrow
 /// configuration's plan. The 16-warp kernel loads PiT first for
 /// CTAs streaming up to kEarlyRotationMaxCtaTokens. Groups over
-/// kHeadsPerTile (two head tiles) take the 16-warp kernel with one kv head
-/// per CTA whatever the grid: the narrow one is also one CTA per SM there.
+/// kHeadsPerTile (two head tiles) take the wide table (12 warps, one kv head
+/// per CTA) whatever the grid: the narrow one is also one CTA per SM there.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count);
 

@@ -162,7 +162,7 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
   const PathChoice choice = choose_decode_path(device.args());
   const LaunchPlan plan = plan_decode(device.args());
   const std::string shape = !plan.wide_table ? ""
-                            : ", 16-warp wide-table shape, " + std::to_string(plan.kv_heads_per_cta) + " kv head(s) per CTA";
+                            : ", wide-table shape, " + std::to_string(plan.kv_heads_per_cta) + " kv head(s) per CTA";
   std::printf("[ path     ] %s: %s (%s), N = %d%s%s\n", c.name.c_str(), decode_path_name(choice.path),
               choice.reason.c_str(), plan.num_partitions, shape.c_str(), plan.early_rotation ? ", PiT first" : "");
   decode(device.args(), workspace);

@@ -165,7 +165,7 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_FALSE(odd.wide_table);
   EXPECT_EQ(odd.kv_heads_per_cta, 1);
   EXPECT_EQ(odd.num_partitions, choose_num_partitions(700, 1, 64, kH200Sms, 2));
-  // Two head tiles: the 16-warp kernel on every grid, one kv head per CTA, PiT after the first tiles.
+  // Two head tiles: the wide table (12 warps) on every grid, one kv head per CTA, PiT after the first tiles.
   const GridChoice g16 = grid(Preset::turboquant_4bit_nc, 16, 16, 8, 32768);
   EXPECT_TRUE(g16.wide_table);
   EXPECT_EQ(g16.num_partitions, 1);
@@ -204,7 +204,7 @@ TEST(PartitionPolicy, EarlyRotationForCtasStreamingAtMost8192Tokens) {
   const GridChoice long_single = grid(8, 1, 131072 + 7 + 16 * 2);  // q4_long_128k: N = 16, over 8192 tokens each
   EXPECT_EQ(long_single.num_partitions, 16);
   EXPECT_FALSE(long_single.early_rotation);
-  // Only the 16-warp kernel with one head tile has the variant.
+  // Only the wide kernel with one head tile (16 warps) has the variant.
   EXPECT_FALSE(grid(16, 16, 4096).early_rotation);
   EXPECT_FALSE(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 4096, kH200Sms).early_rotation);
 }
