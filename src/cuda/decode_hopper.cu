@@ -160,9 +160,9 @@ struct KernelShape {
   static constexpr bool kWideTable = Wide;
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
   // warps fill the register file (8 left a third of it idle, and two warps
-  // per scheduler to cover the loop's latencies; bench/NOTES.md, v3.16), and
-  // 16 at 128 registers, the query operand in shared memory, ran 2 % slower
-  // than these 12 (v3.21).
+  // per scheduler to cover the loop's latencies; bench/NOTES.md, v3.16). 16
+  // wide-table warps at 128 registers (the query operand in shared memory,
+  // one S^T chain per head tile) ran 7 % slower than 12 (v3.21).
   static constexpr int kWarps = HeadTiles == 2 ? 12 : kWideTable ? 16 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
