@@ -17,9 +17,10 @@
 // 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
 // grids of more than two waves serves two, four or eight kv heads, 8, 4 or 2
 // warps each (grid (partition, kv head group, sequence)); one CTA of 12 warps
-// for groups over 8, with the wide table for 4-bit keys (KernelShape). On the Hopper path the kernel is launched
-// as a programmatic dependent (launch_decode_hopper): its CTAs may start
-// while the previous kernel of the stream drains. A CTA
+// for groups over 8, with the wide table for 4-bit keys (KernelShape). On
+// the Hopper path the kernel is launched as a programmatic dependent
+// (launch_decode_hopper): its CTAs may start while the previous kernel of
+// the stream drains. A CTA
 // 0. builds the key lookup table from the centroids (and for short
 //    partitions loads PiT's operands), model constants that no kernel writes
 //    just before a decode (decode.hpp), then waits for the previous kernel;
@@ -144,11 +145,12 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// Shape of a kernel instance. Wide: 4-bit keys, one CTA per SM sharing a
 /// 64 KB lookup table whose 256-byte rows make each lookup's address one
 /// byte permute (entry byte in bits 8..15, lane in bits 2..6). At two head
-/// tiles (groups over 8) always, 12 warps; at one, 16 warps, chosen for grids
-/// of few waves (policy.cpp, choose_grid), and with two, four or eight kv
-/// heads per CTA for larger grids: kv heads hy .. hy + h - 1 of one sequence, 16 / h warps each,
-/// sharing the table, the block table and the rotation, so an SM streams h
-/// work items at once with the wide table's shorter loop. Otherwise the narrow
+/// tiles (groups over 8) always, 12 warps; at one, 16 warps, chosen for
+/// grids of few waves (policy.cpp, choose_grid), and with two, four or eight
+/// kv heads per CTA for larger grids: kv heads hy .. hy + h - 1 of one
+/// sequence, 16 / h warps each, sharing the table, the block table and the
+/// rotation, so an SM streams h work items at once with the wide table's
+/// shorter loop. Otherwise the narrow
 /// configuration, a table of 128-byte rows (a shift and a LOP3 per 4-bit
 /// lookup): two CTAs of 8 warps per SM, or at two head tiles one CTA of 12
 /// warps at 168 registers (the other presets, and 4-bit keys on sm_80).
@@ -967,8 +969,9 @@ constexpr bool kBelowSm90 = true;
 constexpr bool kBelowSm90 = false;
 #endif
 
-// The wide-table configurations need sm_90's shared memory per CTA (175 KB and more) and
-// are never launched below it (policy.cpp), so their sm_80 code is a trap.
+// The wide-table configurations need sm_90's shared memory per CTA (175 KB
+// and more) and are never launched below it (policy.cpp), so their sm_80
+// code is a trap.
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool EarlyRotation>
 __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kThreads,
                                   KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas)
@@ -1004,7 +1007,9 @@ template <CacheFormat Format>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
   if constexpr (Format == CacheFormat::mse4) {
-    if (group > kHeadsPerTile) return params.wide_table ? launch<2, Format, true>(params, stream) : launch<2, Format>(params, stream);
+    if (group > kHeadsPerTile) {
+      return params.wide_table ? launch<2, Format, true>(params, stream) : launch<2, Format>(params, stream);
+    }
     if (params.wide_table) {
       if (params.kv_heads_per_cta == 8) {
         return params.early_rotation ? launch<1, Format, true, 8, true>(params, stream) : launch<1, Format, true, 8>(params, stream);

@@ -54,9 +54,9 @@ bool wide_table_kernel(Preset preset) { return preset == Preset::turboquant_4bit
 
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table) {
   if (path != DecodePath::hopper) return 2;
-  // decode_hopper.cu, KernelShape: one CTA of 16 warps in the wide-table
-  // shape, else the narrow configuration's (two of 8 warps up to group 8,
-  // one of 12 beyond).
+  // decode_hopper.cu, KernelShape: one CTA in the wide-table shape (16
+  // warps, 12 for groups over 8), else the narrow configuration's (two of 8
+  // warps up to group 8, one of 12 beyond).
   return wide_table && wide_table_kernel(preset) ? 1 : narrow_footprint(preset, group_size).planned_ctas_per_sm;
 }
 

@@ -170,10 +170,12 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_TRUE(g16.wide_table);
   EXPECT_EQ(g16.num_partitions, 1);
   EXPECT_EQ(g16.kv_heads_per_cta, 1);
+  EXPECT_FALSE(g16.early_rotation);
   const GridChoice g16_waves = grid(Preset::turboquant_4bit_nc, 16, 101, 2, 1500);  // q4_g16_b101_waves_sinks: 202 CTAs
   EXPECT_TRUE(g16_waves.wide_table);
   EXPECT_EQ(g16_waves.kv_heads_per_cta, 1);
   EXPECT_EQ(g16_waves.num_partitions, choose_num_partitions(101, 2, 1500, kH200Sms, 1));
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 16, true), 1);
   EXPECT_FALSE(grid(Preset::turboquant_k3v4_nc, 16, 16, 8, 32768).wide_table);
   EXPECT_FALSE(grid(Preset::turboquant_k8v4, 8, 16, 8, 32768).wide_table);
   EXPECT_FALSE(choose_grid(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 8, 16, 8, 32768, kH200Sms).wide_table);
