@@ -150,10 +150,10 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// kv heads per CTA for larger grids: kv heads hy .. hy + h - 1 of one
 /// sequence, 16 / h warps each, sharing the table, the block table and the
 /// rotation, so an SM streams h work items at once with the wide table's
-/// shorter loop. Otherwise the narrow
-/// configuration, a table of 128-byte rows (a shift and a LOP3 per 4-bit
-/// lookup): two CTAs of 8 warps per SM, or at two head tiles one CTA of 12
-/// warps at 168 registers (the other presets, and 4-bit keys on sm_80).
+/// shorter loop. Otherwise the narrow configuration, a table of 128-byte rows
+/// (a shift and a LOP3 per 4-bit lookup): two CTAs of 8 warps per SM, or at
+/// two head tiles one CTA of 12 warps at 168 registers (the other presets,
+/// and 4-bit keys on sm_80).
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct KernelShape {
   static_assert(!Wide || Format == CacheFormat::mse4, "the wide table serves 4-bit keys");
@@ -1006,10 +1006,13 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
 template <CacheFormat Format>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
-  if constexpr (Format == CacheFormat::mse4) {
-    if (group > kHeadsPerTile) {
-      return params.wide_table ? launch<2, Format, true>(params, stream) : launch<2, Format>(params, stream);
+  if (group > kHeadsPerTile) {
+    if constexpr (Format == CacheFormat::mse4) {
+      if (params.wide_table) return launch<2, Format, true>(params, stream);
     }
+    return launch<2, Format>(params, stream);
+  }
+  if constexpr (Format == CacheFormat::mse4) {
     if (params.wide_table) {
       if (params.kv_heads_per_cta == 8) {
         return params.early_rotation ? launch<1, Format, true, 8, true>(params, stream) : launch<1, Format, true, 8>(params, stream);
@@ -1023,7 +1026,6 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
       return params.early_rotation ? launch<1, Format, true, 1, true>(params, stream) : launch<1, Format, true>(params, stream);
     }
   }
-  if (group > kHeadsPerTile) return launch<2, Format>(params, stream);
   launch<1, Format>(params, stream);
 }
 
