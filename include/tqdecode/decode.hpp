@@ -67,6 +67,10 @@ struct LaunchPlan {
   /// SM streams several work items at once, as the two-CTA shape does, with
   /// the wide table's shorter loop, and each wave's prologue and merge are
   /// paid fewer times. The grid is (N, Hk / h, B).
+  /// Without wide_table, Hopper path, the other presets up to group 8: 2
+  /// (one CTA of 16 warps per SM, 8 per kv head, even Hk) where that grid
+  /// takes at most two waves, instead of two CTAs of 8 warps per SM, which
+  /// do not share an SM evenly (bench/NOTES.md, v3.22); else 1.
   int kv_heads_per_cta = 1;
   /// With wide_table, for CTAs that stream at most 8192 tokens (partition
   /// length, from the longest context the block table covers over N, times

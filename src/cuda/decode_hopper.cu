@@ -16,8 +16,10 @@
 // Grid (partition, kv head, sequence). Two CTAs of 8 warps per SM, or for
 // 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
 // grids of more than two waves serves two, four or eight kv heads, 8, 4 or 2
-// warps each (grid (partition, kv head group, sequence)); one CTA of 12 warps
-// for groups over 8, with the wide table for 4-bit keys (KernelShape). On
+// warps each (grid (partition, kv head group, sequence)); for the other
+// presets up to group 8 on grids of at most two waves, one CTA of 16 warps
+// serving two kv heads; one CTA of 12 warps for groups over 8, with the wide
+// table for 4-bit keys (KernelShape). On
 // the Hopper path the kernel is launched as a programmatic dependent
 // (launch_decode_hopper): its CTAs may start while the previous kernel of
 // the stream drains. A CTA
@@ -153,23 +155,29 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// shorter loop. Otherwise the narrow configuration, a table of 128-byte rows
 /// (a shift and a LOP3 per 4-bit lookup): two CTAs of 8 warps per SM, or at
 /// two head tiles one CTA of 12 warps at 168 registers (the other presets,
-/// and 4-bit keys on sm_80).
+/// and 4-bit keys on sm_80); on sm_90 the other presets also have one CTA of
+/// 16 warps per SM serving two kv heads, 8 warps each (HeadsPerCta 2), as two
+/// 8-warp CTAs would but with the SM's issue slots shared evenly: two CTAs on
+/// one SM end up to a sixth of the call apart (bench/NOTES.md, v3.22).
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct KernelShape {
   static_assert(!Wide || Format == CacheFormat::mse4, "the wide table serves 4-bit keys");
-  static_assert(HeadsPerCta == 1 || (Wide && HeadTiles == 1 && (HeadsPerCta == 2 || HeadsPerCta == 4 || HeadsPerCta == 8)),
-                "two, four or eight kv heads per CTA in the wide shape with one head tile only");
+  static_assert(HeadsPerCta == 1 ||
+                    (HeadTiles == 1 && (Wide ? HeadsPerCta == 2 || HeadsPerCta == 4 || HeadsPerCta == 8
+                                             : HeadsPerCta == 2 && Format != CacheFormat::mse4)),
+                "two, four or eight kv heads per CTA in the wide shape, two in the narrow one (not 4-bit keys, "
+                "which have the wide shape), with one head tile only");
   static constexpr bool kWideTable = Wide;
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
   // warps fill the register file (8 left a third of it idle, and two warps
   // per scheduler to cover the loop's latencies; bench/NOTES.md, v3.16). 16
   // wide-table warps at 128 registers (the query operand in shared memory,
   // one S^T chain per head tile) ran 7 % slower than 12 (v3.21).
-  static constexpr int kWarps = HeadTiles == 2 ? 12 : kWideTable ? 16 : 8;
+  static constexpr int kWarps = HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 ? 16 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kResidentCtas = kWideTable || HeadTiles == 2 ? 1 : 2;
+  static constexpr int kResidentCtas = kWarps > 8 ? 1 : 2;
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
   // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
@@ -218,8 +226,9 @@ struct SharedLayout {
   static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
   // 207872 (4-bit, wide), 210944, 217088 and 229376 (two, four and eight kv heads),
   // 175104 (4-bit, wide, two head tiles),
-  // 107648 (4-bit), 82048 (k3v4), 82560 (3bit), 103936 (fp8); two head tiles (12 warps):
-  // 146688, 120576, 121088, 156160
+  // 107648 (4-bit), 82048 (k3v4), 82560 (3bit), 103936 (fp8); two kv heads
+  // (16 warps): 155904 (k3v4), 156928 (3bit), 207872 (fp8); two head tiles
+  // (12 warps): 146688, 120576, 121088, 156160
   static constexpr int kBytes =
       kPlanOffset + HeadsPerCta * 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
@@ -969,14 +978,14 @@ constexpr bool kBelowSm90 = true;
 constexpr bool kBelowSm90 = false;
 #endif
 
-// The wide-table configurations need sm_90's shared memory per CTA (175 KB
-// and more) and are never launched below it (policy.cpp), so their sm_80
-// code is a trap.
+// The wide-table and two-kv-head configurations need sm_90's shared memory
+// per CTA (155 KB and more) and are never launched below it (policy.cpp), so
+// their sm_80 code is a trap.
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool EarlyRotation>
 __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kThreads,
                                   KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas)
     decode_kernel(const __grid_constant__ FusedDecodeParams params) {
-  if constexpr (Wide && kBelowSm90) {
+  if constexpr ((Wide || HeadsPerCta > 1) && kBelowSm90) {
     __trap();
   } else {
     decode_cta<HeadTiles, Format, Wide, HeadsPerCta, EarlyRotation>(params);
@@ -1025,6 +1034,9 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
       }
       return params.early_rotation ? launch<1, Format, true, 1, true>(params, stream) : launch<1, Format, true>(params, stream);
     }
+  }
+  if constexpr (Format != CacheFormat::mse4) {  // 4-bit keys serve several kv heads on the wide table
+    if (params.kv_heads_per_cta == 2) return launch<1, Format, false, 2>(params, stream);
   }
   launch<1, Format>(params, stream);
 }

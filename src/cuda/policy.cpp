@@ -103,6 +103,15 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     }
     if (best.num_partitions > 0) return best;
   }
+  // The other presets: two kv heads per 16-warp CTA (one per SM) where that
+  // grid takes at most kWideTableMaxWaves waves. Two 8-warp CTAs sharing an
+  // SM do not end together: one gets ahead and the other then streams alone,
+  // with half the warps, for about a sixth of the call (bench/NOTES.md, v3.22).
+  if (path == DecodePath::hopper && group_size <= kHeadsPerTile && num_kv_heads % 2 == 0) {
+    const int paired = choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, 1);
+    const long long paired_ctas = static_cast<long long>(batch) * (num_kv_heads / 2) * paired;
+    if ((paired_ctas + sm_count - 1) / sm_count <= kWideTableMaxWaves) return {paired, false, 2};
+  }
   return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
                                 resident_ctas_per_sm(path, preset, group_size, false)),
           false};

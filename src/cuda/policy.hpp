@@ -25,9 +25,10 @@ namespace tqdecode::cuda {
 inline constexpr int kMaxPartitions = 32;
 /// Resident CTAs per SM: the Hopper kernel holds 1 CTA of 16 warps in its
 /// 64 KB-table shape (turboquant_4bit_nc up to group 8, 203 to 224 KB of
-/// shared memory), else 2 of 8 warps up to group 8 (at most 128 registers,
-/// at most 105 KB each) and 1 of 12 warps for groups 9..16; the generic kernel is
-/// planned for 2. No path holds more, which bounds the pool.
+/// shared memory) and in its two-kv-head shape (the other presets), else 2
+/// of 8 warps up to group 8 (at most 128 registers, at most 105 KB each) and
+/// 1 of 12 warps for groups 9..16; the generic kernel is planned for 2. No
+/// path holds more, which bounds the pool.
 inline constexpr int kMaxResidentCtasPerSm = 2;
 inline constexpr double kGoodWaveUtilization = 0.95;
 inline constexpr int kMinPartitionTokens = 256;
@@ -85,7 +86,9 @@ struct GridChoice {
 /// heads, one CTA per SM; h divides Hk; h = 1 only for grids of at most
 /// kWideTableMaxWaves waves), the h whose grid has the fewest waves, the
 /// smallest on a tie; with no such h (Hk odd, larger grids) the narrow
-/// configuration's plan. The 16-warp kernel loads PiT first for
+/// configuration's plan. The other presets up to group 8 on the Hopper path
+/// take two kv heads per 16-warp CTA (even Hk) where that grid has at most
+/// kWideTableMaxWaves waves, else the narrow configuration's two CTAs per SM. The 16-warp kernel loads PiT first for
 /// CTAs streaming up to kEarlyRotationMaxCtaTokens. Groups over
 /// kHeadsPerTile (two head tiles) take the wide table (12 warps, one kv head
 /// per CTA) whatever the grid: the narrow one is also one CTA per SM there.

@@ -57,7 +57,9 @@ std::vector<DecodeCase> decode_cases() {
       {"q4_long_128k", p4, 64, 8, 128, 16, {131072 + 7}},
       {"q4_batch256", p4, 16, 4, 128, 16, random_lengths(256, 700, 5)},
       // Grids of several waves of CTAs (on an H200) with split partitions,
-      // empty sequences, one and two head tiles, every preset.
+      // empty sequences, one and two head tiles, every preset (the b48 cases
+      // of the other presets on two 8-warp CTAs per SM; their _d128 cases
+      // below take two kv heads per 16-warp CTA).
       {"q4_b40_split_waves", p4, 64, 8, 128, 16, random_lengths(40, 3000, 11)},
       {"k3v4_b48_waves", Preset::turboquant_k3v4_nc, 64, 8, 128, 32, random_lengths(48, 2000, 12), 0, true},
       {"3bit_b48_waves_f16", Preset::turboquant_3bit_nc, 64, 8, 128, 16, random_lengths(48, 2000, 13), 16, false,
@@ -161,8 +163,9 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
 
   const PathChoice choice = choose_decode_path(device.args());
   const LaunchPlan plan = plan_decode(device.args());
-  const std::string shape = !plan.wide_table ? ""
-                            : ", wide-table shape, " + std::to_string(plan.kv_heads_per_cta) + " kv head(s) per CTA";
+  const std::string shape = plan.wide_table ? ", wide-table shape, " + std::to_string(plan.kv_heads_per_cta) + " kv head(s) per CTA"
+                            : plan.kv_heads_per_cta > 1 ? ", " + std::to_string(plan.kv_heads_per_cta) + " kv heads per CTA"
+                                                        : "";
   std::printf("[ path     ] %s: %s (%s), N = %d%s%s\n", c.name.c_str(), decode_path_name(choice.path),
               choice.reason.c_str(), plan.num_partitions, shape.c_str(), plan.early_rotation ? ", PiT first" : "");
   decode(device.args(), workspace);

@@ -181,6 +181,35 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   EXPECT_FALSE(choose_grid(DecodePath::cuda_generic, Preset::turboquant_4bit_nc, 8, 16, 8, 32768, kH200Sms).wide_table);
 }
 
+// The other presets up to group 8: two kv heads per 16-warp CTA where that
+// grid takes at most two waves (bench/NOTES.md, v3.22), else two 8-warp CTAs
+// per SM; the decode tests' b48 cases keep the latter on the Hopper path.
+TEST(PartitionPolicy, TwoKvHeadsPerCtaForTheOtherPresetsOnGridsOfAtMostTwoWaves) {
+  const auto grid = [](Preset preset, int group, int batch, int hk, int context) {
+    return choose_grid(DecodePath::hopper, preset, group, batch, hk, context, kH200Sms);
+  };
+  for (const Preset preset : {Preset::turboquant_k3v4_nc, Preset::turboquant_3bit_nc, Preset::turboquant_k8v4}) {
+    const GridChoice b16 = grid(preset, 8, 16, 8, 32768);  // 64 work items, N = 2: 128 CTAs, one wave
+    EXPECT_FALSE(b16.wide_table);
+    EXPECT_EQ(b16.kv_heads_per_cta, 2);
+    EXPECT_EQ(b16.num_partitions, 2);
+    EXPECT_FALSE(b16.early_rotation);
+    const GridChoice b64 = grid(preset, 8, 64, 8, 8192);  // N = 1: 256 CTAs, two waves
+    EXPECT_EQ(b64.kv_heads_per_cta, 2);
+    EXPECT_EQ(b64.num_partitions, 1);
+    const GridChoice b128 = grid(preset, 8, 128, 8, 4096);  // two kv heads: 512 CTAs, four waves
+    EXPECT_EQ(b128.kv_heads_per_cta, 1);
+    EXPECT_EQ(b128.num_partitions, choose_num_partitions(128, 8, 4096, kH200Sms, 2));
+    const GridChoice b48 = grid(preset, 8, 48, 8, 2016);  // the b48 decode cases: two kv heads, N = 2: three waves
+    EXPECT_EQ(b48.kv_heads_per_cta, 1);
+    EXPECT_EQ(b48.num_partitions, choose_num_partitions(48, 8, 2016, kH200Sms, 2));
+    EXPECT_EQ(grid(preset, 8, 16, 3, 32768).kv_heads_per_cta, 1);   // Hk odd
+    EXPECT_EQ(grid(preset, 16, 16, 8, 32768).kv_heads_per_cta, 1);  // two head tiles: one 12-warp CTA per SM already
+    EXPECT_EQ(grid(preset, 4, 5, 4, 2064).kv_heads_per_cta, 2);     // the decode tests' _d128 cases
+    EXPECT_EQ(choose_grid(DecodePath::cuda_generic, preset, 8, 16, 8, 32768, kH200Sms).kv_heads_per_cta, 1);
+  }
+}
+
 // The 16-warp kernel loads PiT first for CTAs streaming at most 8192 tokens
 // (partition length times kv heads per CTA; bench/NOTES.md, v3.10 and v3.12):
 // the small benchmark shapes, not the long single-wave ones.
