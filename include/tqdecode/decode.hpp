@@ -78,7 +78,9 @@ struct LaunchPlan {
   /// else, while the previous kernel may still run, rather than after issuing
   /// its first tiles. It shortens the prologue and lengthens the main loop
   /// (register allocation), so it pays where the prologue weighs: short
-  /// streams per CTA (bench/NOTES.md, v3.10 and v3.12).
+  /// streams per CTA (bench/NOTES.md, v3.10 and v3.12). Without wide_table,
+  /// with two kv heads per CTA and MSE keys: always (that main loop keeps its
+  /// length; v3.22).
   bool early_rotation = false;
   /// The generic path's kernel (path cuda_generic only).
   GenericKernel generic_kernel = GenericKernel::scalar;

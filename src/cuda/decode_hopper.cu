@@ -278,9 +278,10 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
 // EarlyRotation (MSE keys): PiT's operands are loaded before the wait for the
 // previous kernel instead of after the first tiles are issued. The prologue
 // gets shorter, but with 32 more registers live across the tile issue the
-// compiler gives the main loop about 10 % more instructions (the table's
-// shared base in a vector register): chosen for short partitions
-// (LaunchPlan::early_rotation).
+// compiler gives the wide table's main loop about 10 % more instructions (the
+// table's shared base in a vector register): chosen there for short
+// partitions, and always for two kv heads on the narrow table, whose loop
+// keeps its length (LaunchPlan::early_rotation).
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool EarlyRotation>
 __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
   constexpr bool kFp8 = Format == CacheFormat::fp8;
@@ -1036,7 +1037,12 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
     }
   }
   if constexpr (Format != CacheFormat::mse4) {  // 4-bit keys serve several kv heads on the wide table
-    if (params.kv_heads_per_cta == 2) return launch<1, Format, false, 2>(params, stream);
+    if (params.kv_heads_per_cta == 2) {
+      if constexpr (Format != CacheFormat::fp8) {
+        if (params.early_rotation) return launch<1, Format, false, 2, true>(params, stream);
+      }
+      return launch<1, Format, false, 2>(params, stream);
+    }
   }
   launch<1, Format>(params, stream);
 }

@@ -106,11 +106,15 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // The other presets: two kv heads per 16-warp CTA (one per SM) where that
   // grid takes at most kWideTableMaxWaves waves. Two 8-warp CTAs sharing an
   // SM do not end together: one gets ahead and the other then streams alone,
-  // with half the warps, for about a sixth of the call (bench/NOTES.md, v3.22).
+  // with half the warps, for about a sixth of the call. MSE keys load PiT
+  // first on every such grid: unlike the wide table's, this main loop keeps
+  // its length with it (bench/NOTES.md, v3.22).
   if (path == DecodePath::hopper && group_size <= kHeadsPerTile && num_kv_heads % 2 == 0) {
     const int paired = choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, 1);
     const long long paired_ctas = static_cast<long long>(batch) * (num_kv_heads / 2) * paired;
-    if ((paired_ctas + sm_count - 1) / sm_count <= kWideTableMaxWaves) return {paired, false, 2};
+    if ((paired_ctas + sm_count - 1) / sm_count <= kWideTableMaxWaves) {
+      return {paired, false, 2, preset != Preset::turboquant_k8v4};
+    }
   }
   return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
                                 resident_ctas_per_sm(path, preset, group_size, false)),

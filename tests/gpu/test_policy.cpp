@@ -182,8 +182,9 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
 }
 
 // The other presets up to group 8: two kv heads per 16-warp CTA where that
-// grid takes at most two waves (bench/NOTES.md, v3.22), else two 8-warp CTAs
-// per SM; the decode tests' b48 cases keep the latter on the Hopper path.
+// grid takes at most two waves, PiT first for MSE keys (bench/NOTES.md,
+// v3.22), else two 8-warp CTAs per SM; the decode tests' b48 cases keep the
+// latter on the Hopper path.
 TEST(PartitionPolicy, TwoKvHeadsPerCtaForTheOtherPresetsOnGridsOfAtMostTwoWaves) {
   const auto grid = [](Preset preset, int group, int batch, int hk, int context) {
     return choose_grid(DecodePath::hopper, preset, group, batch, hk, context, kH200Sms);
@@ -193,13 +194,14 @@ TEST(PartitionPolicy, TwoKvHeadsPerCtaForTheOtherPresetsOnGridsOfAtMostTwoWaves)
     EXPECT_FALSE(b16.wide_table);
     EXPECT_EQ(b16.kv_heads_per_cta, 2);
     EXPECT_EQ(b16.num_partitions, 2);
-    EXPECT_FALSE(b16.early_rotation);
+    EXPECT_EQ(b16.early_rotation, preset != Preset::turboquant_k8v4);  // fp8 keys are not rotated
     const GridChoice b64 = grid(preset, 8, 64, 8, 8192);  // N = 1: 256 CTAs, two waves
     EXPECT_EQ(b64.kv_heads_per_cta, 2);
     EXPECT_EQ(b64.num_partitions, 1);
     const GridChoice b128 = grid(preset, 8, 128, 8, 4096);  // two kv heads: 512 CTAs, four waves
     EXPECT_EQ(b128.kv_heads_per_cta, 1);
     EXPECT_EQ(b128.num_partitions, choose_num_partitions(128, 8, 4096, kH200Sms, 2));
+    EXPECT_FALSE(b128.early_rotation);
     const GridChoice b48 = grid(preset, 8, 48, 8, 2016);  // the b48 decode cases: two kv heads, N = 2: three waves
     EXPECT_EQ(b48.kv_heads_per_cta, 1);
     EXPECT_EQ(b48.num_partitions, choose_num_partitions(48, 8, 2016, kH200Sms, 2));
@@ -235,9 +237,12 @@ TEST(PartitionPolicy, EarlyRotationForCtasStreamingAtMost8192Tokens) {
   const GridChoice long_single = grid(8, 1, 131072 + 7 + 16 * 2);  // q4_long_128k: N = 16, over 8192 tokens each
   EXPECT_EQ(long_single.num_partitions, 16);
   EXPECT_FALSE(long_single.early_rotation);
-  // Only the wide kernel with one head tile (16 warps) has the variant.
+  // Only the 16-warp kernels have the variant: not two head tiles (12 warps)
+  // nor two 8-warp CTAs per SM (the two-kv-head CTA of the other presets has
+  // it on every grid it serves, as the test above checks).
   EXPECT_FALSE(grid(16, 16, 4096).early_rotation);
-  EXPECT_FALSE(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 4096, kH200Sms).early_rotation);
+  EXPECT_FALSE(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 128, 8, 4096, kH200Sms).early_rotation);
+  EXPECT_TRUE(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 4096, kH200Sms).early_rotation);
 }
 
 }  // namespace
