@@ -71,17 +71,11 @@ struct LaunchPlan {
   /// (one CTA of 16 warps per SM, 8 per kv head, even Hk) where that grid
   /// takes at most two waves, instead of two CTAs of 8 warps per SM, which
   /// do not share an SM evenly (bench/NOTES.md, v3.22); else 1.
+  /// The 16-warp CTAs (wide_table with one head tile, or two kv heads per
+  /// CTA) of the MSE presets load their share of PiT before anything else,
+  /// while the previous kernel may still run, rather than after issuing
+  /// their first tiles.
   int kv_heads_per_cta = 1;
-  /// With wide_table, for CTAs that stream at most 8192 tokens (partition
-  /// length, from the longest context the block table covers over N, times
-  /// kv_heads_per_cta): each CTA loads its share of PiT before anything
-  /// else, while the previous kernel may still run, rather than after issuing
-  /// its first tiles. It shortens the prologue and lengthens the main loop
-  /// (register allocation), so it pays where the prologue weighs: short
-  /// streams per CTA (bench/NOTES.md, v3.10 and v3.12). Without wide_table,
-  /// with two kv heads per CTA and MSE keys: always (that main loop keeps its
-  /// length; v3.22).
-  bool early_rotation = false;
   /// The generic path's kernel (path cuda_generic only).
   GenericKernel generic_kernel = GenericKernel::scalar;
 };

@@ -23,8 +23,8 @@
 // the Hopper path the kernel is launched as a programmatic dependent
 // (launch_decode_hopper): its CTAs may start while the previous kernel of
 // the stream drains. A CTA
-// 0. builds the key lookup table from the centroids (and for short
-//    partitions loads PiT's operands), model constants that no kernel writes
+// 0. builds the key lookup table from the centroids (and in the 16-warp
+//    shapes loads PiT's operands), model constants that no kernel writes
 //    just before a decode (decode.hpp), then waits for the previous kernel;
 // 1. puts its first tiles in flight, then rotates the query heads of its
 //    group (q_rot = bf16(q @ PiT) on the tensor cores, hopper_rotation.cuh);
@@ -178,6 +178,12 @@ struct KernelShape {
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kResidentCtas = kWarps > 8 ? 1 : 2;
+  // MSE keys: PiT's operands are loaded before the wait for the previous
+  // kernel instead of after the first tiles are issued, so the rotation
+  // overlaps that kernel's tail (a shorter prologue by 1-10 % of the call,
+  // bench/NOTES.md, v3.22). In the 16-warp shapes; the others keep the 32
+  // registers free across the tile issue.
+  static constexpr bool kPiTBeforeWait = kWarps == 16;
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
   // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
@@ -275,14 +281,7 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
 // Keys: 4-bit (turboquant_4bit_nc) or 3-bit (turboquant_k3v4_nc) MSE keys
 // through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
 // HeadsPerCta: kv heads per CTA (2, 4 or 8: the wide shape for large grids).
-// EarlyRotation (MSE keys): PiT's operands are loaded before the wait for the
-// previous kernel instead of after the first tiles are issued. The prologue
-// gets shorter, but with 32 more registers live across the tile issue the
-// compiler gives the wide table's main loop about 10 % more instructions (the
-// table's shared base in a vector register): chosen there for short
-// partitions, and always for two kv heads on the narrow table, whose loop
-// keeps its length (LaunchPlan::early_rotation).
-template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool EarlyRotation>
+template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
 __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
   constexpr bool kFp8 = Format == CacheFormat::fp8;
   using Layout = TileLayout<Format>;
@@ -305,7 +304,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
   // ---- 0. constants, then wait for the previous kernel of the stream ----------
   // PiT and the centroids only (decode.hpp: they are not written by the
   // kernel just before the decode); every other input may be. PiT's loads
-  // (EarlyRotation) are in flight until the rotation uses them.
+  // (KernelShape::kPiTBeforeWait) are in flight until the rotation uses them.
   const bool rotates = !kFp8 && warp < kRotationWarps;  // MSE keys: warps 0..7 rotate the query (hopper_rotation.cuh)
   RotationOperands rotation;
   if constexpr (!kFp8) {
@@ -313,7 +312,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     // it, and the CTAs that start last, on the SMs the previous call's
     // reductions held, pay their prologue on the call's critical path (bench/NOTES.md, v3.19).
     build_lookup_table<Shared, kWarps>(shared, p.centroids, warp, lane);
-    if (EarlyRotation && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
+    if (Shape::kPiTBeforeWait && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
   }
 #if __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();           // no-op unless launched as a programmatic dependent
@@ -437,7 +436,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
               query_values[i];
         }
       }
-      if (!EarlyRotation && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
+      if (!Shape::kPiTBeforeWait && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
       __syncthreads();  // the query bits are in place
       if (rotates) {
         // At most two head tiles per pass: four (four kv heads per CTA) in one
@@ -982,20 +981,20 @@ constexpr bool kBelowSm90 = false;
 // The wide-table and two-kv-head configurations need sm_90's shared memory
 // per CTA (155 KB and more) and are never launched below it (policy.cpp), so
 // their sm_80 code is a trap.
-template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool EarlyRotation>
+template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
 __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kThreads,
                                   KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas)
     decode_kernel(const __grid_constant__ FusedDecodeParams params) {
   if constexpr ((Wide || HeadsPerCta > 1) && kBelowSm90) {
     __trap();
   } else {
-    decode_cta<HeadTiles, Format, Wide, HeadsPerCta, EarlyRotation>(params);
+    decode_cta<HeadTiles, Format, Wide, HeadsPerCta>(params);
   }
 }
 
-template <int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta = 1, bool EarlyRotation = false>
+template <int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta = 1>
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
-  constexpr auto kernel = decode_kernel<HeadTiles, Format, Wide, HeadsPerCta, EarlyRotation>;
+  constexpr auto kernel = decode_kernel<HeadTiles, Format, Wide, HeadsPerCta>;
   constexpr int kBytes = SharedLayout<HeadTiles, Format, Wide, HeadsPerCta>::kBytes;
   static std::once_flag configured;
   std::call_once(configured, [] { TQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)); });
@@ -1024,25 +1023,14 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   }
   if constexpr (Format == CacheFormat::mse4) {
     if (params.wide_table) {
-      if (params.kv_heads_per_cta == 8) {
-        return params.early_rotation ? launch<1, Format, true, 8, true>(params, stream) : launch<1, Format, true, 8>(params, stream);
-      }
-      if (params.kv_heads_per_cta == 4) {
-        return params.early_rotation ? launch<1, Format, true, 4, true>(params, stream) : launch<1, Format, true, 4>(params, stream);
-      }
-      if (params.kv_heads_per_cta == 2) {
-        return params.early_rotation ? launch<1, Format, true, 2, true>(params, stream) : launch<1, Format, true, 2>(params, stream);
-      }
-      return params.early_rotation ? launch<1, Format, true, 1, true>(params, stream) : launch<1, Format, true>(params, stream);
+      if (params.kv_heads_per_cta == 8) return launch<1, Format, true, 8>(params, stream);
+      if (params.kv_heads_per_cta == 4) return launch<1, Format, true, 4>(params, stream);
+      if (params.kv_heads_per_cta == 2) return launch<1, Format, true, 2>(params, stream);
+      return launch<1, Format, true>(params, stream);
     }
   }
   if constexpr (Format != CacheFormat::mse4) {  // 4-bit keys serve several kv heads on the wide table
-    if (params.kv_heads_per_cta == 2) {
-      if constexpr (Format != CacheFormat::fp8) {
-        if (params.early_rotation) return launch<1, Format, false, 2, true>(params, stream);
-      }
-      return launch<1, Format, false, 2>(params, stream);
-    }
+    if (params.kv_heads_per_cta == 2) return launch<1, Format, false, 2>(params, stream);
   }
   launch<1, Format>(params, stream);
 }
@@ -1077,7 +1065,7 @@ NarrowFootprint narrow_footprint(Preset preset, int group_size) {
 
 bool tensor_core_kernel_runnable() {
   cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, hopper::CacheFormat::mse4, false, 1, false>) == cudaSuccess;
+  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, hopper::CacheFormat::mse4, false, 1>) == cudaSuccess;
 }
 
 }  // namespace tqdecode::cuda

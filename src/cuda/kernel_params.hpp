@@ -76,7 +76,6 @@ struct FusedDecodeParams {
   unsigned* arrivals;          ///< [B * Hk], all zero between launches
   bool wide_table;             ///< 4-bit keys: the 64 KB-table kernel (LaunchPlan::wide_table)
   int kv_heads_per_cta;        ///< 1, or 2, 4 or 8 with wide_table, or 2 without (LaunchPlan::kv_heads_per_cta)
-  bool early_rotation;         ///< MSE keys, 16 warps: PiT's operands loaded first (LaunchPlan::early_rotation)
   bool programmatic_launch;    ///< launched as a programmatic dependent (DecodeWorkspace::set_programmatic_launch)
 };
 

@@ -54,7 +54,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
                                    ? "requested"
                                    : std::string(preset_info(args.layout.preset).name) + ", D=128 on sm_90";
     return {DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
-            grid.kv_heads_per_cta, grid.early_rotation};
+            grid.kv_heads_per_cta};
   }
   // The generic path: the tensor-core kernel's narrow configuration where it
   // runs, else the scalar kernel.
@@ -170,8 +170,7 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
     // path's plan has the narrow configuration, launched plainly (programmatic
     // dependent launch is an sm_90 feature).
     const bool programmatic = plan.path == DecodePath::hopper && workspace.programmatic_launch() && call.constants_stable;
-    cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta,
-                                plan.early_rotation, programmatic},
+    cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta, programmatic},
                                stream);
   } else {
     cuda::launch_rotate_queries(rotate, stream);

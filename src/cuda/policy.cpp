@@ -71,12 +71,6 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     if (group_size > kHeadsPerTile) {
       return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1), true};
     }
-    // CTAs streaming many tokens keep the shorter main loop; the others gain
-    // more from a shorter prologue (LaunchPlan::early_rotation).
-    const auto early_rotation = [&](int partitions, int heads_per_cta) {
-      const long long partition_tokens = (static_cast<long long>(max_context_tokens) + partitions - 1) / partitions;
-      return partition_tokens * heads_per_cta <= kEarlyRotationMaxCtaTokens;
-    };
     const auto waves_of = [&](long long ctas) { return (ctas + sm_count - 1) / sm_count; };
     // One kv head per CTA for grids of at most kWideTableMaxWaves waves;
     // several kv heads per CTA keep several work items per SM streaming, as
@@ -89,7 +83,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1);
     const long long wide_waves = waves_of(static_cast<long long>(batch) * num_kv_heads * wide);
     if (wide_waves <= kWideTableMaxWaves) {
-      best = {wide, true, 1, early_rotation(wide, 1)};
+      best = {wide, true, 1};
       best_waves = wide_waves;
     }
     for (const int heads_per_cta : kWideKvHeadsPerCta) {
@@ -97,7 +91,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
       const int partitions = choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count, 1);
       const long long waves = waves_of(static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions);
       if (best.num_partitions == 0 || waves < best_waves) {
-        best = {partitions, true, heads_per_cta, early_rotation(partitions, heads_per_cta)};
+        best = {partitions, true, heads_per_cta};
         best_waves = waves;
       }
     }
@@ -106,15 +100,11 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // The other presets: two kv heads per 16-warp CTA (one per SM) where that
   // grid takes at most kWideTableMaxWaves waves. Two 8-warp CTAs sharing an
   // SM do not end together: one gets ahead and the other then streams alone,
-  // with half the warps, for about a sixth of the call. MSE keys load PiT
-  // first on every such grid: unlike the wide table's, this main loop keeps
-  // its length with it (bench/NOTES.md, v3.22).
+  // with half the warps, for about a sixth of the call (bench/NOTES.md, v3.22).
   if (path == DecodePath::hopper && group_size <= kHeadsPerTile && num_kv_heads % 2 == 0) {
     const int paired = choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, 1);
     const long long paired_ctas = static_cast<long long>(batch) * (num_kv_heads / 2) * paired;
-    if ((paired_ctas + sm_count - 1) / sm_count <= kWideTableMaxWaves) {
-      return {paired, false, 2, preset != Preset::turboquant_k8v4};
-    }
+    if ((paired_ctas + sm_count - 1) / sm_count <= kWideTableMaxWaves) return {paired, false, 2};
   }
   return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
                                 resident_ctas_per_sm(path, preset, group_size, false)),

@@ -62,11 +62,6 @@ inline constexpr int kWideTableMaxWaves = 2;
 /// kv heads per CTA of the 16-warp kernel besides one.
 inline constexpr int kWideKvHeadsPerCta[] = {2, 4, 8};
 
-/// The 16-warp wide-table kernel loads PiT's operands first (LaunchPlan::early_rotation)
-/// when a CTA streams at most this many tokens (partition length times kv
-/// heads per CTA: 512 per warp; bench/NOTES.md, v3.10 and v3.12).
-inline constexpr int kEarlyRotationMaxCtaTokens = 8192;
-
 /// Whether the 64 KB-table Hopper kernel (16 warps, 12 for groups over 8) exists for this preset (4-bit keys).
 bool wide_table_kernel(Preset preset);
 
@@ -78,7 +73,6 @@ struct GridChoice {
   int num_partitions;
   bool wide_table;
   int kv_heads_per_cta = 1;
-  bool early_rotation = false;
 };
 
 /// N and the Hopper kernel shape for a call: where the 16-warp kernel
@@ -86,11 +80,10 @@ struct GridChoice {
 /// heads, one CTA per SM; h divides Hk; h = 1 only for grids of at most
 /// kWideTableMaxWaves waves), the h whose grid has the fewest waves, the
 /// smallest on a tie; with no such h (Hk odd, larger grids) the narrow
-/// configuration's plan. The 16-warp kernel loads PiT first for CTAs
-/// streaming up to kEarlyRotationMaxCtaTokens. The other presets up to group
-/// 8 on the Hopper path take two kv heads per 16-warp CTA (even Hk) where that
-/// grid has at most kWideTableMaxWaves waves, with PiT first for MSE keys,
-/// else the narrow configuration's two CTAs per SM. Groups over
+/// configuration's plan. The other presets up to group 8 on the Hopper path
+/// take two kv heads per 16-warp CTA (even Hk) where that grid has at most
+/// kWideTableMaxWaves waves, else the narrow configuration's two CTAs per
+/// SM. Groups over
 /// kHeadsPerTile (two head tiles) take the wide table (12 warps, one kv head
 /// per CTA) whatever the grid: the narrow one is also one CTA per SM there.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,

@@ -76,22 +76,20 @@ std::vector<DecodeCase> decode_cases() {
       // (N = 3), q4_batch256 four (group 4).
       {"q4_g6_b48_paired_split_sinks_f16", p4, 48, 8, 128, 16, random_lengths(48, 2500, 17), 0, true, DType::f16},
       {"q4_g6_b38_quad_split_sinks_f16", p4, 48, 8, 128, 16, random_lengths(38, 4000, 19), 0, true, DType::f16},
-      // Eight kv heads per CTA, 1200 tokens each: 9600 per CTA, so PiT loaded
-      // after the first tiles (LaunchPlan::early_rotation false).
-      {"q4_b128_octo_late", p4, 64, 8, 128, 16, [] {
+      // Eight kv heads per CTA, 1200 tokens each: 9600 per CTA.
+      {"q4_b128_octo_1200", p4, 64, 8, 128, 16, [] {
          std::vector<int> lengths = random_lengths(128, 1200, 20);
          lengths[7] = 1200;
          return lengths;
        }()},
       // Two kv heads per CTA in one wave (one per CTA would take two) with
-      // partitions of 5000 tokens: PiT loaded after the first tiles.
+      // partitions of 5000 tokens.
       {"q4_b32_paired_long", p4, 64, 8, 128, 16, [] {
          std::vector<int> lengths = random_lengths(32, 3000, 21);
          lengths[3] = 5000;
          return lengths;
        }()},
-      // Four kv heads per CTA with partitions over 8192 tokens: PiT loaded
-      // after the first tiles; the shorter grids above load it first.
+      // Four kv heads per CTA with partitions over 8192 tokens.
       {"q4_b66_quad_long", p4, 64, 8, 128, 16, [] {
          std::vector<int> lengths = random_lengths(66, 2000, 18);
          lengths[5] = 9001;  // N = 1 (132 CTAs of four kv heads: one wave), so partitions of 9001 tokens
@@ -166,8 +164,8 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
   const std::string shape = plan.wide_table ? ", wide-table shape, " + std::to_string(plan.kv_heads_per_cta) + " kv head(s) per CTA"
                             : plan.kv_heads_per_cta > 1 ? ", " + std::to_string(plan.kv_heads_per_cta) + " kv heads per CTA"
                                                         : "";
-  std::printf("[ path     ] %s: %s (%s), N = %d%s%s\n", c.name.c_str(), decode_path_name(choice.path),
-              choice.reason.c_str(), plan.num_partitions, shape.c_str(), plan.early_rotation ? ", PiT first" : "");
+  std::printf("[ path     ] %s: %s (%s), N = %d%s\n", c.name.c_str(), decode_path_name(choice.path),
+              choice.reason.c_str(), plan.num_partitions, shape.c_str());
   decode(device.args(), workspace);
   const std::vector<float> automatic = device.output();
   expect_close(automatic, expected, c.name + " " + decode_path_name(choice.path));

@@ -156,21 +156,19 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   const GridChoice b38 = grid(Preset::turboquant_4bit_nc, 6, 38, 8, 4000);  // q4_g6_b38_quad_split_sinks_f16
   EXPECT_EQ(b38.kv_heads_per_cta, 4);  // N = 5: three waves (two kv heads: six; eight: three, N = 10)
   EXPECT_EQ(b38.num_partitions, 5);
-  EXPECT_EQ(grid(Preset::turboquant_4bit_nc, 8, 128, 8, 1200).kv_heads_per_cta, 8);  // q4_b128_octo_late
+  EXPECT_EQ(grid(Preset::turboquant_4bit_nc, 8, 128, 8, 1200).kv_heads_per_cta, 8);  // q4_b128_octo_1200
   const GridChoice b32_long = grid(Preset::turboquant_4bit_nc, 8, 32, 8, 5008);  // q4_b32_paired_long
   EXPECT_EQ(b32_long.kv_heads_per_cta, 2);
   EXPECT_EQ(b32_long.num_partitions, 1);
-  EXPECT_FALSE(b32_long.early_rotation);
   const GridChoice odd = grid(Preset::turboquant_4bit_nc, 3, 700, 1, 64);  // Hk odd: the two-CTA shape
   EXPECT_FALSE(odd.wide_table);
   EXPECT_EQ(odd.kv_heads_per_cta, 1);
   EXPECT_EQ(odd.num_partitions, choose_num_partitions(700, 1, 64, kH200Sms, 2));
-  // Two head tiles: the wide table (12 warps) on every grid, one kv head per CTA, PiT after the first tiles.
+  // Two head tiles: the wide table (12 warps) on every grid, one kv head per CTA.
   const GridChoice g16 = grid(Preset::turboquant_4bit_nc, 16, 16, 8, 32768);
   EXPECT_TRUE(g16.wide_table);
   EXPECT_EQ(g16.num_partitions, 1);
   EXPECT_EQ(g16.kv_heads_per_cta, 1);
-  EXPECT_FALSE(g16.early_rotation);
   const GridChoice g16_waves = grid(Preset::turboquant_4bit_nc, 16, 101, 2, 1500);  // q4_g16_b101_waves_sinks: 202 CTAs
   EXPECT_TRUE(g16_waves.wide_table);
   EXPECT_EQ(g16_waves.kv_heads_per_cta, 1);
@@ -182,9 +180,8 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
 }
 
 // The other presets up to group 8: two kv heads per 16-warp CTA where that
-// grid takes at most two waves, PiT first for MSE keys (bench/NOTES.md,
-// v3.22), else two 8-warp CTAs per SM; the decode tests' b48 cases keep the
-// latter on the Hopper path.
+// grid takes at most two waves (bench/NOTES.md, v3.22), else two 8-warp
+// CTAs per SM; the decode tests' b48 cases keep the latter on the Hopper path.
 TEST(PartitionPolicy, TwoKvHeadsPerCtaForTheOtherPresetsOnGridsOfAtMostTwoWaves) {
   const auto grid = [](Preset preset, int group, int batch, int hk, int context) {
     return choose_grid(DecodePath::hopper, preset, group, batch, hk, context, kH200Sms);
@@ -194,14 +191,12 @@ TEST(PartitionPolicy, TwoKvHeadsPerCtaForTheOtherPresetsOnGridsOfAtMostTwoWaves)
     EXPECT_FALSE(b16.wide_table);
     EXPECT_EQ(b16.kv_heads_per_cta, 2);
     EXPECT_EQ(b16.num_partitions, 2);
-    EXPECT_EQ(b16.early_rotation, preset != Preset::turboquant_k8v4);  // fp8 keys are not rotated
     const GridChoice b64 = grid(preset, 8, 64, 8, 8192);  // N = 1: 256 CTAs, two waves
     EXPECT_EQ(b64.kv_heads_per_cta, 2);
     EXPECT_EQ(b64.num_partitions, 1);
     const GridChoice b128 = grid(preset, 8, 128, 8, 4096);  // two kv heads: 512 CTAs, four waves
     EXPECT_EQ(b128.kv_heads_per_cta, 1);
     EXPECT_EQ(b128.num_partitions, choose_num_partitions(128, 8, 4096, kH200Sms, 2));
-    EXPECT_FALSE(b128.early_rotation);
     const GridChoice b48 = grid(preset, 8, 48, 8, 2016);  // the b48 decode cases: two kv heads, N = 2: three waves
     EXPECT_EQ(b48.kv_heads_per_cta, 1);
     EXPECT_EQ(b48.num_partitions, choose_num_partitions(48, 8, 2016, kH200Sms, 2));
@@ -212,37 +207,17 @@ TEST(PartitionPolicy, TwoKvHeadsPerCtaForTheOtherPresetsOnGridsOfAtMostTwoWaves)
   }
 }
 
-// The 16-warp kernel loads PiT first for CTAs streaming at most 8192 tokens
-// (partition length times kv heads per CTA; bench/NOTES.md, v3.10 and v3.12):
-// the small benchmark shapes, not the long single-wave ones.
-TEST(PartitionPolicy, EarlyRotationForCtasStreamingAtMost8192Tokens) {
-  const auto grid = [](int group, int batch, int context) {
-    return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, group, batch, 8, context, kH200Sms);
+// Long partitions on the wide shape: q4_b66_quad_long and q4_long_128k's plans.
+TEST(PartitionPolicy, WideTableLongPartitions) {
+  const auto grid = [](int batch, int context) {
+    return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, batch, 8, context, kH200Sms);
   };
-  EXPECT_FALSE(grid(8, 16, 32768).early_rotation);   // N = 1: 32768 tokens
-  EXPECT_FALSE(grid(8, 32, 131072).early_rotation);  // N = 1
-  EXPECT_FALSE(grid(4, 16, 32768).early_rotation);
-  EXPECT_TRUE(grid(8, 1, 32768).early_rotation);     // N = 16: 2048 tokens
-  EXPECT_TRUE(grid(8, 1, 4096).early_rotation);
-  EXPECT_TRUE(grid(8, 16, 4096).early_rotation);     // N = 1: 4096 tokens
-  EXPECT_FALSE(grid(8, 64, 8192).early_rotation);    // four kv heads per CTA of 8192 tokens
-  EXPECT_FALSE(grid(8, 128, 4096).early_rotation);   // eight of 4096
-  EXPECT_TRUE(grid(8, 40, 3008).early_rotation);     // eight of 1003
-  EXPECT_FALSE(grid(8, 128, 1200).early_rotation);   // eight of 1200: q4_b128_octo_late
-  EXPECT_TRUE(grid(8, 128, 1024).early_rotation);    // eight of 1024
-  const GridChoice long_quad = grid(8, 66, 9040);  // q4_b66_quad_long: 132 CTAs of four kv heads
+  const GridChoice long_quad = grid(66, 9040);  // 132 CTAs of four kv heads
   EXPECT_EQ(long_quad.kv_heads_per_cta, 4);
   EXPECT_EQ(long_quad.num_partitions, 1);
-  EXPECT_FALSE(long_quad.early_rotation);
-  const GridChoice long_single = grid(8, 1, 131072 + 7 + 16 * 2);  // q4_long_128k: N = 16, over 8192 tokens each
+  const GridChoice long_single = grid(1, 131072 + 7 + 16 * 2);  // N = 16, over 8192 tokens each
+  EXPECT_EQ(long_single.kv_heads_per_cta, 1);
   EXPECT_EQ(long_single.num_partitions, 16);
-  EXPECT_FALSE(long_single.early_rotation);
-  // Only the 16-warp kernels have the variant: not two head tiles (12 warps)
-  // nor two 8-warp CTAs per SM (the two-kv-head CTA of the other presets has
-  // it on every grid it serves, as the test above checks).
-  EXPECT_FALSE(grid(16, 16, 4096).early_rotation);
-  EXPECT_FALSE(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 128, 8, 4096, kH200Sms).early_rotation);
-  EXPECT_TRUE(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 4096, kH200Sms).early_rotation);
 }
 
 }  // namespace
