@@ -181,8 +181,8 @@ struct KernelShape {
   // MSE keys: PiT's operands are loaded before the wait for the previous
   // kernel instead of after the first tiles are issued, so the rotation
   // overlaps that kernel's tail (a shorter prologue by 1-10 % of the call,
-  // bench/NOTES.md, v3.22). In the 16-warp shapes; the others keep the 32
-  // registers free across the tile issue.
+  // bench/NOTES.md, v3.22). In the 16-warp shapes; the others keep PiT's
+  // operand registers free across the tile issue.
   static constexpr bool kPiTBeforeWait = kWarps == 16;
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
@@ -280,7 +280,8 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
 // Keys: 4-bit (turboquant_4bit_nc) or 3-bit (turboquant_k3v4_nc) MSE keys
 // through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
-// HeadsPerCta: kv heads per CTA (2, 4 or 8: the wide shape for large grids).
+// HeadsPerCta: kv heads per CTA (2, 4 or 8: the wide shape for large grids;
+// 2: the other presets' 16-warp CTA).
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
 __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
   constexpr bool kFp8 = Format == CacheFormat::fp8;
