@@ -65,13 +65,13 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // The wide shape streams about 10 % faster per SM but exposes every wave's
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
+  const auto waves_of = [&](long long ctas) { return (ctas + sm_count - 1) / sm_count; };
   if (path == DecodePath::hopper && wide_table_kernel(preset)) {
     // Two head tiles: one CTA of 12 warps per SM either way, so the wide
     // table's shorter loop wins on every grid (bench/NOTES.md, v3.21).
     if (group_size > kHeadsPerTile) {
       return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1), true};
     }
-    const auto waves_of = [&](long long ctas) { return (ctas + sm_count - 1) / sm_count; };
     // One kv head per CTA for grids of at most kWideTableMaxWaves waves;
     // several kv heads per CTA keep several work items per SM streaming, as
     // two 8-warp CTAs do, with the wide table's shorter loop. The fewest
@@ -103,8 +103,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // with half the warps, for about a sixth of the call (bench/NOTES.md, v3.22).
   if (path == DecodePath::hopper && group_size <= kHeadsPerTile && num_kv_heads % 2 == 0) {
     const int paired = choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, 1);
-    const long long paired_ctas = static_cast<long long>(batch) * (num_kv_heads / 2) * paired;
-    if ((paired_ctas + sm_count - 1) / sm_count <= kWideTableMaxWaves) return {paired, false, 2};
+    if (waves_of(static_cast<long long>(batch) * (num_kv_heads / 2) * paired) <= kWideTableMaxWaves) return {paired, false, 2};
   }
   return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
                                 resident_ctas_per_sm(path, preset, group_size, false)),
