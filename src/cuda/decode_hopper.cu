@@ -29,8 +29,10 @@
 // 1. puts its first tiles in flight, then rotates the query heads of its
 //    group (q_rot = bf16(q @ PiT) on the tensor cores, hopper_rotation.cuh);
 // 2. streams its token range in 16-token tiles, warps taking tiles round
-//    robin, each warp keeping kStages tiles in flight with cp.async into its
-//    own shared-memory ring, and runs the two products on the tensor cores
+//    robin, each warp keeping kStages tiles in flight in its own ring of
+//    shared-memory stages (cp.async; in the wide shape bulk tensor copies,
+//    one per tile and tensor map, completing on one barrier per stage), and
+//    runs the two products on the tensor cores
 //    (mma.sync m16n8k16) with the query heads as the 8-wide N side, so a
 //    group of 8 fills every mma and nothing is padded:
 //      S^T = K Q^T   (M = 16 tokens, K = head dims; bf16)
@@ -82,6 +84,7 @@
 
 #include "cuda_check.hpp"
 #include "device_utils.cuh"
+#include "hopper_bulk_copy.cuh"
 #include "hopper_fragments.cuh"
 #include "hopper_rotation.cuh"
 #include "hopper_tile_layout.cuh"
@@ -183,7 +186,21 @@ struct KernelShape {
   // overlaps that kernel's tail (a shorter prologue by 1-10 % of the call,
   // bench/NOTES.md, v3.22). In the 16-warp shapes; the others keep PiT's
   // operand registers free across the tile issue.
-  static constexpr bool kPiTBeforeWait = kWarps == 16;
+  static constexpr bool kPiTBeforeWait = kWarps >= 12;
+  // The wide shape's tiles come by bulk tensor copies (hopper_bulk_copy.cuh):
+  // one instruction by one lane per tile and tensor map, where cp.async took
+  // a copy plan read back from shared memory and five 16-byte copies per
+  // lane, and its stream is unrolled by the ring's stages, so every stage
+  // and barrier address is an immediate: 16-18 % fewer instructions a tile,
+  // group 16 13 % faster (bench/NOTES.md, v3.23).
+  static constexpr bool kBulkCopy = kWideTable;
+  // The softmax takes each score less its row's maximum as one FFMA (score
+  // sum x norm - max) instead of a multiply and, for the exponent, a
+  // subtraction: 9 instructions a tile fewer at two head tiles, whose loop
+  // is bound by its instruction count (group 16 about 3 % faster); the
+  // rescale, which then recovers the scores, costs more: applied to every
+  // shape, it cost (1, 32768) 0.24 us and k3v4_nc 1.8 % (bench/NOTES.md, v3.23).
+  static constexpr bool kScoresLessMax = kBulkCopy && HeadTiles == 2;
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
   // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
@@ -203,40 +220,54 @@ struct SharedLayout {
   static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
   static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
   static constexpr int kLutBytes = kLutEntries * kLutRowBytes;
-  static constexpr int kRingBytes = Shape::kWarps * kStages * TileLayout<Format>::kStageBytes;
+  using Layout = TileLayout<Format>;
+  // The rings. With cp.async, warp w's stage s at kLutBytes + (w kStages + s)
+  // kStageBytes, fields included. With bulk tensor copies (the wide shape),
+  // the tiles' fields first, (w kStages + s) kFieldsStride from kFieldsOffset,
+  // then the records, stage s of warp w at records + (s kWarps + w) 2048
+  // with `records` rounded up to 1024 bytes at run time (the copy engine's
+  // 128-byte swizzle repeats every 1024 bytes; the dynamic shared memory
+  // follows the static), so the last stages of all warps are one area.
+  static constexpr bool kBulkCopy = Shape::kBulkCopy;
+  static constexpr int kFieldBytes = Layout::kFields * kTileTokens * 2;  // of a tile
+  static constexpr int kFieldsStride = 128;  // a bulk tensor copy's destination is 128-byte aligned
+  static constexpr int kFieldsOffset = kLutBytes;
+  static constexpr int kRecordsOffset = kBulkCopy ? kFieldsOffset + Shape::kWarps * kStages * kFieldsStride : kLutBytes;
+  static constexpr int kRecordsAlign = 1024;
+  static constexpr int kStageStride = kBulkCopy ? Shape::kWarps * Layout::kMetaOffset : Layout::kStageBytes;  // a warp's stage s to s + 1
+  static constexpr int kWarpRingStride = kBulkCopy ? Layout::kMetaOffset : kStages * Layout::kStageBytes;     // warp w's ring to w + 1's
+  static constexpr int kRingEnd =
+      kBulkCopy ? kRecordsOffset + kRecordsAlign + kStages * kStageStride : kLutBytes + Shape::kWarps * kStages * Layout::kStageBytes;
   using Merge = MergeStorage<Shape::kWarpsPerHead, Shape::kCtaRows>;
   // The merge reuses the table and the rings once the stream is done.
-  static constexpr int kMainBytes = std::max(kLutBytes + kRingBytes, static_cast<int>(sizeof(Merge)));
+  static constexpr int kMainBytes = std::max(kRingEnd, static_cast<int>(sizeof(Merge)));
   // The query rows as the mma operand's 16-bit values (query_slot).
   static constexpr int kQueryOffset = kMainBytes;
   static constexpr int kQueryBytes = Shape::kCtaRows * kHeadDim * 2;
   // MSE keys: the query's bits, the rotation's input (hopper_rotation.cuh),
-  // in head tiles of 8 rows. The wide shape keeps head tile t in the last
-  // ring stage of warp t (8 rows fill a 4-bit stage exactly), which nothing
-  // uses before the main loop issues its first tile there; the others after
-  // the query rows.
+  // in head tiles of 8 rows. The bulk-copy shapes keep them in the rings'
+  // last stages, which nothing uses before the main loop issues its first
+  // tiles there; the others after the query rows.
   static constexpr int kQueryBitsTileBytes = kHeadsPerTile * kQueryBitsStride * 2;
-  static constexpr bool kQueryBitsInRings = Shape::kWideTable;
-  static_assert(!kQueryBitsInRings || (kQueryBitsTileBytes <= TileLayout<Format>::kStageBytes &&
-                                       Shape::kCtaRows / kHeadsPerTile <= Shape::kWarps),
-                "one head tile of query bits per warp's last stage");
-  static constexpr int kQueryBitsOffset =
-      kQueryBitsInRings ? kLutBytes + (kStages - 1) * TileLayout<Format>::kStageBytes : kQueryOffset + kQueryBytes;
+  static constexpr bool kQueryBitsInRings = kBulkCopy;
+  static_assert(!kQueryBitsInRings || (kBulkCopy && Shape::kCtaRows / kHeadsPerTile * kQueryBitsTileBytes <= kStageStride),
+                "the query bits fit the last stages of the bulk-copy rings");
   /// Elements from one head tile of query bits to the next.
-  static constexpr int kQueryBitsTileStride =
-      (kQueryBitsInRings ? kStages * TileLayout<Format>::kStageBytes : kQueryBitsTileBytes) / 2;
+  static constexpr int kQueryBitsTileStride = kQueryBitsTileBytes / 2;
   static constexpr int kQueryBitsBytes = kCodebookSize && !kQueryBitsInRings ? Shape::kCtaRows * kQueryBitsStride * 2 : 0;
   // One copy plan per lane, the same for every warp of the CTA: read back
   // from here for each tile, since recomputing it in the loop (what the
   // compiler does at 128 registers) costs about 70 instructions per tile.
+  // Bulk copies need none; they have one barrier per stage.
   static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
-  // 207872 (4-bit, wide), 210944, 217088 and 229376 (two, four and eight kv heads),
-  // 175104 (4-bit, wide, two head tiles),
+  static constexpr int kPlanBytes = kBulkCopy ? 0 : HeadsPerCta * 32 * static_cast<int>(sizeof(typename Layout::IssuePlan));
+  static constexpr int kBarrierOffset = kPlanOffset + kPlanBytes;
+  // 208384 (4-bit, wide), 210432, 214528 and 222720 (two, four and eight kv heads),
+  // 175488 (4-bit, wide, two head tiles), each with up to 1 KB of alignment,
   // 107648 (4-bit), 82048 (k3v4), 82560 (3bit), 103936 (fp8); two kv heads
   // (16 warps): 155904 (k3v4), 156928 (3bit), 207872 (fp8); two head tiles
   // (12 warps): 146688, 120576, 121088, 156160
-  static constexpr int kBytes =
-      kPlanOffset + HeadsPerCta * 32 * static_cast<int>(sizeof(typename TileLayout<Format>::IssuePlan));
+  static constexpr int kBytes = kBarrierOffset + (kBulkCopy ? Shape::kWarps * kStages * 8 : 0);
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
   // per CTA, 128 bytes static.
   static_assert(kBytes <= 227 * 1024, "dynamic shared memory per CTA");
@@ -283,7 +314,7 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
 // HeadsPerCta: kv heads per CTA (2, 4 or 8: the wide shape for large grids;
 // 2: the other presets' 16-warp CTA).
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
-__device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
+__device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, const CacheTensorMaps& maps) {
   constexpr bool kFp8 = Format == CacheFormat::fp8;
   using Layout = TileLayout<Format>;
   using Shared = SharedLayout<HeadTiles, Format, Wide, HeadsPerCta>;
@@ -297,10 +328,18 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
   auto* query_rows = reinterpret_cast<std::uint16_t*>(shared + Shared::kQueryOffset);  // [kCtaRows][kHeadDim], query_slot
   const PartitionParams& p = params.partitions;
   const RotateParams& rq = params.rotate;
-  const int warp = threadIdx.x >> 5;
+  constexpr bool kBulkCopy = Shape::kBulkCopy;
+  // Bulk copies: broadcast, so the compiler knows it is the same across the
+  // warp and keeps the copies' operands in uniform registers.
+  const int warp = kBulkCopy ? __shfl_sync(kFullMask, static_cast<int>(threadIdx.x >> 5), 0) : threadIdx.x >> 5;
   // MSE keys: kept in a register rather than recomputed per tile (fewer
   // instructions in their loops; the fp8 loop comes out longer).
   const int lane = Format == CacheFormat::fp8 ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(opaque(threadIdx.x & 31));
+  // The token of a tile's S^T row or O^T k index `index` (TileLayout<mse4>).
+  const auto token_at = [](int index) {
+    if constexpr (Format == CacheFormat::mse4) return TileLayout<CacheFormat::mse4>::token_at<kBulkCopy>(index);
+    return index;
+  };
 
   // ---- 0. constants, then wait for the previous kernel of the stream ----------
   // PiT and the centroids only (decode.hpp: they are not written by the
@@ -387,13 +426,34 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     const std::uint8_t* cache = p.cache;
     const std::int64_t block_stride = p.layout.block_stride;
     const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
-    const std::uint32_t ring_offset = opaque(Shared::kLutBytes + warp * kStages * Layout::kStageBytes);
+    const std::uint32_t shared_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
+    std::uint32_t records_offset = Shared::kRecordsOffset;  // stage 0 of warp 0
+    if constexpr (kBulkCopy) {
+      records_offset = ((shared_address + records_offset + Shared::kRecordsAlign - 1) & ~(Shared::kRecordsAlign - 1u)) -
+                       shared_address;
+    }
+    const std::uint32_t ring_offset = opaque(records_offset + warp * Shared::kWarpRingStride);
     const std::uint8_t* ring = shared + ring_offset;
-    const std::uint32_t ring_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared)) + ring_offset;
+    const std::uint32_t ring_address = shared_address + ring_offset;
+    // Bulk copies: the warp's stage s has its fields at fields_address + s
+    // kFieldsStride and its barrier at barrier_address + 8 s; the copies of
+    // its n-th tile complete phase n / kStages of barrier n % kStages.
+    const std::uint32_t fields_offset = Shared::kFieldsOffset + warp * kStages * Shared::kFieldsStride;
+    const std::uint32_t fields_address = shared_address + fields_offset;
+    const std::uint32_t barrier_address = shared_address + Shared::kBarrierOffset + warp * kStages * 8;
     const typename Layout::IssuePlan plan = Layout::make_plan(p, head, lane);
     // One plan per kv head of the CTA, published by the __syncthreads before the main loop.
     auto* plans = reinterpret_cast<typename Layout::IssuePlan*>(shared + Shared::kPlanOffset) + 32 * head_slot;
-    if (head_warp == 0) plans[lane] = plan;
+    if constexpr (kBulkCopy) {
+      if (lane == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages; ++s) mbarrier_init(barrier_address + 8 * s, 1);
+        fence_barrier_init();
+      }
+      __syncwarp();
+    } else {
+      if (head_warp == 0) plans[lane] = plan;
+    }
     const int first_tile = range.begin / kTileTokens + head_warp;
     const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
     const int count = first_tile < end_tile ? (end_tile - first_tile + kWarpsPerHead - 1) / kWarpsPerHead : 0;
@@ -406,14 +466,32 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       const int index = window + lane;
       return index < count ? tile_block(table, first_tile + index * kWarpsPerHead, block_shift) : 0;
     };
+    // The warp's n-th tile (in physical block `physical`) into stage n % kStages.
+    const auto issue_bulk = [&](int n, int physical, auto stage_index) {
+      if (elect_one_lane()) {
+        const int stage = stage_index;
+        const std::uint32_t barrier = barrier_address + 8 * stage;
+        const int slot = ((first_tile + n * kWarpsPerHead) * kTileTokens) & block_mask;
+        mbarrier_arrive_expect_tx(barrier, Layout::kMetaOffset + Shared::kFieldBytes);
+        bulk_tensor_load(ring_address + stage * Shared::kStageStride, &maps.records, 0, head, slot, physical,
+                         barrier);
+        bulk_tensor_load(fields_address + stage * Shared::kFieldsStride, &maps.fields, slot,
+                         Layout::kFields * head, physical, barrier);
+      }
+    };
     int blocks = load_blocks(0);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < count) {
-        issue_tile<Layout>(ring_address + s * Layout::kStageBytes, cache, block_stride, __shfl_sync(kFullMask, blocks, s),
-                           first_tile + s * kWarpsPerHead, block_mask, plan, lane);
+      if constexpr (kBulkCopy) {
+        const int physical = __shfl_sync(kFullMask, blocks, s);
+        if (s < count) issue_bulk(s, physical, s);
+      } else {
+        if (s < count) {
+          issue_tile<Layout>(ring_address + s * Shared::kStageStride, cache, block_stride, __shfl_sync(kFullMask, blocks, s),
+                             first_tile + s * kWarpsPerHead, block_mask, plan, lane);
+        }
+        cp_async_commit();
       }
-      cp_async_commit();
     }
     if constexpr (kFp8) {
       // fp8 keys: the query as it is, in fp16 (exact for fp16 queries and
@@ -428,7 +506,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       }
     } else {
       // MSE keys: the rotation on the tensor cores (hopper_rotation.cuh).
-      auto* query_bits = reinterpret_cast<std::uint16_t*>(shared + Shared::kQueryBitsOffset);
+      // The wide shape: in the rings' last stages (SharedLayout).
+      auto* query_bits = reinterpret_cast<std::uint16_t*>(
+          shared + (Shared::kQueryBitsInRings ? records_offset + (kStages - 1) * Shared::kStageStride
+                                              : Shared::kQueryOffset + Shared::kQueryBytes));
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
         const int row = first_row + kRowStep * i;
@@ -456,6 +537,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       }
     }
     int blocks_next = load_blocks(32);  // only now: the rotation needs the registers
+    if constexpr (kBulkCopy) fence_proxy_async_shared();  // the copy engine overwrites the query bits next
     __syncthreads();
 
     const int c = lane & 3;
@@ -504,12 +586,19 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
 #pragma unroll
         for (int w = 0; w < 3; ++w) key_word[w] = static_cast<int>(opaque(Layout::key_word_offset(g, c, w, head)));
       } else {
-        key_offset[j][0] = static_cast<int>(opaque(Layout::key_offset(token, c)));
+        key_offset[j][0] = static_cast<int>(opaque(Layout::template key_offset<kBulkCopy>(token_at(token), c)));
       }
     }
     if constexpr (value_bits(Format) == 4) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) value_offset[k] = Layout::value_offset(2 * c + (k & 1) + 8 * (k >> 1), g, head);
+      for (int k = 0; k < 4; ++k) {
+        const int token = token_at(2 * c + (k & 1) + 8 * (k >> 1));
+        if constexpr (Format == CacheFormat::mse4) {
+          value_offset[k] = Layout::template value_offset<kBulkCopy>(token, g, head);
+        } else {
+          value_offset[k] = Layout::value_offset(token, g, head);
+        }
+      }
     } else {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -526,6 +615,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
     float acc[HeadTiles][kDimTiles][4];
     float pv_sum[HeadTiles][4];  // sum_t P'_t per head (columns 2c, 2c + 1; every row)
     float row_max[HeadTiles][2], row_sum[HeadTiles][2], zero_sum[HeadTiles][2];  // heads 2c + e; max in base-2 units
+    // KernelShape::kScoresLessMax: -row_max while that is finite, 0 before.
+    float neg_reference[HeadTiles][2];
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
@@ -534,27 +625,42 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         row_max[nt][e] = -INFINITY;
+        neg_reference[nt][e] = 0.0f;
         row_sum[nt][e] = zero_sum[nt][e] = 0.0f;
       }
     }
     const float score_scale = p.scale * kLog2e;
 
-    for (int k = 0; k < count; ++k) {
+    // The warp's k-th tile, in ring stage stage_index = k % kStages (a
+    // compile-time constant where the loop is unrolled by kStages).
+    const auto stream_tile = [&](int k, auto stage_index, unsigned phase) {
+      const int stage_id = stage_index;
       const int ahead = k + kStages - 1;
       if (ahead < count) {
         if ((ahead & 31) == 0) {
           blocks = blocks_next;
           blocks_next = load_blocks(ahead + 32);
         }
-        const int tile = first_tile + ahead * kWarpsPerHead;
-        issue_tile<Layout>(ring_address + (ahead % kStages) * Layout::kStageBytes, cache, block_stride,
-                           __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask,
-                           typename Layout::IssuePlan(plans[lane]), lane);
+        if constexpr (kBulkCopy) {
+          issue_bulk(ahead, __shfl_sync(kFullMask, blocks, ahead & 31),
+                     std::integral_constant<int, (decltype(stage_index)::value + kStages - 1) % kStages>{});
+        } else {
+          const int tile = first_tile + ahead * kWarpsPerHead;
+          issue_tile<Layout>(ring_address + (ahead % kStages) * Shared::kStageStride, cache, block_stride,
+                             __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask,
+                             typename Layout::IssuePlan(plans[lane]), lane);
+        }
       }
-      cp_async_commit();
-      cp_async_wait<kStages - 1>();
-      __syncwarp();
-      const std::uint8_t* stage = ring + (k % kStages) * Layout::kStageBytes;
+      if constexpr (kBulkCopy) {
+        mbarrier_wait_parity(barrier_address + 8 * stage_id, phase);
+      } else {
+        cp_async_commit();
+        cp_async_wait<kStages - 1>();
+        __syncwarp();
+      }
+      const std::uint8_t* stage = ring + stage_id * Shared::kStageStride;
+      const std::uint8_t* fields =
+          kBulkCopy ? shared + fields_offset + stage_id * Shared::kFieldsStride : stage + Layout::kMetaOffset;
       const int tile_token = (first_tile + k * kWarpsPerHead) * kTileTokens;
 
       // S^T = K Q^T: rows are tokens g and g + 8, columns heads 2c, 2c + 1.
@@ -656,18 +762,24 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         if constexpr (kFp8) {
           norm_scale[j] = score_scale;  // fp8 keys carry no norm
         } else {
-          norm_scale[j] = stage_field<Layout>(stage, Layout::kNormField, 8 * j + g) * score_scale;
+          norm_scale[j] = tile_field(fields, Layout::kNormField, token_at(8 * j + g)) * score_scale;
         }
-        value_scale[j] = stage_field<Layout>(stage, Layout::kValueScaleField, 8 * j + g);
-        value_zero[j] = stage_field<Layout>(stage, Layout::kValueZeroField, 8 * j + g);
+        value_scale[j] = tile_field(fields, Layout::kValueScaleField, token_at(8 * j + g));
+        value_zero[j] = tile_field(fields, Layout::kValueZeroField, token_at(8 * j + g));
       }
-      float s[HeadTiles][2][2];  // [head tile][head 2c + e][token g / g + 8]
+      // Base-2 scores, less the row's maximum where KernelShape::kScoresLessMax
+      // (then the maximum's reference is neg_reference): [head tile][head 2c + e][token g / g + 8].
+      constexpr bool kLessMax = Shape::kScoresLessMax;
+      float d[HeadTiles][2][2];
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) s[nt][e][j] = (score[nt][2 * j + e] + score_odd[nt][2 * j + e]) * norm_scale[j];
+          for (int j = 0; j < 2; ++j) {
+            const float sum = score[nt][2 * j + e] + score_odd[nt][2 * j + e];
+            d[nt][e][j] = kLessMax ? fmaf(sum, norm_scale[j], neg_reference[nt][e]) : sum * norm_scale[j];
+          }
         }
       }
       if (tile_token + kTileTokens > range.end) {
@@ -676,10 +788,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         // arithmetic; score -inf, value fields 0.
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          if (tile_token + 8 * j + g >= range.end) {
+          if (tile_token + token_at(8 * j + g) >= range.end) {
             value_scale[j] = value_zero[j] = 0.0f;
 #pragma unroll
-            for (int nt = 0; nt < HeadTiles; ++nt) s[nt][0][j] = s[nt][1][j] = -INFINITY;
+            for (int nt = 0; nt < HeadTiles; ++nt) d[nt][0][j] = d[nt][1][j] = -INFINITY;
           }
         }
       }
@@ -689,15 +801,16 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
       // exceeds one by more than kLazyRescaleLog2 (so p <= 2^kLazyRescaleLog2):
       // one vote, and only then the shuffles for the tile maxima and the
       // rescale of the accumulators. A tile with a value scale too large for
-      // p * scale to stay finite in fp16 takes the exact path (p <= 1).
+      // p * scale to stay finite in fp16 takes the exact path (p <= 1). The
+      // warp's first tile always takes it (the maxima start at -inf).
       const bool large_scale = fmaxf(fabsf(value_scale[0]), fabsf(value_scale[1])) > kMaxLazyValueScale;
-      bool grows = large_scale;
+      bool grows = large_scale || (kLessMax && k == 0);
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) grows |= s[nt][e][j] > row_max[nt][e] + kLazyRescaleLog2;
+          for (int j = 0; j < 2; ++j) grows |= d[nt][e][j] > (kLessMax ? 0.0f : row_max[nt][e]) + kLazyRescaleLog2;
         }
       }
       if (__any_sync(kFullMask, grows)) {
@@ -710,13 +823,20 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
           float alpha[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            float tile_max = fmaxf(s[nt][e][0], s[nt][e][1]);
+            const float s0 = kLessMax ? d[nt][e][0] - neg_reference[nt][e] : d[nt][e][0];
+            const float s1 = kLessMax ? d[nt][e][1] - neg_reference[nt][e] : d[nt][e][1];
+            float tile_max = fmaxf(s0, s1);
             tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 4));
             tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 8));
             tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 16));
             const float new_max = tile_max > row_max[nt][e] + threshold ? tile_max : row_max[nt][e];
             alpha[e] = fast_exp2(row_max[nt][e] - new_max);
             row_max[nt][e] = new_max;
+            if (kLessMax) {
+              if (fabsf(new_max) < INFINITY) neg_reference[nt][e] = -new_max;
+              d[nt][e][0] = s0 + neg_reference[nt][e];
+              d[nt][e][1] = s1 + neg_reference[nt][e];
+            }
             row_sum[nt][e] *= alpha[e];
             zero_sum[nt][e] *= alpha[e];
           }
@@ -739,8 +859,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         float p_token[2][2];  // [token g / g + 8][head 2c + e]
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float p0 = fast_exp2(s[nt][e][0] - row_max[nt][e]);
-          const float p1 = fast_exp2(s[nt][e][1] - row_max[nt][e]);
+          const float p0 = fast_exp2(kLessMax ? d[nt][e][0] : d[nt][e][0] - row_max[nt][e]);
+          const float p1 = fast_exp2(kLessMax ? d[nt][e][1] : d[nt][e][1] - row_max[nt][e]);
           row_sum[nt][e] += p0 + p1;
           zero_sum[nt][e] = fmaf(p0, value_zero[0], fmaf(p1, value_zero[1], zero_sum[nt][e]));
           p_token[0][e] = p0 * value_scale[0];
@@ -817,8 +937,19 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params) {
         for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(pv_sum[nt], ones, pb[nt][0], pb[nt][1]);
       }
       __syncwarp();  // the stage is refilled by the next iteration's issue
+    };
+    if constexpr (kBulkCopy) {
+      // Unrolled by kStages: every stage and barrier address is an immediate.
+      unsigned phase = 0;  // of the barriers' current use: (k / kStages) & 1
+      for (int k0 = 0; k0 < count; k0 += kStages, phase ^= 1u) {
+        static_for<kStages>([&]<int S>() {
+          if (k0 + S < count) stream_tile(k0 + S, std::integral_constant<int, S>{}, phase);
+        });
+      }
+    } else {
+      for (int k = 0; k < count; ++k) stream_tile(k, k % kStages, 0u);
     }
-    cp_async_wait<0>();
+    if constexpr (!kBulkCopy) cp_async_wait<0>();
 
     // ---- 3. merge the warps -----------------------------------------------------
 #pragma unroll
@@ -985,11 +1116,11 @@ constexpr bool kBelowSm90 = false;
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
 __global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kThreads,
                                   KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas)
-    decode_kernel(const __grid_constant__ FusedDecodeParams params) {
+    decode_kernel(const __grid_constant__ FusedDecodeParams params, const __grid_constant__ CacheTensorMaps maps) {
   if constexpr ((Wide || HeadsPerCta > 1) && kBelowSm90) {
     __trap();
   } else {
-    decode_cta<HeadTiles, Format, Wide, HeadsPerCta>(params);
+    decode_cta<HeadTiles, Format, Wide, HeadsPerCta>(params, maps);
   }
 }
 
@@ -1010,7 +1141,10 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   programmatic.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &programmatic;
   config.numAttrs = params.programmatic_launch ? 1 : 0;
-  TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  // Only the bulk-copy shapes read the maps.
+  const CacheTensorMaps maps =
+      KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kBulkCopy ? encode_cache_tensor_maps(params.partitions) : CacheTensorMaps{};
+  TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, maps));
 }
 
 template <CacheFormat Format>

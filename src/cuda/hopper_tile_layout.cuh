@@ -156,6 +156,12 @@ struct TileLayout;
 
 // 4-bit MSE keys: one 128-byte row per token (64 key bytes, then 64 value
 // bytes), its 16-byte chunks XOR-swizzled by token; then the 3 fp16 fields.
+// Bulk tensor copies (the wide shape's one-head-tile CTAs) put chunk j at
+// j ^ (token & 7), the copy engine's 128-byte swizzle; there tile index i
+// (an S^T row, an O^T k index) is token i ^ 4 (i & 1), so the two tokens of
+// a quarter warp's key loads fall in different halves of the bank space
+// and the four of a half warp's value loads in different quarters, free of
+// bank conflicts as cp.async's swizzle is. (`Bulk` selects the arrangement.)
 template <>
 struct TileLayout<CacheFormat::mse4> {
   static constexpr int kRecordBytes = 128;  // key + value data of one (slot, head)
@@ -164,12 +170,24 @@ struct TileLayout<CacheFormat::mse4> {
   static constexpr int kMetaOffset = kTileTokens * kRecordBytes;  // 2048
   static constexpr int kStageBytes = kMetaOffset + 128;          // 3 x 32 B of fields, padded
 
-  __device__ static int swizzle(int token) { return ((token & 1) << 2) ^ (token & 6); }
+  template <bool Bulk>
+  __device__ static int token_at(int index) {
+    return Bulk ? index ^ ((index & 1) << 2) : index;
+  }
+  template <bool Bulk>
+  __device__ static int chunk_offset(int token, int chunk) {
+    const int swizzle = Bulk ? token & 7 : ((token & 1) << 2) ^ (token & 6);
+    return token * kRecordBytes + ((chunk ^ swizzle) << 4);
+  }
   /// The lane's 16 key bytes (one load) of `token`.
-  __device__ static int key_offset(int token, int c) { return token * kRecordBytes + ((c ^ swizzle(token)) << 4); }
+  template <bool Bulk>
+  __device__ static int key_offset(int token, int c) {
+    return chunk_offset<Bulk>(token, c);
+  }
   /// The lane's 8 value bytes of `token` (the same for every kv head).
+  template <bool Bulk = false>
   __device__ static int value_offset(int token, int g, int /*head*/) {
-    return token * kRecordBytes + (((4 + (g >> 1)) ^ swizzle(token)) << 4) + 8 * (g & 1);
+    return chunk_offset<Bulk>(token, 4 + (g >> 1)) + 8 * (g & 1);
   }
 
   struct alignas(16) IssuePlan {
@@ -180,9 +198,8 @@ struct TileLayout<CacheFormat::mse4> {
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
-    const auto destination = [](int token, int chunk) { return token * kRecordBytes + ((chunk ^ swizzle(token)) << 4); };
     return {static_cast<std::uint32_t>(slot_stride),
-            TokenRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, destination),
+            TokenRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, chunk_offset<false>),
             FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
   }
 
@@ -392,10 +409,10 @@ __device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8
                 lane);
 }
 
-// fp16 field `field` of token `token` in a stage.
-template <class Layout>
-__device__ __forceinline__ float stage_field(const std::uint8_t* stage, int field, int token) {
-  return __half2float(load_shared<__half>(stage + Layout::kMetaOffset + 32 * field + 2 * token));
+// fp16 field `field` of token `token` of a tile's fields (at kMetaOffset in
+// a stage, or in the fields area of the bulk-copy rings).
+__device__ __forceinline__ float tile_field(const std::uint8_t* fields, int field, int token) {
+  return __half2float(load_shared<__half>(fields + 32 * field + 2 * token));
 }
 
 }  // namespace tqdecode::cuda::hopper

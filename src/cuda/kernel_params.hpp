@@ -66,6 +66,21 @@ struct ReduceParams {
   int num_partitions;
 };
 
+/// The wide shape's tensor maps over the cache, its kernel's second argument
+/// (launch_decode_hopper encodes them per launch; cache_tensor_maps.cpp). `records`: the data region as
+/// [block][slot][kv head][128 bytes], a box of 16 slots of one kv head,
+/// 128-byte swizzled; `fields`: the metadata region as [block][kv head x 3
+/// fields][slot] fp16, a box of 16 slots of a kv head's three fields.
+/// A CUtensorMap's bytes (the driver's header stays out of the kernels'
+/// translation units: including it there changed their register allocation).
+struct alignas(128) TensorMapBytes {
+  std::uint64_t opaque[16];
+};
+struct CacheTensorMaps {
+  TensorMapBytes records;
+  TensorMapBytes fields;
+};
+
 /// The fused Hopper step: query rotation, partitions and reduction in one
 /// launch. The last CTA of each (sequence, kv head) to finish its partition
 /// (counted in `arrivals`, which it resets to 0) reduces the N partitions.
@@ -112,6 +127,10 @@ struct CheckInputsParams {
   std::int32_t* checked_seq_lens;  ///< [batch]
   DeviceCheckState* state;
 };
+
+/// The tensor maps of the wide shape over `params`' cache (4-bit keys);
+/// throws CudaError if the driver rejects them.
+CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params);
 
 void launch_check_decode_inputs(const CheckInputsParams& params, CUstream_st* stream);
 void launch_rotate_queries(const RotateParams& params, CUstream_st* stream);

@@ -1,0 +1,77 @@
+// Tensor maps of the cache for the bulk tensor copies of the wide shape
+// (decode_hopper.cu). Encoding is host-only work (no device call), so it is
+// done per launch and is safe during graph capture; the driver function is
+// looked up once.
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "cuda_check.hpp"
+#include "kernel_params.hpp"
+
+namespace tqdecode::cuda {
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    TQ_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || function == nullptr) {
+      throw CudaError("tqdecode: the CUDA driver has no cuTensorMapEncodeTiled (the Hopper kernel's bulk copies need it)");
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encoder;
+}
+
+void check_encoded(CUresult status, const char* map) {
+  if (status != CUDA_SUCCESS) {
+    throw CudaError(std::string("tqdecode: cuTensorMapEncodeTiled rejected the cache's ") + map + " map (CUresult " +
+                    std::to_string(static_cast<int>(status)) + ")");
+  }
+}
+
+static_assert(sizeof(CUtensorMap) == sizeof(TensorMapBytes) && alignof(CUtensorMap) == alignof(TensorMapBytes));
+
+}  // namespace
+
+CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params) {
+  constexpr int kRecordBytes = 128;  // 4-bit keys and values, D = 128
+  constexpr int kFields = 3;         // key norm, value scale, value zero
+  constexpr unsigned kTileTokens = 16;
+  const CacheLayout& layout = params.layout;
+  // Dimensions are 32-bit; a cache of 2^32 blocks does not fit in memory anyway.
+  const auto blocks = static_cast<cuuint64_t>(std::clamp<std::int64_t>(params.num_blocks, 1, std::int64_t{0xffffffff}));
+  const auto heads = static_cast<cuuint64_t>(layout.num_kv_heads);
+  const auto slots = static_cast<cuuint64_t>(layout.block_size);
+  const auto block_stride = static_cast<cuuint64_t>(layout.block_stride);
+  const cuuint32_t unit_strides[4] = {1, 1, 1, 1};
+  CacheTensorMaps maps{};
+
+  const cuuint64_t record_dims[4] = {kRecordBytes, heads, slots, blocks};
+  const cuuint64_t record_strides[3] = {kRecordBytes, heads * kRecordBytes, block_stride};  // bytes, dims 1..3
+  const cuuint32_t record_box[4] = {kRecordBytes, 1, kTileTokens, 1};
+  check_encoded(tensor_map_encoder()(reinterpret_cast<CUtensorMap*>(&maps.records), CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<std::uint8_t*>(params.cache),
+                                     record_dims, record_strides, record_box, unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                "records");
+
+  const cuuint64_t field_dims[3] = {slots, heads * kFields, blocks};
+  const cuuint64_t field_strides[2] = {slots * 2, block_stride};
+  const cuuint32_t field_box[3] = {kTileTokens, kFields, 1};
+  check_encoded(tensor_map_encoder()(reinterpret_cast<CUtensorMap*>(&maps.fields), CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
+                                     const_cast<std::uint8_t*>(params.cache) + layout.metadata_region_offset(), field_dims,
+                                     field_strides, field_box, unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                     CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                "fields");
+  return maps;
+}
+
+}  // namespace tqdecode::cuda
