@@ -20,7 +20,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
     void* function = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    TQ_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found));
+    TQ_CUDA_CHECK(
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found));
     if (found != cudaDriverEntryPointSuccess || function == nullptr) {
       throw CudaError("tqdecode: the CUDA driver has no cuTensorMapEncodeTiled (the Hopper kernel's bulk copies need it)");
     }
@@ -36,8 +37,6 @@ void check_encoded(CUresult status, const char* map) {
   }
 }
 
-static_assert(sizeof(CUtensorMap) == sizeof(TensorMapBytes) && alignof(CUtensorMap) == alignof(TensorMapBytes));
-
 }  // namespace
 
 CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params) {
@@ -51,25 +50,24 @@ CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params) {
   const auto slots = static_cast<cuuint64_t>(layout.block_size);
   const auto block_stride = static_cast<cuuint64_t>(layout.block_stride);
   const cuuint32_t unit_strides[4] = {1, 1, 1, 1};
+  auto* cache = const_cast<std::uint8_t*>(params.cache);
+  const auto encode = tensor_map_encoder();
   CacheTensorMaps maps{};
 
   const cuuint64_t record_dims[4] = {kRecordBytes, heads, slots, blocks};
   const cuuint64_t record_strides[3] = {kRecordBytes, heads * kRecordBytes, block_stride};  // bytes, dims 1..3
   const cuuint32_t record_box[4] = {kRecordBytes, 1, kTileTokens, 1};
-  check_encoded(tensor_map_encoder()(reinterpret_cast<CUtensorMap*>(&maps.records), CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<std::uint8_t*>(params.cache),
-                                     record_dims, record_strides, record_box, unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+  check_encoded(encode(&maps.records, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, cache, record_dims, record_strides, record_box,
+                       unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
                 "records");
 
   const cuuint64_t field_dims[3] = {slots, heads * kFields, blocks};
   const cuuint64_t field_strides[2] = {slots * 2, block_stride};
   const cuuint32_t field_box[3] = {kTileTokens, kFields, 1};
-  check_encoded(tensor_map_encoder()(reinterpret_cast<CUtensorMap*>(&maps.fields), CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
-                                     const_cast<std::uint8_t*>(params.cache) + layout.metadata_region_offset(), field_dims,
-                                     field_strides, field_box, unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                     CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+  check_encoded(encode(&maps.fields, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, cache + layout.metadata_region_offset(), field_dims,
+                       field_strides, field_box, unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
                 "fields");
   return maps;
 }

@@ -156,7 +156,7 @@ struct TileLayout;
 
 // 4-bit MSE keys: one 128-byte row per token (64 key bytes, then 64 value
 // bytes), its 16-byte chunks XOR-swizzled by token; then the 3 fp16 fields.
-// Bulk tensor copies (the wide shape's one-head-tile CTAs) put chunk j at
+// Bulk tensor copies (the wide shape's CTAs) put chunk j at
 // j ^ (token & 7), the copy engine's 128-byte swizzle; there tile index i
 // (an S^T row, an O^T k index) is token i ^ 4 (i & 1), so the two tokens of
 // a quarter warp's key loads fall in different halves of the bank space

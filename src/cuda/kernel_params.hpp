@@ -3,6 +3,8 @@
 // memory and every shape is fixed at graph capture (LAUNCHER.md).
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "tqdecode/common.hpp"
@@ -67,18 +69,14 @@ struct ReduceParams {
 };
 
 /// The wide shape's tensor maps over the cache, its kernel's second argument
-/// (launch_decode_hopper encodes them per launch; cache_tensor_maps.cpp). `records`: the data region as
-/// [block][slot][kv head][128 bytes], a box of 16 slots of one kv head,
-/// 128-byte swizzled; `fields`: the metadata region as [block][kv head x 3
-/// fields][slot] fp16, a box of 16 slots of a kv head's three fields.
-/// A CUtensorMap's bytes (the driver's header stays out of the kernels'
-/// translation units: including it there changed their register allocation).
-struct alignas(128) TensorMapBytes {
-  std::uint64_t opaque[16];
-};
+/// (launch_decode_hopper encodes them per launch; cache_tensor_maps.cpp).
+/// `records`: the data region as [block][slot][kv head][128 bytes], a box of
+/// 16 slots of one kv head, 128-byte swizzled; `fields`: the metadata region
+/// as [block][kv head x 3 fields][slot] fp16, a box of 16 slots of a kv
+/// head's three fields.
 struct CacheTensorMaps {
-  TensorMapBytes records;
-  TensorMapBytes fields;
+  CUtensorMap records;
+  CUtensorMap fields;
 };
 
 /// The fused Hopper step: query rotation, partitions and reduction in one
