@@ -73,8 +73,9 @@
 // operand loads are free of bank conflicts.
 //
 // Files: the tile layouts and their copies are in hopper_tile_layout.cuh, the
-// register-level operations (packing, mma, transpose) in hopper_fragments.cuh,
-// the query rotation in hopper_rotation.cuh.
+// bulk tensor copies and barriers in hopper_bulk_copy.cuh (their tensor maps
+// in cache_tensor_maps.cpp), the register-level operations (packing, mma,
+// transpose) in hopper_fragments.cuh, the query rotation in hopper_rotation.cuh.
 #include <cuda_runtime.h>
 
 #include <algorithm>
