@@ -40,10 +40,10 @@ void check_encoded(CUresult status, const char* map) {
 }  // namespace
 
 CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params) {
-  constexpr int kRecordBytes = 128;  // 4-bit keys and values, D = 128
-  constexpr int kFields = 3;         // key norm, value scale, value zero
-  constexpr unsigned kTileTokens = 16;
+  constexpr unsigned kTileTokens = 16;  // the Hopper kernel's tile (hopper_tile_layout.cuh)
   const CacheLayout& layout = params.layout;
+  const auto record_bytes = static_cast<cuuint32_t>(layout.record_bytes());  // 128 for 4-bit keys and values, D = 128
+  const auto fields = static_cast<cuuint32_t>(layout.fields());
   // Dimensions are 32-bit; a cache of 2^32 blocks does not fit in memory anyway.
   const auto blocks = static_cast<cuuint64_t>(std::clamp<std::int64_t>(params.num_blocks, 1, std::int64_t{0xffffffff}));
   const auto heads = static_cast<cuuint64_t>(layout.num_kv_heads);
@@ -54,17 +54,17 @@ CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params) {
   const auto encode = tensor_map_encoder();
   CacheTensorMaps maps{};
 
-  const cuuint64_t record_dims[4] = {kRecordBytes, heads, slots, blocks};
-  const cuuint64_t record_strides[3] = {kRecordBytes, heads * kRecordBytes, block_stride};  // bytes, dims 1..3
-  const cuuint32_t record_box[4] = {kRecordBytes, 1, kTileTokens, 1};
+  const cuuint64_t record_dims[4] = {record_bytes, heads, slots, blocks};
+  const cuuint64_t record_strides[3] = {record_bytes, heads * record_bytes, block_stride};  // bytes, dims 1..3
+  const cuuint32_t record_box[4] = {record_bytes, 1, kTileTokens, 1};
   check_encoded(encode(&maps.records, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, cache, record_dims, record_strides, record_box,
                        unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
                 "records");
 
-  const cuuint64_t field_dims[3] = {slots, heads * kFields, blocks};
+  const cuuint64_t field_dims[3] = {slots, heads * fields, blocks};
   const cuuint64_t field_strides[2] = {slots * 2, block_stride};
-  const cuuint32_t field_box[3] = {kTileTokens, kFields, 1};
+  const cuuint32_t field_box[3] = {kTileTokens, fields, 1};
   check_encoded(encode(&maps.fields, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, cache + layout.metadata_region_offset(), field_dims,
                        field_strides, field_box, unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                        CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),

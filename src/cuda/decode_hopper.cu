@@ -251,7 +251,7 @@ struct SharedLayout {
   // tiles there; the others after the query rows.
   static constexpr int kQueryBitsTileBytes = kHeadsPerTile * kQueryBitsStride * 2;
   static constexpr bool kQueryBitsInRings = kBulkCopy;
-  static_assert(!kQueryBitsInRings || (kBulkCopy && Shape::kCtaRows / kHeadsPerTile * kQueryBitsTileBytes <= kStageStride),
+  static_assert(!kQueryBitsInRings || Shape::kCtaRows / kHeadsPerTile * kQueryBitsTileBytes <= kStageStride,
                 "the query bits fit the last stages of the bulk-copy rings");
   /// Elements from one head tile of query bits to the next.
   static constexpr int kQueryBitsTileStride = kQueryBitsTileBytes / 2;
@@ -442,8 +442,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     const std::uint32_t fields_offset = Shared::kFieldsOffset + warp * kStages * Shared::kFieldsStride;
     const std::uint32_t fields_address = shared_address + fields_offset;
     const std::uint32_t barrier_address = shared_address + Shared::kBarrierOffset + warp * kStages * 8;
-    const typename Layout::IssuePlan plan = Layout::make_plan(p, head, lane);
-    // One plan per kv head of the CTA, published by the __syncthreads before the main loop.
+    // cp.async: the lane's copy plan; one plan per kv head of the CTA,
+    // published by the __syncthreads before the main loop.
+    const typename Layout::IssuePlan plan = kBulkCopy ? typename Layout::IssuePlan{} : Layout::make_plan(p, head, lane);
     auto* plans = reinterpret_cast<typename Layout::IssuePlan*>(shared + Shared::kPlanOffset) + 32 * head_slot;
     if constexpr (kBulkCopy) {
       if (lane == 0) {
