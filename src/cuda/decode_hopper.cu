@@ -61,7 +61,7 @@
 //   mask-and-or makes its low nibbles fp16 (1 + c/1024) ((x & 0xf) | 0x3c00)
 //   and its high nibbles fp16 (1 + c/64) (c in mantissa bits 7..4). Scale and
 //   zero fold into the probabilities:
-//     sum_t p_t (c_t s_t + z_t) = sum_t P'_t c_t + sum_t p_t z_t,  P'_t = fp16(p_t s_t)
+//     sum_t p_t (c_t s_t + z_t) = sum_t P'_t c_t + sum_t p_t z_t,  P'_t = fp16(fp16(p_t) s_t)
 //   and sum_t P'_t c_t = 2^(10-p) (sum_t P'_t (1 + c_t 2^(p-10)) - sum_t P'_t)
 //   for a code at mantissa bit p, sum_t P'_t coming from one extra mma with
 //   an all-ones operand.
@@ -101,7 +101,6 @@ namespace hopper {
 
 constexpr int kDimTiles = kHeadDim / 16;
 constexpr int kStages = 4;          // tiles in flight per warp
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
@@ -468,6 +467,16 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       const int index = window + lane;
       return index < count ? tile_block(table, first_tile + index * kWarpsPerHead, block_shift) : 0;
     };
+    // The tensor maps' addresses, broadcast so they stay in uniform registers
+    // across the loop instead of being recomputed from the parameters per tile.
+    const auto uniform_address = [](const void* pointer) {
+      const auto address = reinterpret_cast<std::uint64_t>(pointer);
+      const std::uint32_t low = __shfl_sync(kFullMask, static_cast<std::uint32_t>(address), 0);
+      const std::uint32_t high = __shfl_sync(kFullMask, static_cast<std::uint32_t>(address >> 32), 0);
+      return reinterpret_cast<const void*>((static_cast<std::uint64_t>(high) << 32) | low);
+    };
+    const void* records_map = kBulkCopy ? uniform_address(&maps.records) : nullptr;
+    const void* fields_map = kBulkCopy ? uniform_address(&maps.fields) : nullptr;
     // The warp's n-th tile (in physical block `physical`) into stage n % kStages.
     const auto issue_bulk = [&](int n, int physical, auto stage_index) {
       if (elect_one_lane()) {
@@ -475,9 +484,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         const std::uint32_t barrier = barrier_address + 8 * stage;
         const int slot = ((first_tile + n * kWarpsPerHead) * kTileTokens) & block_mask;
         mbarrier_arrive_expect_tx(barrier, Layout::kMetaOffset + Shared::kFieldBytes);
-        bulk_tensor_load(ring_address + stage * Shared::kStageStride, &maps.records, 0, head, slot, physical,
+        bulk_tensor_load(ring_address + stage * Shared::kStageStride, records_map, 0, head, slot, physical,
                          barrier);
-        bulk_tensor_load(fields_address + stage * Shared::kFieldsStride, &maps.fields, slot,
+        bulk_tensor_load(fields_address + stage * Shared::kFieldsStride, fields_map, slot,
                          Layout::kFields * head, physical, barrier);
       }
     };
@@ -587,8 +596,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       } else if constexpr (three_bit_keys(Format)) {
 #pragma unroll
         for (int w = 0; w < 3; ++w) key_word[w] = static_cast<int>(opaque(Layout::key_word_offset(g, c, w, head)));
-      } else {
-        key_offset[j][0] = static_cast<int>(opaque(Layout::template key_offset<kBulkCopy>(token_at(token), c)));
+      } else if (j == 0) {  // 4-bit keys: token g + 8's are Layout::kOffset8Tokens further
+        key_offset[0][0] = static_cast<int>(opaque(Layout::template key_offset<kBulkCopy>(token_at(token), c)));
       }
     }
     if constexpr (value_bits(Format) == 4) {
@@ -596,7 +605,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       for (int k = 0; k < 4; ++k) {
         const int token = token_at(2 * c + (k & 1) + 8 * (k >> 1));
         if constexpr (Format == CacheFormat::mse4) {
-          value_offset[k] = Layout::template value_offset<kBulkCopy>(token, g, head);
+          value_offset[k] = k < 2 ? Layout::template value_offset<kBulkCopy>(token, g, head)
+                                  : value_offset[k - 2] + Layout::kOffset8Tokens;
         } else {
           value_offset[k] = Layout::value_offset(token, g, head);
         }
@@ -631,7 +641,6 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         row_sum[nt][e] = zero_sum[nt][e] = 0.0f;
       }
     }
-    const float score_scale = p.scale * kLog2e;
 
     // The warp's k-th tile, in ring stage stage_index = k % kStages (a
     // compile-time constant where the loop is unrolled by kStages).
@@ -729,7 +738,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         }
       } else {
         const uint4 key_g = load_shared<uint4>(stage + key_offset[0][0]);
-        const uint4 key_g8 = load_shared<uint4>(stage + key_offset[1][0]);
+        const uint4 key_g8 = load_shared<uint4>(stage + key_offset[0][0] + Layout::kOffset8Tokens);
         const std::uint32_t words_g[4] = {key_g.x, key_g.y, key_g.z, key_g.w};
         const std::uint32_t words_g8[4] = {key_g8.x, key_g8.y, key_g8.z, key_g8.w};
 #pragma unroll
@@ -757,17 +766,20 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         }
       }
 
-      // Per-token fields of tokens g and g + 8.
-      float norm_scale[2], value_scale[2], value_zero[2];
+      // Per-token fields of tokens g and g + 8 (token index g + 8 is token
+      // token_at(g) + 8 in every arrangement, so one offset serves both).
+      const std::uint8_t* token_fields = fields + 2 * token_at(g);
+      float norm_scale[2], value_zero[2];
+      __half value_scale[2];  // as stored: P' = fp16(p) x scale is one HMUL2 per token and head pair
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         if constexpr (kFp8) {
-          norm_scale[j] = score_scale;  // fp8 keys carry no norm
+          norm_scale[j] = p.scale_log2;  // fp8 keys carry no norm
         } else {
-          norm_scale[j] = tile_field(fields, Layout::kNormField, token_at(8 * j + g)) * score_scale;
+          norm_scale[j] = tile_field(token_fields, Layout::kNormField, 8 * j) * p.scale_log2;
         }
-        value_scale[j] = tile_field(fields, Layout::kValueScaleField, token_at(8 * j + g));
-        value_zero[j] = tile_field(fields, Layout::kValueZeroField, token_at(8 * j + g));
+        value_scale[j] = tile_field_half(token_fields, Layout::kValueScaleField, 8 * j);
+        value_zero[j] = tile_field(token_fields, Layout::kValueZeroField, 8 * j);
       }
       // Base-2 scores, less the row's maximum where KernelShape::kScoresLessMax
       // (then the maximum's reference is neg_reference): [head tile][head 2c + e][token g / g + 8].
@@ -791,7 +803,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           if (tile_token + token_at(8 * j + g) >= range.end) {
-            value_scale[j] = value_zero[j] = 0.0f;
+            value_scale[j] = __ushort_as_half(0);
+            value_zero[j] = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < HeadTiles; ++nt) d[nt][0][j] = d[nt][1][j] = -INFINITY;
           }
@@ -805,7 +818,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       // rescale of the accumulators. A tile with a value scale too large for
       // p * scale to stay finite in fp16 takes the exact path (p <= 1). The
       // warp's first tile always takes it (the maxima start at -inf).
-      const bool large_scale = fmaxf(fabsf(value_scale[0]), fabsf(value_scale[1])) > kMaxLazyValueScale;
+      const bool large_scale =
+          __hgt(__hmax(__habs(value_scale[0]), __habs(value_scale[1])), __float2half_rn(kMaxLazyValueScale));
       bool grows = large_scale || (kLessMax && k == 0);
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) {
@@ -859,18 +873,24 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) {
         float p_token[2][2];  // [token g / g + 8][head 2c + e]
+        // P' of a token for heads 2c, 2c + 1: fp16(p) x scale (rounded twice:
+        // at most 2^-10 relative, far below the 4-bit codes' resolution).
+        const auto scaled_pair = [](const float (&p_heads)[2], __half scale) {
+          const __half2 pair = __hmul2(__floats2half2_rn(p_heads[0], p_heads[1]), __half2half2(scale));
+          return *reinterpret_cast<const std::uint32_t*>(&pair);
+        };
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float p0 = fast_exp2(kLessMax ? d[nt][e][0] : d[nt][e][0] - row_max[nt][e]);
           const float p1 = fast_exp2(kLessMax ? d[nt][e][1] : d[nt][e][1] - row_max[nt][e]);
           row_sum[nt][e] += p0 + p1;
           zero_sum[nt][e] = fmaf(p0, value_zero[0], fmaf(p1, value_zero[1], zero_sum[nt][e]));
-          p_token[0][e] = p0 * value_scale[0];
-          p_token[1][e] = p1 * value_scale[1];
+          p_token[0][e] = p0;
+          p_token[1][e] = p1;
         }
         // (token, head) fragments of tokens 0..7 and 8..15 -> (head, token): the B operand halves.
-        pb[nt][0] = transpose_8x8(pack_f16(p_token[0][0], p_token[0][1]));
-        pb[nt][1] = transpose_8x8(pack_f16(p_token[1][0], p_token[1][1]));
+        pb[nt][0] = transpose_8x8(scaled_pair(p_token[0], value_scale[0]));
+        pb[nt][1] = transpose_8x8(scaled_pair(p_token[1], value_scale[1]));
       }
 
       // O^T += V^T P'^T. Dim tile m takes the codes of dims 16g + 2m (row g)

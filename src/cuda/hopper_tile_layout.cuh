@@ -169,6 +169,8 @@ struct TileLayout<CacheFormat::mse4> {
   static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
   static constexpr int kMetaOffset = kTileTokens * kRecordBytes;  // 2048
   static constexpr int kStageBytes = kMetaOffset + 128;          // 3 x 32 B of fields, padded
+  // Token index i + 8's offsets are token index i's plus this (either arrangement).
+  static constexpr int kOffset8Tokens = 8 * kRecordBytes;
 
   template <bool Bulk>
   __device__ static int token_at(int index) {
@@ -411,8 +413,11 @@ __device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8
 
 // fp16 field `field` of token `token` of a tile's fields (at kMetaOffset in
 // a stage, or in the fields area of the bulk-copy rings).
+__device__ __forceinline__ __half tile_field_half(const std::uint8_t* fields, int field, int token) {
+  return load_shared<__half>(fields + 32 * field + 2 * token);
+}
 __device__ __forceinline__ float tile_field(const std::uint8_t* fields, int field, int token) {
-  return __half2float(load_shared<__half>(fields + 32 * field + 2 * token));
+  return __half2float(tile_field_half(fields, field, token));
 }
 
 }  // namespace tqdecode::cuda::hopper
