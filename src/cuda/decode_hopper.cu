@@ -201,6 +201,12 @@ struct KernelShape {
   // rescale, which then recovers the scores, costs more: applied to every
   // shape, it cost (1, 32768) 0.24 us and k3v4_nc 1.8 % (bench/NOTES.md, v3.23).
   static constexpr bool kScoresLessMax = kBulkCopy && HeadTiles == 2;
+  // P' = fp16(p) x value scale, one HMUL2 per token and head pair, instead of
+  // two FMULs and a pack: 2 % fewer instructions a tile at two head tiles. In
+  // the bulk-copy shapes only: the narrow 3-bit loops, bound by latency at
+  // their occupancy, ran 7.5 % (3bit_nc) and 2.4 % (k3v4_nc) slower with it
+  // at the same instruction count (bench/NOTES.md, v3.24).
+  static constexpr bool kHalfScaledProbabilities = kBulkCopy;
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
   // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
@@ -769,8 +775,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       // Per-token fields of tokens g and g + 8 (token index g + 8 is token
       // token_at(g) + 8 in every arrangement, so one offset serves both).
       const std::uint8_t* token_fields = fields + 2 * token_at(g);
+      constexpr bool kHalfScaled = Shape::kHalfScaledProbabilities;
       float norm_scale[2], value_zero[2];
-      __half value_scale[2];  // as stored: P' = fp16(p) x scale is one HMUL2 per token and head pair
+      std::conditional_t<kHalfScaled, __half, float> value_scale[2];  // fp16 as stored where kHalfScaled
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         if constexpr (kFp8) {
@@ -778,7 +785,11 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         } else {
           norm_scale[j] = tile_field(token_fields, Layout::kNormField, 8 * j) * p.scale_log2;
         }
-        value_scale[j] = tile_field_half(token_fields, Layout::kValueScaleField, 8 * j);
+        if constexpr (kHalfScaled) {
+          value_scale[j] = tile_field_half(token_fields, Layout::kValueScaleField, 8 * j);
+        } else {
+          value_scale[j] = tile_field(token_fields, Layout::kValueScaleField, 8 * j);
+        }
         value_zero[j] = tile_field(token_fields, Layout::kValueZeroField, 8 * j);
       }
       // Base-2 scores, less the row's maximum where KernelShape::kScoresLessMax
@@ -803,7 +814,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           if (tile_token + token_at(8 * j + g) >= range.end) {
-            value_scale[j] = __ushort_as_half(0);
+            value_scale[j] = 0.0f;
             value_zero[j] = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < HeadTiles; ++nt) d[nt][0][j] = d[nt][1][j] = -INFINITY;
@@ -818,15 +829,34 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       // rescale of the accumulators. A tile with a value scale too large for
       // p * scale to stay finite in fp16 takes the exact path (p <= 1). The
       // warp's first tile always takes it (the maxima start at -inf).
-      const bool large_scale =
-          __hgt(__hmax(__habs(value_scale[0]), __habs(value_scale[1])), __float2half_rn(kMaxLazyValueScale));
+      bool large_scale;
+      if constexpr (kHalfScaled) {
+        large_scale = __hgt(__hmax(__habs(value_scale[0]), __habs(value_scale[1])), __float2half_rn(kMaxLazyValueScale));
+      } else {
+        large_scale = fmaxf(fabsf(value_scale[0]), fabsf(value_scale[1])) > kMaxLazyValueScale;
+      }
       bool grows = large_scale || (kLessMax && k == 0);
+      if constexpr (kLessMax) {
+        // One threshold for every score: their maximum as a tree, a chain of
+        // 4 instead of 8 dependent comparisons.
+        constexpr int kScores = HeadTiles * 4;
+        float largest[kScores];
 #pragma unroll
-      for (int nt = 0; nt < HeadTiles; ++nt) {
+        for (int i = 0; i < kScores; ++i) largest[i] = d[i / 4][(i / 2) % 2][i % 2];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
+        for (int width = kScores / 2; width > 0; width /= 2) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) grows |= d[nt][e][j] > (kLessMax ? 0.0f : row_max[nt][e]) + kLazyRescaleLog2;
+          for (int i = 0; i < width; ++i) largest[i] = fmaxf(largest[i], largest[i + width]);
+        }
+        grows |= largest[0] > kLazyRescaleLog2;
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) grows |= d[nt][e][j] > row_max[nt][e] + kLazyRescaleLog2;
+          }
         }
       }
       if (__any_sync(kFullMask, grows)) {
@@ -873,11 +903,16 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) {
         float p_token[2][2];  // [token g / g + 8][head 2c + e]
-        // P' of a token for heads 2c, 2c + 1: fp16(p) x scale (rounded twice:
-        // at most 2^-10 relative, far below the 4-bit codes' resolution).
-        const auto scaled_pair = [](const float (&p_heads)[2], __half scale) {
-          const __half2 pair = __hmul2(__floats2half2_rn(p_heads[0], p_heads[1]), __half2half2(scale));
-          return *reinterpret_cast<const std::uint32_t*>(&pair);
+        // P' of a token for heads 2c, 2c + 1: fp16(p x scale), or where
+        // kHalfScaled fp16(p) x scale (rounded twice: at most 2^-10 relative,
+        // far below the 4-bit codes' resolution).
+        const auto scaled_pair = [](const float (&p_heads)[2], auto scale) {
+          if constexpr (kHalfScaled) {
+            const __half2 pair = __hmul2(__floats2half2_rn(p_heads[0], p_heads[1]), __half2half2(scale));
+            return *reinterpret_cast<const std::uint32_t*>(&pair);
+          } else {
+            return pack_f16(p_heads[0] * scale, p_heads[1] * scale);
+          }
         };
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
