@@ -508,6 +508,7 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
                          : (alignment & 3u) == 0 ? 4
                          : (alignment & 1u) == 0 ? 2
                                                  : 1;
+  const float scale_log2 = p.scale * 1.4426950408889634f;
 
   WarpState<C> state;
 #pragma unroll
@@ -550,7 +551,7 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
     cp_async_wait<1>();  // this thread's copies of `tile` have landed
     group_sync();        // ... and everyone else's
     process_tile<C>(state, stage + (iteration & 1) * C::kTileBytes, meta, tile_count(tile), q_warp, centroids_s,
-                    weights, p.scale_log2, lane);
+                    weights, scale_log2, lane);
     group_sync();  // the buffer and `weights` are free for the next iteration
   }
 

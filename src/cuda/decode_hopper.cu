@@ -101,6 +101,7 @@ namespace hopper {
 
 constexpr int kDimTiles = kHeadDim / 16;
 constexpr int kStages = 4;          // tiles in flight per warp
+constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
@@ -203,9 +204,10 @@ struct KernelShape {
   static constexpr bool kScoresLessMax = kBulkCopy && HeadTiles == 2;
   // P' = fp16(p) x value scale, one HMUL2 per token and head pair, instead of
   // two FMULs and a pack: 2 % fewer instructions a tile at two head tiles. In
-  // the bulk-copy shapes only: the narrow 3-bit loops, bound by latency at
-  // their occupancy, ran 7.5 % (3bit_nc) and 2.4 % (k3v4_nc) slower with it
-  // at the same instruction count (bench/NOTES.md, v3.24).
+  // the bulk-copy shapes only, as the fields' addressing in the loop: the
+  // narrow shapes keep their loops, since the 3-bit ones, bound by latency at
+  // their occupancy, ran 7 % slower (3bit_nc) when these two changes
+  // rescheduled them at the same instruction count (bench/NOTES.md, v3.24).
   static constexpr bool kHalfScaledProbabilities = kBulkCopy;
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
@@ -648,6 +650,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       }
     }
 
+    const float score_scale = p.scale * kLog2e;
+
     // The warp's k-th tile, in ring stage stage_index = k % kStages (a
     // compile-time constant where the loop is unrolled by kStages).
     const auto stream_tile = [&](int k, auto stage_index, unsigned phase) {
@@ -772,25 +776,30 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         }
       }
 
-      // Per-token fields of tokens g and g + 8 (token index g + 8 is token
-      // token_at(g) + 8 in every arrangement, so one offset serves both).
-      const std::uint8_t* token_fields = fields + 2 * token_at(g);
+      // Per-token fields of tokens g and g + 8: field `field` of token index
+      // 8 j + g. The bulk-copy shapes take it as token token_at(g) + 8 j
+      // (token_at(i + 8) = token_at(i) + 8), one offset for both tokens; the
+      // narrow shapes keep their loops (KernelShape::kHalfScaledProbabilities).
+      const auto token_field = [&](int field, int j) {
+        return kBulkCopy ? tile_field(fields + 2 * token_at(g), field, 8 * j)
+                         : tile_field(fields, field, token_at(8 * j + g));
+      };
       constexpr bool kHalfScaled = Shape::kHalfScaledProbabilities;
       float norm_scale[2], value_zero[2];
       std::conditional_t<kHalfScaled, __half, float> value_scale[2];  // fp16 as stored where kHalfScaled
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         if constexpr (kFp8) {
-          norm_scale[j] = p.scale_log2;  // fp8 keys carry no norm
+          norm_scale[j] = score_scale;  // fp8 keys carry no norm
         } else {
-          norm_scale[j] = tile_field(token_fields, Layout::kNormField, 8 * j) * p.scale_log2;
+          norm_scale[j] = __half2float(token_field(Layout::kNormField, j)) * score_scale;
         }
         if constexpr (kHalfScaled) {
-          value_scale[j] = tile_field_half(token_fields, Layout::kValueScaleField, 8 * j);
+          value_scale[j] = token_field(Layout::kValueScaleField, j);
         } else {
-          value_scale[j] = tile_field(token_fields, Layout::kValueScaleField, 8 * j);
+          value_scale[j] = __half2float(token_field(Layout::kValueScaleField, j));
         }
-        value_zero[j] = tile_field(token_fields, Layout::kValueZeroField, 8 * j);
+        value_zero[j] = __half2float(token_field(Layout::kValueZeroField, j));
       }
       // Base-2 scores, less the row's maximum where KernelShape::kScoresLessMax
       // (then the maximum's reference is neg_reference): [head tile][head 2c + e][token g / g + 8].

@@ -413,11 +413,8 @@ __device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8
 
 // fp16 field `field` of token `token` of a tile's fields (at kMetaOffset in
 // a stage, or in the fields area of the bulk-copy rings).
-__device__ __forceinline__ __half tile_field_half(const std::uint8_t* fields, int field, int token) {
+__device__ __forceinline__ __half tile_field(const std::uint8_t* fields, int field, int token) {
   return load_shared<__half>(fields + 32 * field + 2 * token);
-}
-__device__ __forceinline__ float tile_field(const std::uint8_t* fields, int field, int token) {
-  return __half2float(tile_field_half(fields, field, token));
 }
 
 }  // namespace tqdecode::cuda::hopper

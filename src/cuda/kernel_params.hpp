@@ -14,9 +14,6 @@ struct CUstream_st;
 
 namespace tqdecode::cuda {
 
-/// log2(e): the kernels' softmax runs in base 2.
-inline constexpr float kLog2e = 1.4426950408889634f;
-
 /// Query rotation: q_rot[b][hq][:] = bf16(fp32(q[b][hq][:]) @ PiT) for MSE
 /// presets, or q as fp32 for fp8 keys. q_rot is contiguous [B, Hq, D] fp32.
 struct RotateParams {
@@ -45,7 +42,7 @@ struct PartitionParams {
   int max_blocks_per_seq;
   const std::int32_t* seq_lens;
   const float* centroids;
-  float scale_log2;  ///< the softmax scale times kLog2e (scores in base-2 units)
+  float scale;
   int batch;
   int num_q_heads;
   int num_partitions;

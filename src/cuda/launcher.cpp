@@ -158,7 +158,7 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
                                   call.layout.head_dim};
   const cuda::PartitionParams partitions{buffers.q_rot, call.cache, call.layout, call.num_blocks,
                                          call.block_table, call.table_stride(), call.max_blocks_per_seq,
-                                         seq_lens, mse_keys ? call.centroids : nullptr, call.scale * cuda::kLog2e,
+                                         seq_lens, mse_keys ? call.centroids : nullptr, call.scale,
                                          call.batch, call.num_q_heads, plan.num_partitions,
                                          plan.partition_align, buffers.part_max, buffers.part_sum,
                                          buffers.part_out};
