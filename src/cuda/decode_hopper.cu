@@ -101,7 +101,6 @@ namespace hopper {
 
 constexpr int kDimTiles = kHeadDim / 16;
 constexpr int kStages = 4;          // tiles in flight per warp
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
@@ -650,7 +649,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       }
     }
 
-    const float score_scale = p.scale * kLog2e;
+    // The bulk-copy shapes take the host's product; the narrow ones keep
+    // their loops (KernelShape::kHalfScaledProbabilities).
+    const float score_scale = kBulkCopy ? params.scale_log2 : p.scale * kLog2e;
 
     // The warp's k-th tile, in ring stage stage_index = k % kStages (a
     // compile-time constant where the loop is unrolled by kStages).

@@ -14,6 +14,9 @@ struct CUstream_st;
 
 namespace tqdecode::cuda {
 
+/// log2(e): the kernels' softmax runs in base 2.
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 /// Query rotation: q_rot[b][hq][:] = bf16(fp32(q[b][hq][:]) @ PiT) for MSE
 /// presets, or q as fp32 for fp8 keys. q_rot is contiguous [B, Hq, D] fp32.
 struct RotateParams {
@@ -90,6 +93,10 @@ struct FusedDecodeParams {
   bool wide_table;             ///< 4-bit keys: the 64 KB-table kernel (LaunchPlan::wide_table)
   int kv_heads_per_cta;        ///< 1, or 2, 4 or 8 with wide_table, or 2 without (LaunchPlan::kv_heads_per_cta)
   bool programmatic_launch;    ///< launched as a programmatic dependent (DecodeWorkspace::set_programmatic_launch)
+  /// partitions.scale x log2(e), the base-2 score scale, which the bulk-copy
+  /// shapes read here (computed in the kernel, it is reloaded and multiplied
+  /// again per tile at 168 registers; decode_hopper.cu).
+  float scale_log2;
 };
 
 /// The device-side record behind DeviceCheckReport, one per pool. All zero
