@@ -508,7 +508,7 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
                          : (alignment & 3u) == 0 ? 4
                          : (alignment & 1u) == 0 ? 2
                                                  : 1;
-  const float scale_log2 = p.scale * 1.4426950408889634f;
+  const float scale_log2 = p.scale * kLog2e;
 
   WarpState<C> state;
 #pragma unroll

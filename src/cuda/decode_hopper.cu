@@ -61,7 +61,8 @@
 //   mask-and-or makes its low nibbles fp16 (1 + c/1024) ((x & 0xf) | 0x3c00)
 //   and its high nibbles fp16 (1 + c/64) (c in mantissa bits 7..4). Scale and
 //   zero fold into the probabilities:
-//     sum_t p_t (c_t s_t + z_t) = sum_t P'_t c_t + sum_t p_t z_t,  P'_t = fp16(fp16(p_t) s_t)
+//     sum_t p_t (c_t s_t + z_t) = sum_t P'_t c_t + sum_t p_t z_t,  P'_t = fp16(p_t s_t)
+//   (fp16(p_t) s_t in fp16 in the bulk-copy shapes)
 //   and sum_t P'_t c_t = 2^(10-p) (sum_t P'_t (1 + c_t 2^(p-10)) - sum_t P'_t)
 //   for a code at mantissa bit p, sum_t P'_t coming from one extra mma with
 //   an all-ones operand.
@@ -203,10 +204,10 @@ struct KernelShape {
   static constexpr bool kScoresLessMax = kBulkCopy && HeadTiles == 2;
   // P' = fp16(p) x value scale, one HMUL2 per token and head pair, instead of
   // two FMULs and a pack: 2 % fewer instructions a tile at two head tiles. In
-  // the bulk-copy shapes only, as the fields' addressing in the loop: the
-  // narrow shapes keep their loops, since the 3-bit ones, bound by latency at
-  // their occupancy, ran 7 % slower (3bit_nc) when these two changes
-  // rescheduled them at the same instruction count (bench/NOTES.md, v3.24).
+  // the bulk-copy shapes only, like the fields' one-offset addressing and the
+  // host's score scale: those two rescheduled the narrow 3-bit loops at the
+  // same instruction count (3bit_nc 7 % slower; bench/NOTES.md, v3.24), so
+  // the narrow shapes keep their SASS as it was measured.
   static constexpr bool kHalfScaledProbabilities = kBulkCopy;
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows

@@ -95,7 +95,8 @@ struct FusedDecodeParams {
   bool programmatic_launch;    ///< launched as a programmatic dependent (DecodeWorkspace::set_programmatic_launch)
   /// partitions.scale x log2(e), the base-2 score scale, which the bulk-copy
   /// shapes read here (computed in the kernel, it is reloaded and multiplied
-  /// again per tile at 168 registers; decode_hopper.cu).
+  /// again per tile at 168 registers; decode_hopper.cu). Last, so the other
+  /// fields' offsets, and with them the narrow shapes' SASS, are unchanged.
   float scale_log2;
 };
 
