@@ -40,7 +40,7 @@ void check_encoded(CUresult status, const char* map) {
 }  // namespace
 
 CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params) {
-  constexpr unsigned kTileTokens = 16;  // the Hopper kernel's tile (hopper_tile_layout.cuh)
+  constexpr auto kTileTokens = static_cast<cuuint32_t>(kHopperTileTokens);
   const CacheLayout& layout = params.layout;
   const auto record_bytes = static_cast<cuuint32_t>(layout.record_bytes());  // 128 for 4-bit keys and values, D = 128
   const auto fields = static_cast<cuuint32_t>(layout.fields());

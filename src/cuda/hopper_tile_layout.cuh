@@ -16,7 +16,7 @@
 namespace tqdecode::cuda::hopper {
 
 constexpr int kHeadDim = 128;
-constexpr int kTileTokens = 16;
+constexpr int kTileTokens = kHopperTileTokens;
 
 // copy_to_shared<16> (device_utils.cuh) takes a generic pointer; the ring
 // keeps precomputed 32-bit shared addresses, which save its conversion per copy.

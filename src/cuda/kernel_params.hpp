@@ -17,6 +17,9 @@ namespace tqdecode::cuda {
 /// log2(e): the kernels' softmax runs in base 2.
 inline constexpr float kLog2e = 1.4426950408889634f;
 
+/// Tokens per tile of the Hopper kernel: its copies' box and its mma's M side.
+inline constexpr int kHopperTileTokens = 16;
+
 /// Query rotation: q_rot[b][hq][:] = bf16(fp32(q[b][hq][:]) @ PiT) for MSE
 /// presets, or q as fp32 for fp8 keys. q_rot is contiguous [B, Hq, D] fp32.
 struct RotateParams {
