@@ -50,15 +50,17 @@ rep("  extern __shared__ __align__(128) std::uint8_t shared[];\n",
 rep("  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up\n#endif\n",
     "  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up\n#endif\n  TQ_MARK(1);\n")
 # after the loop issuing the ring's first tiles
-rep("""      cp_async_commit();
+rep("""        cp_async_commit();
+      }
     }
-    if constexpr (kFp8) {""", """      cp_async_commit();
+    if constexpr (kFp8) {""", """        cp_async_commit();
+      }
     }
     TQ_MARK(2);
     if constexpr (kFp8) {""")
-rep("    int blocks_next = load_blocks(32);  // only now: the rotation needs the registers\n    __syncthreads();\n",
-    "    int blocks_next = load_blocks(32);  // only now: the rotation needs the registers\n    __syncthreads();\n    TQ_MARK(3);\n")
-rep("    cp_async_wait<0>();\n", "    cp_async_wait<0>();\n    TQ_MARK(4);\n")
+rep("    if constexpr (kBulkCopy) fence_proxy_async_shared();  // the copy engine overwrites the query bits next\n    __syncthreads();\n",
+    "    if constexpr (kBulkCopy) fence_proxy_async_shared();  // the copy engine overwrites the query bits next\n    __syncthreads();\n    TQ_MARK(3);\n")
+rep("    if constexpr (!kBulkCopy) cp_async_wait<0>();\n", "    if constexpr (!kBulkCopy) cp_async_wait<0>();\n    TQ_MARK(4);\n")
 rep("    __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n",
     "    __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n    TQ_MARK(5);\n")
 rep("  if (num_partitions == 1) return;  // finish_row wrote the output\n",
