@@ -2,10 +2,10 @@
 """Per-CTA phase clocks of the Hopper decode kernel (a tuning tool; bench/NOTES.md, v3.19).
 
 Copies this tree to DEST (without build directories) and patches the copy:
-thread 0 of every CTA records clock64 at eight points of the kernel (entry,
+thread 0 of every CTA records clock64 at ten points of the kernel (entry,
 after the wait for the previous kernel, first tiles issued, rotation done,
-its own main loop done, all warps done, partition written, arrival known,
-reduction done) and the globaltimer at entry and exit; tqdecode_bench then
+its own main loop done, all warps done, the merge's partials stored and its
+rows' statistics done, partition written, arrival known, reduction done) and the globaltimer at entry and exit; tqdecode_bench then
 prints, after each automatic record, the spread of each phase over the CTAs
 of the last call. The library itself is never built this way.
 
@@ -36,7 +36,7 @@ def rep(old, new, count=1):
     s = s.replace(old, new)
 helpers = r'''
 namespace tqdecode::cuda::hopper {
-__device__ long long tq_phase[4096][12];
+__device__ long long tq_phase[4096][16];
 __device__ __forceinline__ long long tq_globaltimer() { long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
 __device__ __forceinline__ int tq_cta() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
 #define TQ_MARK(i) do { if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][i] = clock64(); } while (0)
@@ -63,6 +63,11 @@ rep("    if constexpr (kBulkCopy) fence_proxy_async_shared();  // the copy engin
 rep("    if constexpr (!kBulkCopy) cp_async_wait<0>();\n", "    if constexpr (!kBulkCopy) cp_async_wait<0>();\n    TQ_MARK(4);\n")
 rep("    __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n",
     "    __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n    TQ_MARK(5);\n")
+# inside the merge: the partials stored, the rows' statistics done
+rep("    __syncthreads();\n    // Each row's maximum, weights and sum, once per row",
+    "    __syncthreads();\n    TQ_MARK(12);\n    // Each row's maximum, weights and sum, once per row")
+rep("    __syncthreads();\n    for (int row = first_row; row < kCtaRows; row += kRowStep) {",
+    "    __syncthreads();\n    TQ_MARK(13);\n    for (int row = first_row; row < kCtaRows; row += kRowStep) {")
 rep("  if (num_partitions == 1) return;  // finish_row wrote the output\n",
     "  TQ_MARK(6);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n"
     "  if (num_partitions == 1) return;  // finish_row wrote the output\n")
@@ -75,20 +80,20 @@ s += r'''
 #include <vector>
 namespace tqdecode::cuda {
 void dump_phase_times(int ctas) {
-  std::vector<long long> h(4096 * 12);
+  std::vector<long long> h(4096 * 16);
   cudaMemcpyFromSymbol(h.data(), hopper::tq_phase, h.size() * sizeof(long long));
   ctas = 0;
-  while (ctas < 4096 && h[ctas * 12 + 10] != 0) ++ctas;
+  while (ctas < 4096 && h[ctas * 16 + 10] != 0) ++ctas;
   if (ctas == 0) { std::printf("  no phase records\n"); return; }
   long long t0 = h[10], t1 = h[11];
-  for (int c = 0; c < ctas; ++c) { t0 = std::min(t0, h[c * 12 + 10]); t1 = std::max(t1, h[c * 12 + 11]); }
+  for (int c = 0; c < ctas; ++c) { t0 = std::min(t0, h[c * 16 + 10]); t1 = std::max(t1, h[c * 16 + 11]); }
   std::printf("  phases over %d CTAs: globaltimer span %.2f us (first start to last end)\n", ctas, (t1 - t0) / 1e3);
   const char* names[] = {"entry", "after wait", "first tiles issued", "rotation done (loop start)", "own loop end", "all warps done",
                          "partition written", "arrival known", "reduction done"};
   for (int ph = 1; ph <= 8; ++ph) {
     std::vector<double> d;
     for (int c = 0; c < ctas; ++c) {
-      const long long* r = &h[c * 12];
+      const long long* r = &h[c * 16];
       if (ph == 8 && r[9] != 1) continue;
       if (r[ph] != 0 && r[ph - 1] != 0) d.push_back(double(r[ph] - r[ph - 1]));
     }
@@ -96,13 +101,25 @@ void dump_phase_times(int ctas) {
     std::sort(d.begin(), d.end());
     std::printf("  %-28s cycles since previous: min %7.0f median %7.0f max %7.0f (n %zu)\n", names[ph], d.front(), d[d.size() / 2], d.back(), d.size());
   }
+  const int merge_steps[3][2] = {{5, 12}, {12, 13}, {13, 6}};
+  const char* merge_names[3] = {"  merge: partials stored", "  merge: row statistics", "  merge: sums, partition written"};
+  for (int k = 0; k < 3; ++k) {
+    std::vector<double> d;
+    for (int c = 0; c < ctas; ++c) {
+      const long long* r = &h[c * 16];
+      if (r[merge_steps[k][0]] != 0 && r[merge_steps[k][1]] != 0) d.push_back(double(r[merge_steps[k][1]] - r[merge_steps[k][0]]));
+    }
+    if (d.empty()) continue;
+    std::sort(d.begin(), d.end());
+    std::printf("  %-28s cycles: min %7.0f median %7.0f max %7.0f\n", merge_names[k], d.front(), d[d.size() / 2], d.back());
+  }
   std::vector<double> starts, ends;
-  for (int c = 0; c < ctas; ++c) { starts.push_back((h[c * 12 + 10] - t0) / 1e3); ends.push_back((h[c * 12 + 11] - t0) / 1e3); }
+  for (int c = 0; c < ctas; ++c) { starts.push_back((h[c * 16 + 10] - t0) / 1e3); ends.push_back((h[c * 16 + 11] - t0) / 1e3); }
   std::sort(starts.begin(), starts.end()); std::sort(ends.begin(), ends.end());
   std::printf("  start (us after first): min %.2f median %.2f max %.2f; end: min %.2f median %.2f max %.2f\n", starts.front(),
               starts[starts.size() / 2], starts.back(), ends.front(), ends[ends.size() / 2], ends.back());
   double cyc = 0, ns = 0;
-  for (int c = 0; c < ctas; ++c) { const long long* r = &h[c * 12]; long long last = r[9] == 1 ? r[8] : r[7]; cyc += last - r[0]; ns += r[11] - r[10]; }
+  for (int c = 0; c < ctas; ++c) { const long long* r = &h[c * 16]; long long last = r[9] == 1 ? r[8] : r[7]; cyc += last - r[0]; ns += r[11] - r[10]; }
   std::printf("  clock: %.3f cycles per ns (CTA clocks over globaltimer)\n", cyc / ns);
   std::fill(h.begin(), h.end(), 0LL);
   cudaMemcpyToSymbol(hopper::tq_phase, h.data(), h.size() * sizeof(long long));
