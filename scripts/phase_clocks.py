@@ -2,10 +2,11 @@
 """Per-CTA phase clocks of the Hopper decode kernel (a tuning tool; bench/NOTES.md, v3.19).
 
 Copies this tree to DEST (without build directories) and patches the copy:
-thread 0 of every CTA records clock64 at ten points of the kernel (entry,
-after the wait for the previous kernel, first tiles issued, rotation done,
-its own main loop done, all warps done, the merge's partials stored and its
-rows' statistics done, partition written, arrival known, reduction done) and the globaltimer at entry and exit; tqdecode_bench then
+thread 0 of every CTA records clock64 at eleven points of the kernel
+(entry, after the wait for the previous kernel, first tiles issued,
+rotation done, its own main loop done, all warps done, the merge's partials
+stored, its rows' statistics done, partition written, arrival known,
+reduction done) and the globaltimer at entry and exit; tqdecode_bench then
 prints, after each automatic record, the spread of each phase over the CTAs
 of the last call. The library itself is never built this way.
 
@@ -90,29 +91,22 @@ void dump_phase_times(int ctas) {
   std::printf("  phases over %d CTAs: globaltimer span %.2f us (first start to last end)\n", ctas, (t1 - t0) / 1e3);
   const char* names[] = {"entry", "after wait", "first tiles issued", "rotation done (loop start)", "own loop end", "all warps done",
                          "partition written", "arrival known", "reduction done"};
-  for (int ph = 1; ph <= 8; ++ph) {
+  // Cycles from mark `from` to mark `to` over the CTAs that recorded both (the reduction: the reducing CTAs only).
+  const auto spread = [&](const char* name, int from, int to) {
     std::vector<double> d;
     for (int c = 0; c < ctas; ++c) {
       const long long* r = &h[c * 16];
-      if (ph == 8 && r[9] != 1) continue;
-      if (r[ph] != 0 && r[ph - 1] != 0) d.push_back(double(r[ph] - r[ph - 1]));
+      if (to == 8 && r[9] != 1) continue;
+      if (r[to] != 0 && r[from] != 0) d.push_back(double(r[to] - r[from]));
     }
-    if (d.empty()) continue;
+    if (d.empty()) return;
     std::sort(d.begin(), d.end());
-    std::printf("  %-28s cycles since previous: min %7.0f median %7.0f max %7.0f (n %zu)\n", names[ph], d.front(), d[d.size() / 2], d.back(), d.size());
-  }
-  const int merge_steps[3][2] = {{5, 12}, {12, 13}, {13, 6}};
-  const char* merge_names[3] = {"  merge: partials stored", "  merge: row statistics", "  merge: sums, partition written"};
-  for (int k = 0; k < 3; ++k) {
-    std::vector<double> d;
-    for (int c = 0; c < ctas; ++c) {
-      const long long* r = &h[c * 16];
-      if (r[merge_steps[k][0]] != 0 && r[merge_steps[k][1]] != 0) d.push_back(double(r[merge_steps[k][1]] - r[merge_steps[k][0]]));
-    }
-    if (d.empty()) continue;
-    std::sort(d.begin(), d.end());
-    std::printf("  %-28s cycles: min %7.0f median %7.0f max %7.0f\n", merge_names[k], d.front(), d[d.size() / 2], d.back());
-  }
+    std::printf("  %-32s cycles: min %7.0f median %7.0f max %7.0f (n %zu)\n", name, d.front(), d[d.size() / 2], d.back(), d.size());
+  };
+  for (int ph = 1; ph <= 8; ++ph) spread(names[ph], ph - 1, ph);
+  spread("  merge: partials stored", 5, 12);
+  spread("  merge: row statistics", 12, 13);
+  spread("  merge: sums, partition written", 13, 6);
   std::vector<double> starts, ends;
   for (int c = 0; c < ctas; ++c) { starts.push_back((h[c * 16 + 10] - t0) / 1e3); ends.push_back((h[c * 16 + 11] - t0) / 1e3); }
   std::sort(starts.begin(), starts.end()); std::sort(ends.begin(), ends.end());
