@@ -134,6 +134,47 @@ TQ_HOST_DEVICE int value_code(float v, const ValueQuantParams& params, int bits)
   return static_cast<int>(code);
 }
 
+/// The token_slots store (FORMAT.md 4b, the engine's rule) buckets each
+/// rotated coordinate by the midpoints between neighbouring centroids,
+/// midpoint i = (c[i] + c[i+1]) / 2 in fp32.
+TQ_HOST_DEVICE float centroid_midpoint(float lower, float upper) { return mul_rn(add_rn(lower, upper), 0.5f); }
+
+/// Bucket of `y` among `count` sorted midpoints: how many of them are <= y
+/// (`y >= midpoint` goes up), so a coordinate exactly on a midpoint takes
+/// the upper centroid.
+TQ_HOST_DEVICE int midpoint_bucket(const float* midpoints, int count, float y) {
+  int bucket = 0;
+  for (int i = 0; i < count; ++i) bucket += y >= midpoints[i] ? 1 : 0;
+  return bucket;
+}
+
+/// Value quantization of the token_slots store: codes come from the fp32
+/// minimum and the fp32 scale (max - min) / (2^bits - 1), floored at 1e-8;
+/// the cache stores their fp16 roundings.
+struct SlotValueQuant {
+  float lo;                  ///< fp32 minimum: what codes are computed from
+  float scale;               ///< fp32 scale, at least 1e-8
+  std::uint16_t scale_bits;  ///< fp16(scale)
+  std::uint16_t zero_bits;   ///< fp16(lo)
+};
+
+TQ_HOST_DEVICE SlotValueQuant slot_value_quant(float lo, float hi, int bits) {
+  float scale = div_rn(sub_rn(hi, lo), static_cast<float>((1 << bits) - 1));
+  if (!(scale > 1e-8f)) scale = 1e-8f;
+  return {lo, scale, float_to_half_bits(scale), float_to_half_bits(lo)};
+}
+
+/// Code of value `v` in the token_slots store: the integer part of
+/// (v - lo) / scale + 0.5 (each step rounded to fp32), clamped to
+/// [0, 2^bits - 1]: rounding half up. Clamped in fp32 before the integer
+/// conversion (a NaN quotient gives the top code, never undefined behaviour).
+TQ_HOST_DEVICE int slot_value_code(float v, const SlotValueQuant& quant, int bits) {
+  const int max_code = (1 << bits) - 1;
+  const float code = add_rn(div_rn(sub_rn(v, quant.lo), quant.scale), 0.5f);
+  if (!(code < static_cast<float>(max_code))) return max_code;
+  return code > 0.0f ? static_cast<int>(code) : 0;
+}
+
 /// Range of a value vector, picked as std::minmax_element picks it: lo is
 /// the first smallest element, hi the last largest. The choice among equal
 /// extremes only shows for +0 / -0, whose sign reaches the stored zero and

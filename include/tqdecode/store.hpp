@@ -1,4 +1,7 @@
-// The store path: encode new K/V tokens into a paged cache (FORMAT.md section 3).
+// The store path: encode new K/V tokens into a paged cache (FORMAT.md
+// section 3; a token_slots layout stores as FORMAT.md section 4b says: the
+// raw key norm, codebook indices bucketed by the centroid midpoints, value
+// codes from the fp32 minimum and scale rounded half up).
 #pragma once
 
 #include <cstdint>
@@ -13,7 +16,7 @@ namespace tqdecode {
 /// Arguments of a store. Pointers are host memory for store_cpu and device
 /// memory for store_cuda.
 struct StoreArgs {
-  CacheLayout layout;
+  CacheLayout layout;  ///< either order; it chooses the encoding rules too
   std::int64_t num_blocks = 0;  ///< blocks in `cache`
   std::uint8_t* cache = nullptr;  ///< num_blocks * layout.block_stride bytes
   const void* key = nullptr;      ///< [num_tokens, Hk, D], contiguous

@@ -1,5 +1,5 @@
 // Encoding of one (token, kv head) vector pair into its cache record
-// (FORMAT.md section 3), shared by the CPU store and anything else that
+// (FORMAT.md section 3, and section 4b for the token_slots order), shared by the CPU store and anything else that
 // needs the exact cache bytes of a vector. Inputs are fp32 and finite. Built
 // from the scalar pieces of quantize.hpp, which the GPU store kernel uses
 // too, so both write the same bytes.
@@ -21,6 +21,12 @@ inline constexpr int kMaxHeadDim = kHeadDims.back();
 std::uint16_t encode_key_mse(const float* key, int head_dim, const float* Pi, const float* centroids,
                              int bits, bool norm_correction, std::uint8_t* key_data);
 
+/// Encodes an MSE key as the token_slots store does (FORMAT.md 4b): each
+/// coordinate of Pi k / ||k|| (0 for a zero key) bucketed by the
+/// `2^bits - 1` centroid midpoints; returns the raw norm ||k|| as fp16 bits.
+std::uint16_t encode_key_mse_slot(const float* key, int head_dim, const float* Pi, const float* midpoints, int bits,
+                                  std::uint8_t* key_data);
+
 /// Encodes an fp8 key: head_dim bytes of fp8 e4m3 (saturating) to `key_data`.
 void encode_key_fp8(const float* key, int head_dim, std::uint8_t* key_data);
 
@@ -28,5 +34,10 @@ void encode_key_fp8(const float* key, int head_dim, std::uint8_t* key_data);
 /// packed_bytes(head_dim, bits) bytes to `value_data`, returns its scale and
 /// zero (fp16 bits in scale_bits / zero_bits).
 ValueQuantParams encode_value(const float* value, int head_dim, int bits, std::uint8_t* value_data);
+
+/// Encodes a value vector as the token_slots store does (FORMAT.md 4b):
+/// codes from the fp32 minimum and scale, rounded half up. Writes
+/// packed_bytes(head_dim, bits) bytes to `value_data`.
+SlotValueQuant encode_value_slot(const float* value, int head_dim, int bits, std::uint8_t* value_data);
 
 }  // namespace tqdecode::cpu

@@ -40,6 +40,19 @@ std::uint16_t encode_key_mse(const float* key, int head_dim, const float* Pi, co
                               norm_correction);
 }
 
+std::uint16_t encode_key_mse_slot(const float* key, int head_dim, const float* Pi, const float* midpoints, int bits,
+                                  std::uint8_t* key_data) {
+  std::array<std::uint8_t, kMaxHeadDim> indices{};
+  const float norm = sqrt_rn(dot_sequential(key, key, head_dim));
+  for (int j = 0; j < head_dim; ++j) {
+    const float rotated = dot_sequential(Pi + std::int64_t(j) * head_dim, key, head_dim);  // r = Pi k
+    const float unit = norm == 0.0f ? 0.0f : div_rn(rotated, norm);
+    indices[j] = static_cast<std::uint8_t>(midpoint_bucket(midpoints, (1 << bits) - 1, unit));
+  }
+  pack_codes(indices.data(), head_dim, bits, key_data);
+  return float_to_half_bits(norm);
+}
+
 void encode_key_fp8(const float* key, int head_dim, std::uint8_t* key_data) {
   for (int d = 0; d < head_dim; ++d) key_data[d] = float_to_fp8_e4m3_bits(key[d]);
 }
@@ -57,6 +70,15 @@ ValueQuantParams encode_value(const float* value, int head_dim, int bits, std::u
   }
   pack_codes(codes.data(), head_dim, bits, value_data);
   return params;
+}
+
+SlotValueQuant encode_value_slot(const float* value, int head_dim, int bits, std::uint8_t* value_data) {
+  const ValueRange range = value_range(value, head_dim);
+  const SlotValueQuant quant = slot_value_quant(range.lo, range.hi, bits);
+  std::array<std::uint8_t, kMaxHeadDim> codes{};
+  for (int d = 0; d < head_dim; ++d) codes[d] = static_cast<std::uint8_t>(slot_value_code(value[d], quant, bits));
+  pack_codes(codes.data(), head_dim, bits, value_data);
+  return quant;
 }
 
 }  // namespace cpu
@@ -78,7 +100,7 @@ bool half_is_finite(std::uint16_t bits) { return (bits & 0x7c00u) != 0x7c00u; }
 enum class Issue : std::uint8_t { none, key_not_finite, value_not_finite, key_norm_range, value_range };
 
 struct Staging {
-  std::vector<std::uint8_t> records;  // [tokens * Hk, record_bytes]
+  std::vector<std::uint8_t> records;  // [tokens * Hk, record_bytes]: key data, then value data
   std::vector<std::uint16_t> fields;  // [tokens * Hk, F] fp16 bits
   std::vector<Issue> issues;          // [tokens * Hk]
 };
@@ -128,7 +150,9 @@ void validate_slots(const StoreArgs& args) {
 }
 
 // Encodes (token, head) pair `item` into its staging record and fields.
-Issue encode_item(const StoreArgs& args, std::int64_t item, std::uint8_t* record, std::uint16_t* fields) {
+// `midpoints`: the centroid midpoints (token_slots order, MSE keys).
+Issue encode_item(const StoreArgs& args, const float* midpoints, std::int64_t item, std::uint8_t* record,
+                  std::uint16_t* fields) {
   const CacheLayout& layout = args.layout;
   const PresetInfo info = layout.info();
   const int D = layout.head_dim;
@@ -148,15 +172,36 @@ Issue encode_item(const StoreArgs& args, std::int64_t item, std::uint8_t* record
   if (info.key_fp8) {
     cpu::encode_key_fp8(key.data(), D, record);
   } else {
-    fields[layout.key_norm_field()] = cpu::encode_key_mse(key.data(), D, args.Pi, args.centroids, info.key_bits,
-                                                          info.norm_correction, record);
+    fields[layout.key_norm_field()] =
+        layout.token_slots()
+            ? cpu::encode_key_mse_slot(key.data(), D, args.Pi, midpoints, info.key_bits, record)
+            : cpu::encode_key_mse(key.data(), D, args.Pi, args.centroids, info.key_bits, info.norm_correction, record);
     if (!half_is_finite(fields[layout.key_norm_field()])) return Issue::key_norm_range;
   }
-  const ValueQuantParams params = cpu::encode_value(value.data(), D, info.value_bits, record + layout.key_bytes());
-  fields[layout.value_scale_field()] = params.scale_bits;
-  fields[layout.value_zero_field()] = params.zero_bits;
-  if (!half_is_finite(params.scale_bits) || !half_is_finite(params.zero_bits)) return Issue::value_range;
+  std::uint8_t* value_data = record + layout.key_bytes();
+  if (layout.token_slots()) {
+    const SlotValueQuant quant = cpu::encode_value_slot(value.data(), D, info.value_bits, value_data);
+    fields[layout.value_scale_field()] = quant.scale_bits;
+    fields[layout.value_zero_field()] = quant.zero_bits;
+  } else {
+    const ValueQuantParams params = cpu::encode_value(value.data(), D, info.value_bits, value_data);
+    fields[layout.value_scale_field()] = params.scale_bits;
+    fields[layout.value_zero_field()] = params.zero_bits;
+  }
+  if (!half_is_finite(fields[layout.value_scale_field()]) || !half_is_finite(fields[layout.value_zero_field()])) {
+    return Issue::value_range;
+  }
   return Issue::none;
+}
+
+// The midpoints between neighbouring centroids (token_slots order, MSE keys; else empty).
+std::vector<float> centroid_midpoints(const StoreArgs& args) {
+  std::vector<float> midpoints;
+  if (!args.layout.token_slots() || args.layout.key_fp8()) return midpoints;
+  for (int i = 0; i + 1 < args.num_centroids; ++i) {
+    midpoints.push_back(centroid_midpoint(args.centroids[i], args.centroids[i + 1]));
+  }
+  return midpoints;
 }
 
 // Throws the error of the first unstorable (token, head) pair, if any.
@@ -232,10 +277,11 @@ void store_cpu(const StoreArgs& args) {
   const std::int64_t items = args.num_tokens * Hk;
   Staging staging{std::vector<std::uint8_t>(items * record_bytes), std::vector<std::uint16_t>(items * F),
                   std::vector<Issue>(items, Issue::none)};
+  const std::vector<float> midpoints = centroid_midpoints(args);
   parallel_for(items, [&](std::int64_t item) {
     if (args.slot_mapping[item / Hk] < 0) return;  // skipped tokens are not read
-    staging.issues[item] =
-        encode_item(args, item, staging.records.data() + item * record_bytes, staging.fields.data() + item * F);
+    staging.issues[item] = encode_item(args, midpoints.data(), item, staging.records.data() + item * record_bytes,
+                                       staging.fields.data() + item * F);
   }, kMinParallelItems);
   report_first_issue(args, staging.issues);
 
@@ -246,7 +292,9 @@ void store_cpu(const StoreArgs& args) {
     const int slot = static_cast<int>(slot_id % layout.block_size);
     const int head = static_cast<int>(item % Hk);
     std::uint8_t* block = args.cache + layout.block_offset(slot_id / layout.block_size);
-    std::memcpy(block + layout.record_offset(slot, head), staging.records.data() + item * record_bytes, record_bytes);
+    const std::uint8_t* record = staging.records.data() + item * record_bytes;
+    std::memcpy(block + layout.key_offset(slot, head), record, layout.key_bytes());
+    std::memcpy(block + layout.value_offset(slot, head), record + layout.key_bytes(), layout.value_bytes());
     for (int f = 0; f < F; ++f) write_half(block + layout.field_offset(slot, head, f), staging.fields[item * F + f]);
   }, kMinParallelItems);
 }

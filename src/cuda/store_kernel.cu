@@ -1,5 +1,6 @@
-// GPU store path (FORMAT.md section 3): encodes new K/V tokens into the paged
-// cache with the same bytes as store_cpu.
+// GPU store path (FORMAT.md section 3, and 4b for the token_slots order):
+// encodes new K/V tokens into the paged cache with the same bytes as
+// store_cpu.
 //
 // Nothing may be written when any token fails a check, and the checks that
 // store_cpu makes include results of the encoding itself (an fp16 key norm
@@ -119,24 +120,60 @@ struct StoreShape {
   static constexpr int kPiColumns = 16;
 };
 
-/// Byte address of (slot, kv head)'s record and of its metadata field 0.
-struct RecordAddress {
-  std::uint8_t* record;
-  std::uint8_t* field0;
-  std::int64_t field_stride;
+/// Byte addresses of (slot, kv head)'s key data, value data and fp16
+/// fields (indices as CacheLayout's), in either cache order.
+struct EntryAddress {
+  std::uint8_t* key;
+  std::uint8_t* value;
+  std::uint8_t* field[3];
 };
 
-__device__ __forceinline__ RecordAddress record_address(const StoreKernelParams& p, std::int64_t slot_index, int head) {
+__device__ __forceinline__ EntryAddress entry_address(const StoreKernelParams& p, std::int64_t slot_index, int head) {
   const CacheLayout& layout = p.layout;
   const std::int64_t block = slot_index / layout.block_size;
   const int slot = static_cast<int>(slot_index % layout.block_size);
   std::uint8_t* base = p.cache + block * layout.block_stride;
-  return {base + layout.record_offset(slot, head), base + layout.field_offset(slot, head, 0),
-          2 * static_cast<std::int64_t>(layout.block_size)};
+  EntryAddress address{base + layout.key_offset(slot, head), base + layout.value_offset(slot, head), {}};
+  for (int f = 0; f < layout.fields(); ++f) address.field[f] = base + layout.field_offset(slot, head, f);
+  return address;
 }
 
-/// Writes fp16 `bits` little-endian, byte by byte: the cache may be padded
-/// to any block stride, so a field need not be 2-byte aligned.
+/// Codebook index of rotated coordinate `rotated` of a key of norm `norm`:
+/// the nearest centroid to rotated / norm (blocks order; 0 for a zero key),
+/// or the midpoint bucket of rotated / norm (token_slots order; 0 / 0 is 0).
+template <class S>
+__device__ __forceinline__ std::uint8_t mse_key_code(bool token_slots, const float* centroids, const float* midpoints,
+                                                     float rotated, float norm) {
+  if (token_slots) {
+    const float unit = norm == 0.0f ? 0.0f : div_rn(rotated, norm);
+    return static_cast<std::uint8_t>(midpoint_bucket(midpoints, S::kCentroids - 1, unit));
+  }
+  return static_cast<std::uint8_t>(norm == 0.0f ? 0 : nearest_centroid_index(centroids, S::kCentroids, div_rn(rotated, norm)));
+}
+
+/// The value quantization of one vector by its cache order's rule: FORMAT.md
+/// section 3 (codes from the fp16 scale and zero, half to even) or 4b
+/// (codes from the fp32 minimum and scale, half up).
+struct ValueEncoder {
+  bool token_slots;
+  ValueQuantParams blocks;
+  SlotValueQuant slots;
+
+  __device__ static ValueEncoder make(bool token_slots, ValueRange range, int bits) {
+    ValueEncoder encoder{token_slots, {}, {}};
+    if (token_slots) encoder.slots = slot_value_quant(range.lo, range.hi, bits);
+    else encoder.blocks = value_quant_params(range.lo, range.hi, bits);
+    return encoder;
+  }
+  __device__ std::uint16_t scale_bits() const { return token_slots ? slots.scale_bits : blocks.scale_bits; }
+  __device__ std::uint16_t zero_bits() const { return token_slots ? slots.zero_bits : blocks.zero_bits; }
+  __device__ int code(float v, int bits) const {
+    return token_slots ? slot_value_code(v, slots, bits) : value_code(v, blocks, bits);
+  }
+};
+
+/// Writes fp16 `bits` little-endian, byte by byte: a blocks-order cache may
+/// be padded to any block stride, so a field need not be 2-byte aligned.
 __device__ __forceinline__ void write_half(std::uint8_t* address, std::uint16_t bits) {
   address[0] = static_cast<std::uint8_t>(bits & 0xffu);
   address[1] = static_cast<std::uint8_t>(bits >> 8);
@@ -159,6 +196,7 @@ __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
   __shared__ std::uint8_t codes_s[S::kVectors][D];
   __shared__ float centroid_s[S::kCentroids];
   __shared__ float centroid_square_s[S::kCentroids];
+  __shared__ float midpoint_s[S::kCentroids];  // token_slots: the kCentroids - 1 midpoints
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -166,6 +204,7 @@ __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
   const std::int64_t num_vectors = p.num_tokens * num_heads;
   const std::int64_t first_vector = static_cast<std::int64_t>(blockIdx.x) * S::kVectors;
   const std::int64_t num_slots = p.num_blocks * p.layout.block_size;
+  const bool token_slots = p.layout.token_slots();
 
   // Stage the keys of the CTA's vectors as fp32 (zeros for vectors past the
   // end or not stored: they are computed on but never written).
@@ -182,6 +221,9 @@ __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
       const float c = p.centroids[threadIdx.x];
       centroid_s[threadIdx.x] = c;
       centroid_square_s[threadIdx.x] = mul_rn(c, c);
+      if (threadIdx.x + 1 < S::kCentroids) {
+        midpoint_s[threadIdx.x] = centroid_midpoint(c, p.centroids[threadIdx.x + 1]);
+      }
     }
   }
   __syncthreads();
@@ -228,8 +270,7 @@ __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
       const float n = __shfl_sync(cuda::kFullMask, key_norm, v);
 #pragma unroll
       for (int m = 0; m < S::kPerLane; ++m) {
-        codes_s[local][lane + 32 * m] = static_cast<std::uint8_t>(
-            n == 0.0f ? 0 : nearest_centroid_index(centroid_s, S::kCentroids, div_rn(rotated[v][m], n)));
+        codes_s[local][lane + 32 * m] = mse_key_code<S>(token_slots, centroid_s, midpoint_s, rotated[v][m], n);
       }
     } else {
 #pragma unroll
@@ -240,13 +281,18 @@ __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
   }
   __syncwarp();
 
-  // Stored key norms: the norm of each centroid vector, d ascending.
+  // Stored key norms: the raw norm (token_slots), else folded with the norm
+  // of each centroid vector, d ascending.
   std::uint16_t norm_bits = 0;
   if constexpr (S::kMse) {
     if (lane < S::kVectorsPerWarp) {
-      float sum = 0.0f;
-      for (int d = 0; d < D; ++d) sum = add_rn(sum, centroid_square_s[codes_s[chain_vector][d]]);
-      norm_bits = stored_key_norm_bits(key_norm, sqrt_rn(sum), S::kInfo.norm_correction);
+      if (token_slots) {
+        norm_bits = float_to_half_bits(key_norm);
+      } else {
+        float sum = 0.0f;
+        for (int d = 0; d < D; ++d) sum = add_rn(sum, centroid_square_s[codes_s[chain_vector][d]]);
+        norm_bits = stored_key_norm_bits(key_norm, sqrt_rn(sum), S::kInfo.norm_correction);
+      }
     }
   }
 
@@ -289,32 +335,32 @@ __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
       if (!(values[m] < hi.value)) hi = {values[m], lane + 32 * m};
     }
     const ValueRange range = warp_value_range(lo, hi);
-    const ValueQuantParams params = value_quant_params(range.lo, range.hi, S::kValueBits);
+    const ValueEncoder encoder = ValueEncoder::make(token_slots, range, S::kValueBits);
 
     if constexpr (!Write) {
       // fp16 overflow of the scale or zero (|values| or range past 65504).
-      if (lane == 0 && !(half_bits_finite(params.scale_bits) && half_bits_finite(params.zero_bits))) {
+      if (lane == 0 && !(half_bits_finite(encoder.scale_bits()) && half_bits_finite(encoder.zero_bits()))) {
         report_status(p.status, StoreStatus::non_finite_value);
       }
     } else {
-      const RecordAddress address = record_address(p, slot, static_cast<int>(vector % num_heads));
+      const EntryAddress address = entry_address(p, slot, static_cast<int>(vector % num_heads));
       for (int byte = lane; byte < S::kKeyBytes; byte += 32) {
-        address.record[byte] = S::kMse ? packed_byte(codes_s[local], D, S::kKeyBits, byte) : codes_s[local][byte];
+        address.key[byte] = S::kMse ? packed_byte(codes_s[local], D, S::kKeyBits, byte) : codes_s[local][byte];
       }
       __syncwarp();  // codes_s[local] is reused for the value codes
 #pragma unroll
       for (int m = 0; m < S::kPerLane; ++m) {
-        codes_s[local][lane + 32 * m] = static_cast<std::uint8_t>(value_code(values[m], params, S::kValueBits));
+        codes_s[local][lane + 32 * m] = static_cast<std::uint8_t>(encoder.code(values[m], S::kValueBits));
       }
       __syncwarp();
       for (int byte = lane; byte < S::kValueBytes; byte += 32) {
-        address.record[S::kKeyBytes + byte] = packed_byte(codes_s[local], D, S::kValueBits, byte);
+        address.value[byte] = packed_byte(codes_s[local], D, S::kValueBits, byte);
       }
       if (lane == 0) {
         int field = 0;
-        if constexpr (S::kMse) write_half(address.field0 + (field++) * address.field_stride, key_norm_bits);
-        write_half(address.field0 + (field++) * address.field_stride, params.scale_bits);
-        write_half(address.field0 + field * address.field_stride, params.zero_bits);
+        if constexpr (S::kMse) write_half(address.field[field++], key_norm_bits);
+        write_half(address.field[field++], encoder.scale_bits());
+        write_half(address.field[field], encoder.zero_bits());
       }
     }
   }
