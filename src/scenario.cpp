@@ -101,6 +101,23 @@ void place_blocks(Scenario& s, Rng& rng) {
 
 }  // namespace
 
+CacheLayout scenario_layout(const ScenarioConfig& config) {
+  if (config.order == CacheOrder::blocks) {
+    CacheLayout layout = make_layout(config.preset, config.head_dim, config.block_size, config.num_kv_heads);
+    layout.block_stride += config.block_stride_padding;
+    return layout;
+  }
+  const CacheLayout dense = make_token_slots_layout(config.preset, config.head_dim, config.block_size,
+                                                    config.num_kv_heads, config.renormalize_keys);
+  const std::int64_t pitch = dense.slot_bytes() + config.slot_padding;
+  const std::int64_t inner = pitch * (config.heads_major ? config.block_size : config.num_kv_heads);
+  return make_token_slots_layout(config.preset, config.head_dim, config.block_size, config.num_kv_heads,
+                                 inner * (config.heads_major ? config.num_kv_heads : config.block_size) +
+                                     config.block_stride_padding,
+                                 config.heads_major ? pitch : inner, config.heads_major ? inner : pitch,
+                                 config.renormalize_keys);
+}
+
 Scenario make_scenario(const ScenarioConfig& config) {
   Scenario s;
   s.config = config;
@@ -110,8 +127,7 @@ Scenario make_scenario(const ScenarioConfig& config) {
   validate_group_size(config.num_q_heads, Hk);
   TQ_REQUIRE(config.query_dtype == DType::bf16 || config.query_dtype == DType::f16, "query_dtype",
           std::string(dtype_name(config.query_dtype)) + " is not supported; accepted: bfloat16, float16");
-  s.layout = make_layout(config.preset, D, config.block_size, Hk);
-  s.layout.block_stride += config.block_stride_padding;
+  s.layout = scenario_layout(config);
   s.constants = make_model_constants(config.preset, D, config.seed, config.rotation);
   if (config.identity_rotation && !s.constants.Pi.empty()) {
     s.constants.Pi.assign(std::size_t(D) * D, 0.0f);
@@ -203,13 +219,22 @@ DequantizedKv dequantize(const Scenario& scenario) {
       const int slot = t % bs;
       for (int h = 0; h < Hk; ++h) {
         const std::int64_t row = ((scenario.token_offsets[i] + t) * Hk + h) * D;
-        const std::uint8_t* record = base + layout.record_offset(slot, h);
+        const std::uint8_t* key = base + layout.key_offset(slot, h);
         auto field = [&](int f) { return half_bits_to_float(read_field_bits(base, layout, slot, h, f)); };
         if (info.key_fp8) {
-          for (int d = 0; d < D; ++d) kv.keys[row + d] = fp8_e4m3_bits_to_float(record[d]);
+          for (int d = 0; d < D; ++d) kv.keys[row + d] = fp8_e4m3_bits_to_float(key[d]);
         } else {
-          const float norm = field(layout.key_norm_field());
-          for (int j = 0; j < D; ++j) rotated[j] = norm * scenario.constants.centroids[unpack_code(record, j, info.key_bits)];
+          double centroid_square = 0.0;
+          for (int j = 0; j < D; ++j) {
+            rotated[j] = scenario.constants.centroids[unpack_code(key, j, info.key_bits)];
+            centroid_square += double(rotated[j]) * rotated[j];
+          }
+          // A token_slots cache that renormalizes keys stores ||k||; khat = ||k|| c / ||c||.
+          double norm = field(layout.key_norm_field());
+          if (layout.token_slots() && layout.renormalize_keys) {
+            norm = centroid_square == 0.0 ? 0.0 : norm / std::sqrt(centroid_square);
+          }
+          for (int j = 0; j < D; ++j) rotated[j] = static_cast<float>(norm * rotated[j]);
           for (int d = 0; d < D; ++d) {  // k = Pi^T khat
             double sum = 0.0;
             for (int j = 0; j < D; ++j) sum += double(scenario.constants.Pi[std::size_t(j) * D + d]) * rotated[j];
@@ -219,7 +244,7 @@ DequantizedKv dequantize(const Scenario& scenario) {
         const float scale = field(layout.value_scale_field());
         const float zero = field(layout.value_zero_field());
         for (int d = 0; d < D; ++d) {
-          kv.values[row + d] = unpack_code(record + layout.key_bytes(), d, info.value_bits) * scale + zero;
+          kv.values[row + d] = unpack_code(base + layout.value_offset(slot, h), d, info.value_bits) * scale + zero;
         }
       }
     }

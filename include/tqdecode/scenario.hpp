@@ -26,7 +26,11 @@ struct ScenarioConfig {
   std::vector<int> seq_lens;              ///< one per sequence; B = seq_lens.size()
   int spare_blocks = 3;                   ///< physical blocks no sequence uses (left junk)
   int spare_table_columns = 2;            ///< block-table columns past the longest sequence
-  std::int64_t block_stride_padding = 0;  ///< bytes added to the natural block size
+  std::int64_t block_stride_padding = 0;  ///< bytes added to the natural block size (or the slots' extent)
+  CacheOrder order = CacheOrder::blocks;
+  bool renormalize_keys = false;  ///< token_slots: decode-time norm correction (MSE presets)
+  bool heads_major = false;       ///< token_slots: the slots of a kv head side by side (else those of a token)
+  std::int64_t slot_padding = 0;  ///< token_slots: even bytes between consecutive slots past the slot size
   bool sinks = false;                     ///< one sink per query head, near that head's top scores
   DType query_dtype = DType::bf16;
   DType kv_dtype = DType::bf16;           ///< dtype of the K/V handed to the store
@@ -75,6 +79,12 @@ struct Scenario {
 
 /// Builds the scenario and writes its cache with store_cpu. Deterministic in config.seed.
 Scenario make_scenario(const ScenarioConfig& config);
+
+/// The cache layout make_scenario uses for `config`: its preset, geometry,
+/// order and padding (token_slots: slots `slot_padding` bytes apart past
+/// their size, in vLLM's dense order or heads-major, then
+/// `block_stride_padding` bytes after a block's slots).
+CacheLayout scenario_layout(const ScenarioConfig& config);
 
 /// The K/V a scenario's cache holds, read back through the block table and
 /// the layout, in the original (unrotated) space: keys Pi^T khat, values vhat.

@@ -1,6 +1,7 @@
-// CPU reference of the decode math (FORMAT.md section 5). Accumulates in
-// double so it is an oracle for the fp32 GPU paths, and reads the cache only
-// through CacheLayout offsets so it checks the byte layout too.
+// CPU reference of the decode math (FORMAT.md section 5, and 4b for the
+// token_slots order). Accumulates in double so it is an oracle for the fp32
+// GPU paths, and reads the cache only through CacheLayout offsets so it
+// checks the byte layout too.
 #include "parallel.hpp"
 #include "tqdecode/reference.hpp"
 
@@ -35,21 +36,33 @@ class SequenceHead {
         layout_(args.layout),
         info_(args.layout.info()),
         table_row_(args.block_table + std::int64_t(batch_index) * args.table_stride()),
-        head_(kv_head) {}
+        head_(kv_head),
+        renormalize_(args.layout.token_slots() && args.layout.renormalize_keys) {}
 
   /// scale * dot(q, khat_t); khat = knorm * centroids[idx] (the knorm factor is
-  /// pulled out of the sum) or the fp8 key.
+  /// pulled out of the sum), divided by ||c_t|| = ||centroids[idx]|| when a
+  /// token_slots layout renormalizes keys (a zero centroid vector gives a
+  /// zero key), or the fp8 key.
   double score(const float* q, int token) const {
     const std::uint8_t* block = block_of(token);
     const int slot = token % layout_.block_size;
-    const std::uint8_t* key = block + layout_.record_offset(slot, head_);
+    const std::uint8_t* key = block + layout_.key_offset(slot, head_);
     double dot = 0.0;
     if (info_.key_fp8) {
       for (int d = 0; d < layout_.head_dim; ++d) dot += double(q[d]) * fp8_e4m3_bits_to_float(key[d]);
       return args_.scale * dot;
     }
-    for (int d = 0; d < layout_.head_dim; ++d) dot += double(q[d]) * args_.centroids[unpack_code(key, d, info_.key_bits)];
-    const double norm = read_half(block + layout_.field_offset(slot, head_, layout_.key_norm_field()));
+    double centroid_square = 0.0;
+    for (int d = 0; d < layout_.head_dim; ++d) {
+      const double c = args_.centroids[unpack_code(key, d, info_.key_bits)];
+      dot += double(q[d]) * c;
+      centroid_square += c * c;
+    }
+    double norm = read_half(block + layout_.field_offset(slot, head_, layout_.key_norm_field()));
+    if (renormalize_) {
+      if (centroid_square == 0.0) return 0.0;
+      norm /= std::sqrt(centroid_square);
+    }
     return args_.scale * norm * dot;
   }
 
@@ -57,7 +70,7 @@ class SequenceHead {
   void add_value(int token, double weight, double* acc) const {
     const std::uint8_t* block = block_of(token);
     const int slot = token % layout_.block_size;
-    const std::uint8_t* codes = block + layout_.record_offset(slot, head_) + layout_.key_bytes();
+    const std::uint8_t* codes = block + layout_.value_offset(slot, head_);
     const double scale = read_half(block + layout_.field_offset(slot, head_, layout_.value_scale_field()));
     const double zero = read_half(block + layout_.field_offset(slot, head_, layout_.value_zero_field()));
     for (int d = 0; d < layout_.head_dim; ++d) {
@@ -75,6 +88,7 @@ class SequenceHead {
   const PresetInfo info_;
   const std::int32_t* table_row_;
   int head_;
+  bool renormalize_;
 };
 
 // Softmax state of one query head over a non-empty token range: `max` is the
