@@ -17,7 +17,7 @@ struct CUstream_st;
 namespace tqdecode {
 
 enum class DecodePath : std::uint8_t {
-  hopper,         ///< tensor-core kernel, every preset at D = 128, on sm_90
+  hopper,         ///< tensor-core kernel, every preset at D = 128, blocks cache order, on sm_90
   cuda_generic,   ///< CUDA kernels for every preset and supported shape on any CUDA GPU (GenericKernel)
   cpu_reference,  ///< host memory, no GPU (slow; tests and tools)
 };
@@ -33,11 +33,12 @@ enum class PathRequest : std::uint8_t { automatic, hopper, cuda_generic, cuda_ge
 enum class GenericKernel : std::uint8_t {
   /// The Hopper path's tensor-core kernel in its narrow configuration (8
   /// warps, 12 for groups 9..16), no programmatic launch: sm_80 and newer,
-  /// D = 128, 16-byte aligned cache, group up to 16, where the device's shared
-  /// memory holds its CTA (at most 153 KB: every sm_80 / sm_90 part; sm_86 /
-  /// sm_89 take the 3-bit-key presets up to group 8).
+  /// D = 128, 16-byte aligned cache in the blocks order, group up to 16,
+  /// where the device's shared memory holds its CTA (at most 153 KB: every
+  /// sm_80 / sm_90 part; sm_86 / sm_89 take the 3-bit-key presets up to
+  /// group 8).
   tensor_core,
-  scalar,  ///< CUDA cores: any CUDA GPU, every preset and supported shape
+  scalar,  ///< CUDA cores: any CUDA GPU, every preset and supported shape, both cache orders
 };
 
 const char* generic_kernel_name(GenericKernel kernel);

@@ -1,5 +1,6 @@
 // Generic split-KV partition kernel (internal): every preset, head dim 64 /
-// 128 / 256, group size 1..16, block size 16..128, any GPU from sm_75 up.
+// 128 / 256, group size 1..16, block size 16..128, either cache order
+// (blocks, token_slots), any GPU from sm_75 up.
 //
 // Grid (num_partitions, num_kv_heads, batch); the CTA (p, h, b) runs the
 // online softmax of FORMAT.md section 5 over partition_range(seq_lens[b], ...)
@@ -14,16 +15,21 @@
 //
 // One tile = kTileTokens consecutive tokens (32, or 16 at D = 256):
 //  1. Staging: the group copies the tile's records (key then value bytes,
-//     contiguous per (slot, head)) into shared memory, one row per token,
-//     with 16-byte cp.async where alignment allows (8/4/2/1 otherwise),
-//     double-buffered: tile i+1 is in flight while tile i is computed. The
-//     fp16 metadata of the next tile is loaded into registers meanwhile.
+//     contiguous per (slot, head) in the blocks order; the key data and the
+//     value data of each slot in the token_slots order) into shared memory,
+//     one row per token, key data then value data, with 16-byte cp.async
+//     where alignment allows (8/4/2/1 otherwise; copies under 4 bytes are
+//     loads and stores, several in flight per lane), double-buffered: tile
+//     i+1 is in flight while tile i is computed. The fp16 metadata of the
+//     next tile is loaded into registers meanwhile.
 //  2. Scores, one token per lane (two lanes per token at D = 256): the lane
 //     reads its key bits from its row with 16-byte loads (rows are padded to
 //     an odd multiple of 16 bytes, so the loads are bank-conflict free),
 //     decodes codes to centroids (table in shared memory) or fp8 to float,
 //     and dots them with the query rows (shared memory, broadcast reads).
-//     The key norm and the softmax scale multiply the dot once per token.
+//     The key norm and the softmax scale multiply the dot once per token;
+//     a token_slots layout that renormalizes keys also sums the squares of
+//     the token's centroids alongside the dot and divides by their root.
 //  3. Online softmax per head: warp max, rescale of the running state,
 //     p_t = exp2(s_t - m); lane t stores p_t * vscale_t for the value pass
 //     and accumulates p_t and p_t * vzero_t (the zero point folded out).
@@ -38,6 +44,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "cuda_check.hpp"
@@ -69,6 +76,14 @@ struct Config {
   static constexpr int kRecordBytes = kKeyBytes + kValueBytes;
   static constexpr int kFields = kKeyFp8 ? 2 : 3;
   static constexpr int kCentroids = kKeyFp8 ? 0 : 1 << kKeyBits;
+  /// token_slots: where the value data and the fp16 fields lie within a slot.
+  static constexpr CacheLayout kSlot{P, D, 16, 1, 0, CacheOrder::token_slots};
+  static constexpr int kSlotValueOffset = kSlot.slot_value_offset();
+  static constexpr int kSlotKeyNormOffset = kKeyFp8 ? 0 : kSlot.slot_field_offset(kSlot.key_norm_field());
+  static constexpr int kSlotValueScaleOffset = kSlot.slot_field_offset(kSlot.value_scale_field());
+  static constexpr int kSlotValueZeroOffset = kSlot.slot_field_offset(kSlot.value_zero_field());
+  /// token_slots: the widest copy piece that divides both the key and the value data (at most 16 bytes).
+  static constexpr int kSlotPieceLimit = min_of(16, (kKeyBytes | kValueBytes) & -(kKeyBytes | kValueBytes));
 
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
@@ -167,21 +182,27 @@ __device__ __forceinline__ void accumulate_dot4(const float* q, int dim, const f
   }
 }
 
-/// Adds dot(q[g][4 Quad .. 4 Quad + 4), centroids[codes 4 Quad .. 4 Quad + 4)) to s[g].
-template <class C, int Quad, int Words>
+/// Adds dot(q[g][4 Quad .. 4 Quad + 4), centroids[codes 4 Quad .. 4 Quad + 4)) to s[g]
+/// (and, with Squares, the squares of those centroids to `square`).
+template <class C, bool Squares, int Quad, int Words>
 __device__ __forceinline__ void score_mse_quad(const unsigned (&words)[Words], const float* q, const float* centroids,
-                                               float (&s)[C::kHeadsPerWarp]) {
+                                               float (&s)[C::kHeadsPerWarp], float& square) {
   const float k[4] = {centroids[packed_code<C::kKeyBits, 4 * Quad + 0>(words)],
                       centroids[packed_code<C::kKeyBits, 4 * Quad + 1>(words)],
                       centroids[packed_code<C::kKeyBits, 4 * Quad + 2>(words)],
                       centroids[packed_code<C::kKeyBits, 4 * Quad + 3>(words)]};
   accumulate_dot4<C>(q, 4 * Quad, k, s);
+  if constexpr (Squares) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) square = fmaf(k[i], k[i], square);
+  }
 }
 
-template <class C, int Words, int... Quad>
+template <class C, bool Squares, int Words, int... Quad>
 __device__ __forceinline__ void score_mse_quads(const unsigned (&words)[Words], const float* q, const float* centroids,
-                                                float (&s)[C::kHeadsPerWarp], std::integer_sequence<int, Quad...>) {
-  (score_mse_quad<C, Quad>(words, q, centroids, s), ...);
+                                                float (&s)[C::kHeadsPerWarp], float& square,
+                                                std::integer_sequence<int, Quad...>) {
+  (score_mse_quad<C, Squares, Quad>(words, q, centroids, s, square), ...);
 }
 
 /// MSE keys: adds dot(q[g][chunk dims], centroids[idx[chunk dims]]) to s[g].
@@ -190,9 +211,9 @@ __device__ __forceinline__ void score_mse_quads(const unsigned (&words)[Words], 
 /// loads: 32 dims of 4-bit codes, or 128 dims (D = 64: 64) of 3-bit codes; a
 /// 3-bit chunk of 24 bytes reads 8 bytes past it, still inside the record.
 /// Code positions are compile-time constants (shifts and masks only).
-template <class C, int ChunkDims>
+template <class C, bool Squares, int ChunkDims>
 __device__ __forceinline__ void score_mse_chunk(const unsigned char* key, const float* q, const float* centroids,
-                                                float (&s)[C::kHeadsPerWarp]) {
+                                                float (&s)[C::kHeadsPerWarp], float& square) {
   constexpr int kLoads = (ChunkDims * C::kKeyBits / 8 + 15) / 16;
   unsigned words[4 * kLoads];
 #pragma unroll
@@ -203,17 +224,20 @@ __device__ __forceinline__ void score_mse_chunk(const unsigned char* key, const 
     words[4 * i + 2] = v.z;
     words[4 * i + 3] = v.w;
   }
-  score_mse_quads<C>(words, q, centroids, s, std::make_integer_sequence<int, ChunkDims / 4>{});
+  score_mse_quads<C, Squares>(words, q, centroids, s, square, std::make_integer_sequence<int, ChunkDims / 4>{});
 }
 
 /// Dot products of this lane's token with the warp's query heads, over the
 /// lane's kLaneKeyDims dims (unscaled: no key norm, no softmax scale; fp8
-/// keys come out divided by 256). The chunk loops are not unrolled: one
-/// chunk already has HC independent FMA chains, and unrolling further only
-/// makes the compiler hoist query loads into registers.
-template <class C>
+/// keys come out divided by 256). With Squares (MSE keys), also the sum of
+/// the squares of those dims' centroids in `square` (left alone otherwise).
+/// The chunk loops are not unrolled: one chunk already has HC independent
+/// FMA chains, and unrolling further only makes the compiler hoist query
+/// loads into registers.
+template <class C, bool Squares>
 __device__ __forceinline__ void key_scores(const unsigned char* key, const float* q, const float* centroids,
-                                           float (&s)[C::kHeadsPerWarp]) {
+                                           float (&s)[C::kHeadsPerWarp], float& square) {
+  static_assert(!(Squares && C::kKeyFp8), "fp8 keys have no centroids");
 #pragma unroll
   for (int g = 0; g < C::kHeadsPerWarp; ++g) s[g] = 0.0f;
   if constexpr (C::kKeyFp8) {
@@ -232,7 +256,7 @@ __device__ __forceinline__ void key_scores(const unsigned char* key, const float
     constexpr int kChunkDims = C::kKeyBits == 4 ? 32 : min_of(128, C::kLaneKeyDims);
 #pragma unroll 1
     for (int dim = 0; dim < C::kLaneKeyDims; dim += kChunkDims) {
-      score_mse_chunk<C, kChunkDims>(key + dim * C::kKeyBits / 8, q + dim, centroids, s);
+      score_mse_chunk<C, Squares, kChunkDims>(key + dim * C::kKeyBits / 8, q + dim, centroids, s, square);
     }
   }
 }
@@ -299,7 +323,8 @@ __device__ __forceinline__ std::uint16_t load_u16(const unsigned char* address, 
 }
 
 /// Issues the copies of the records of tokens [first, first + count) of
-/// kv head blockIdx.y into the tile buffer `tile` (row t = token first + t).
+/// kv head blockIdx.y into the tile buffer `tile` (row t = token first + t);
+/// blocks order.
 /// `block` is, in lane t, the physical block of token first + t. Every warp
 /// of the token group calls this with the same tile; the group's warps split
 /// the `Bytes`-sized pieces.
@@ -325,6 +350,60 @@ __device__ __forceinline__ void copy_tile_records(const PartitionParams& p, int 
   }
 }
 
+/// copy_tile_records for the token_slots order: row t gets the key data and
+/// the value data of token first + t's slot. A lane copies kBatch pieces
+/// per step; copies under 4 bytes are loads and stores (no cp.async), so a
+/// step issues all its loads before its first store.
+template <class C, int Bytes>
+__device__ __forceinline__ void copy_tile_slots(const PartitionParams& p, int first, int count, int block,
+                                                unsigned char* tile, int lane, int warp_in_group) {
+  static_assert(C::kKeyBytes % Bytes == 0 && C::kValueBytes % Bytes == 0, "pieces do not straddle key and value data");
+  constexpr int kKeyPieces = C::kKeyBytes / Bytes;
+  constexpr int kPieces = C::kRecordBytes / Bytes;
+  constexpr int kTotal = C::kTileTokens * kPieces;
+  constexpr int kBatch = Bytes >= 4 ? 1 : 8;
+  constexpr int kStep = 32 * kBatch;
+  using Piece = std::conditional_t<Bytes == 2, unsigned short, unsigned char>;
+  // Source of piece `piece` of row t.
+  const auto source = [&](int t, int piece, int source_block) {
+    const unsigned char* slot =
+        block_start(p, source_block) + p.layout.slot_offset(token_slot(p, first + t), static_cast<int>(blockIdx.y));
+    return piece < kKeyPieces ? slot + piece * Bytes : slot + C::kSlotValueOffset + (piece - kKeyPieces) * Bytes;
+  };
+#pragma unroll 1
+  for (int base = warp_in_group * kStep; base < kTotal; base += kStep * C::kHeadGroups) {  // uniform per warp
+    if constexpr (Bytes >= 4) {
+      const int piece_index = base + lane;
+      const int t = piece_index / kPieces;
+      const int piece = piece_index - t * kPieces;
+      const int source_block = __shfl_sync(kFullMask, block, t & 31);
+      if (piece_index < kTotal && t < count) {
+        copy_to_shared<Bytes>(tile + t * C::kRowPitch + piece * Bytes, source(t, piece, source_block));
+      }
+    } else {
+      Piece pieces[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int piece_index = base + 32 * j + lane;
+        const int t = piece_index / kPieces;
+        const int piece = piece_index - t * kPieces;
+        const int source_block = __shfl_sync(kFullMask, block, t & 31);
+        pieces[j] = piece_index < kTotal && t < count
+                        ? *reinterpret_cast<const Piece*>(source(t, piece, source_block))
+                        : Piece{0};
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int piece_index = base + 32 * j + lane;
+        const int t = piece_index / kPieces;
+        if (piece_index < kTotal && t < count) {
+          *reinterpret_cast<Piece*>(tile + t * C::kRowPitch + (piece_index - t * kPieces) * Bytes) = pieces[j];
+        }
+      }
+    }
+  }
+}
+
 /// Starts loading tile [first, first + count): records into `tile` (async),
 /// and returns the metadata of this lane's token (lane % kTileTokens; zeros
 /// past the range). Reads only block-table entries of tokens in the range.
@@ -335,20 +414,43 @@ __device__ __forceinline__ TokenMeta issue_tile(const PartitionParams& p, const 
   const int t = lane % C::kTileTokens;
   TokenMeta meta{0, 0, 0};
   int block = 0;
+  const bool token_slots = p.layout.token_slots();
   if (t < count) {
     const int token = first + t;
     block = block_table_row[token_block_index(p, token)];
-    const unsigned char* field0 = block_start(p, block) + field0_offset<C>(p, token_slot(p, token));
-    const std::int64_t field_stride = 2 * static_cast<std::int64_t>(p.layout.block_size);
     const bool aligned = copy_bytes >= 2;
-    if constexpr (C::kKeyFp8) {
-      meta.value_scale = load_u16(field0, aligned);
-      meta.value_zero = load_u16(field0 + field_stride, aligned);
+    if (token_slots) {
+      const unsigned char* slot =
+          block_start(p, block) + p.layout.slot_offset(token_slot(p, token), static_cast<int>(blockIdx.y));
+      if constexpr (!C::kKeyFp8) meta.key_norm = load_u16(slot + C::kSlotKeyNormOffset, aligned);
+      meta.value_scale = load_u16(slot + C::kSlotValueScaleOffset, aligned);
+      meta.value_zero = load_u16(slot + C::kSlotValueZeroOffset, aligned);
     } else {
-      meta.key_norm = load_u16(field0, aligned);
-      meta.value_scale = load_u16(field0 + field_stride, aligned);
-      meta.value_zero = load_u16(field0 + 2 * field_stride, aligned);
+      const unsigned char* field0 = block_start(p, block) + field0_offset<C>(p, token_slot(p, token));
+      const std::int64_t field_stride = 2 * static_cast<std::int64_t>(p.layout.block_size);
+      if constexpr (C::kKeyFp8) {
+        meta.value_scale = load_u16(field0, aligned);
+        meta.value_zero = load_u16(field0 + field_stride, aligned);
+      } else {
+        meta.key_norm = load_u16(field0, aligned);
+        meta.value_scale = load_u16(field0 + field_stride, aligned);
+        meta.value_zero = load_u16(field0 + 2 * field_stride, aligned);
+      }
     }
+  }
+  if (token_slots) {
+    // copy_bytes divides the key and value data sizes (partitions_body); the
+    // limit only keeps the instantiations that cannot happen out.
+    constexpr int k16 = min_of(16, C::kSlotPieceLimit);
+    constexpr int k8 = min_of(8, C::kSlotPieceLimit);
+    switch (copy_bytes) {
+      case 16: copy_tile_slots<C, k16>(p, first, count, block, tile, lane, warp_in_group); break;
+      case 8: copy_tile_slots<C, k8>(p, first, count, block, tile, lane, warp_in_group); break;
+      case 4: copy_tile_slots<C, 4>(p, first, count, block, tile, lane, warp_in_group); break;
+      case 2: copy_tile_slots<C, 2>(p, first, count, block, tile, lane, warp_in_group); break;
+      default: copy_tile_slots<C, 1>(p, first, count, block, tile, lane, warp_in_group); break;
+    }
+    return meta;
   }
   switch (copy_bytes) {
     case 16: copy_tile_records<C, 16>(p, first, count, block, tile, lane, warp_in_group); break;
@@ -372,26 +474,39 @@ struct WarpState {
 };
 
 /// Steps 2-4 of the file comment for one staged tile of `count` tokens.
+/// `renormalize`: divide each key by the norm of its centroid vector
+/// (token_slots with renormalize_keys; MSE keys only).
 template <class C>
 __device__ __forceinline__ void process_tile(WarpState<C>& state, const unsigned char* tile, const TokenMeta& meta,
                                              int count, const float* q, const float* centroids, float* weights,
-                                             float scale_log2, int lane) {
+                                             float scale_log2, bool renormalize, int lane) {
   constexpr int kHeads = C::kHeadsPerWarp;
   const int t = lane % C::kTileTokens;
   const int part = lane / C::kTileTokens;
 
   float s[kHeads];
-  key_scores<C>(tile + t * C::kRowPitch + part * (C::kLaneKeyDims * C::kKeyBits / 8), q + part * C::kLaneKeyDims,
-                centroids, s);
+  float square = 0.0f;  // the token's sum of squared centroids (renormalize only)
+  const unsigned char* key = tile + t * C::kRowPitch + part * (C::kLaneKeyDims * C::kKeyBits / 8);
+  const float* q_part = q + part * C::kLaneKeyDims;
+  if constexpr (C::kKeyFp8) {
+    key_scores<C, false>(key, q_part, centroids, s, square);
+  } else if (renormalize) {
+    key_scores<C, true>(key, q_part, centroids, s, square);
+  } else {
+    key_scores<C, false>(key, q_part, centroids, s, square);
+  }
   if constexpr (C::kLanesPerToken == 2) {
 #pragma unroll
     for (int g = 0; g < kHeads; ++g) s[g] += __shfl_xor_sync(kFullMask, s[g], C::kTileTokens);
+    if (renormalize) square += __shfl_xor_sync(kFullMask, square, C::kTileTokens);
   }
   static_assert(C::kLanesPerToken <= 2, "one shuffle combines the token's halves");
 
-  // The key norm (MSE) or the fp8 factor 256, the softmax scale and log2 e,
-  // applied once per token rather than once per element.
-  const float factor = C::kKeyFp8 ? scale_log2 * 256.0f : scale_log2 * half_bits_to_float(meta.key_norm);
+  // The key norm (MSE; over the centroids' norm when renormalizing, 0 for a
+  // zero centroid vector) or the fp8 factor 256, the softmax scale and log2
+  // e, applied once per token rather than once per element.
+  float factor = C::kKeyFp8 ? scale_log2 * 256.0f : scale_log2 * half_bits_to_float(meta.key_norm);
+  if (!C::kKeyFp8 && renormalize) factor *= square > 0.0f ? rsqrtf(square) : 0.0f;
   const float value_scale = half_bits_to_float(meta.value_scale);
   const float value_zero = half_bits_to_float(meta.value_zero);
   const bool valid = t < count;
@@ -500,9 +615,18 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
 
   const std::int64_t table_stride = p.block_table_stride ? p.block_table_stride : p.max_blocks_per_seq;
   const std::int32_t* block_table_row = p.block_table + b * table_stride;
-  // Widest copy that every record address allows (the record size is a multiple of 8).
-  const unsigned alignment =
-      static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(p.cache) | p.layout.block_stride | C::kRecordBytes);
+  // Widest copy that every record address allows (the record size is a
+  // multiple of 8); in the token_slots order, every key and value data
+  // address (MSE slots put the value data 2 bytes past a multiple of 8).
+  const bool token_slots = p.layout.token_slots();
+  const bool renormalize = token_slots && p.layout.renormalize_keys;
+  const std::uint64_t slot_strides =
+      static_cast<std::uint64_t>(p.layout.token_stride) |
+      (p.layout.num_kv_heads > 1 ? static_cast<std::uint64_t>(p.layout.head_stride) : 0u) |
+      static_cast<std::uint64_t>(C::kSlotValueOffset | C::kKeyBytes | C::kValueBytes);
+  const unsigned alignment = static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(p.cache) |
+                                                   static_cast<std::uint64_t>(p.layout.block_stride) |
+                                                   (token_slots ? slot_strides : std::uint64_t{C::kRecordBytes}));
   const int copy_bytes = (alignment & 15u) == 0  ? 16
                          : (alignment & 7u) == 0 ? 8
                          : (alignment & 3u) == 0 ? 4
@@ -551,7 +675,7 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
     cp_async_wait<1>();  // this thread's copies of `tile` have landed
     group_sync();        // ... and everyone else's
     process_tile<C>(state, stage + (iteration & 1) * C::kTileBytes, meta, tile_count(tile), q_warp, centroids_s,
-                    weights, scale_log2, lane);
+                    weights, scale_log2, renormalize, lane);
     group_sync();  // the buffer and `weights` are free for the next iteration
   }
 

@@ -25,13 +25,14 @@ bool device_present() {
 }
 
 // Everything a plan depends on: shapes fixed at capture, never tensor values.
-using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, int, bool>;
+using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, int, bool, int>;
 
 PlanKey plan_key(const DecodeArgs& args, int device, PathRequest request) {
   const bool aligned16 = args.layout.block_stride % 16 == 0 && reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0;
   return {device, args.batch, args.num_q_heads, args.layout.num_kv_heads, args.layout.head_dim,
           args.layout.block_size, args.max_blocks_per_seq, static_cast<int>(args.layout.preset),
-          static_cast<int>(args.query_dtype), static_cast<int>(request), aligned16};
+          static_cast<int>(args.query_dtype), static_cast<int>(request), aligned16,
+          static_cast<int>(args.layout.order)};
 }
 
 void log_fallback_once(const std::string& reason) {

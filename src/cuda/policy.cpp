@@ -129,6 +129,9 @@ namespace {
 
 // What the tensor-core kernel needs in every configuration, whatever the device.
 std::string tensor_core_layout_unsupported_reason(const DecodeArgs& args, const char* kernel) {
+  if (args.layout.token_slots()) {
+    return std::string("token_slots layout: the ") + kernel + " reads the blocks order only";
+  }
   if (args.layout.head_dim != 128) {
     return "head_dim " + std::to_string(args.layout.head_dim) + ": the " + kernel + " needs 128";
   }
