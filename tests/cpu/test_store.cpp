@@ -1,6 +1,8 @@
 // The store path (FORMAT.md section 3): exact bytes of hand-made vectors,
 // placement in the block, skipped slots, input dtypes, determinism, the
-// distortion of real data, and every rejected input (with the cache intact).
+// distortion of real data, and every rejected input (with the cache intact);
+// the token_slots order's store (section 4b) against an encoder written
+// here from its rules.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,6 +38,9 @@ struct StoreCase {
     layout.block_stride += padding;
     cache = random_bytes(std::size_t(num_blocks * layout.block_stride), 77);
   }
+  /// Any layout with 16-slot blocks (the token_slots order's tests).
+  StoreCase(const CacheLayout& l, std::int64_t blocks)
+      : layout(l), num_blocks(blocks), cache(random_bytes(std::size_t(blocks * l.block_stride), 91)) {}
 
   StoreArgs args() {
     StoreArgs args;
@@ -58,6 +63,14 @@ struct StoreCase {
   }
   std::uint16_t field(std::int64_t slot, int head, int f) const {
     return read_field_bits(cache.data() + layout.block_offset(slot / 16), layout, static_cast<int>(slot % 16), head, f);
+  }
+  /// token_slots: where the slot of (slot, head) starts in the cache, and its bytes.
+  std::int64_t slot_start(std::int64_t slot, int head) const {
+    return layout.block_offset(slot / 16) + layout.key_offset(static_cast<int>(slot % 16), head);
+  }
+  std::vector<std::uint8_t> slot_bytes(std::int64_t slot, int head) const {
+    const auto at = cache.begin() + slot_start(slot, head);
+    return {at, at + layout.slot_bytes()};
   }
 };
 
@@ -305,16 +318,204 @@ TEST(Store, DistortionMatchesTheQuantizers) {
   }
 }
 
+// ---------------------------------------------------------------- token_slots order (FORMAT.md 4b)
+
+// An encoder of one (token, head) slot written here from FORMAT.md 4b, for
+// fp32 inputs: raw norm; rotated unit coordinates bucketed by the centroid
+// midpoints (y >= midpoint goes up); value codes int((v - min) / scale + 0.5)
+// with scale = max((max - min) / (2^b - 1), 1e-8) in fp32; fp16 scale and
+// zero; LSB-first bit packing; written at the offsets of section 4b.
+void encode_slot_here(const float* key, const float* value, int D, Preset preset, const std::vector<float>& Pi,
+                      const std::vector<float>& centroids, std::uint8_t* slot) {
+  const PresetInfo info = preset_info(preset);
+  auto put_bits = [](std::uint8_t* bytes, int index, int bits, unsigned code) {
+    for (int b = 0; b < bits; ++b) {
+      const int bit = index * bits + b;
+      if ((code >> b) & 1u) bytes[bit / 8] = static_cast<std::uint8_t>(bytes[bit / 8] | (1u << (bit % 8)));
+    }
+  };
+  auto put_half = [](std::uint8_t* at, float x) {
+    const std::uint16_t h = float_to_half_bits(x);
+    at[0] = static_cast<std::uint8_t>(h & 0xff);
+    at[1] = static_cast<std::uint8_t>(h >> 8);
+  };
+  const int key_bytes = info.key_fp8 ? D : D * info.key_bits / 8;
+  const int value_begin = key_bytes + (info.key_fp8 ? 0 : 2);
+  const int value_bytes = D * info.value_bits / 8;
+  std::fill(slot, slot + key_bytes, 0);
+  std::fill(slot + value_begin, slot + value_begin + value_bytes, 0);
+  if (info.key_fp8) {
+    for (int d = 0; d < D; ++d) slot[d] = float_to_fp8_e4m3_bits(key[d]);
+  } else {
+    float square = 0.0f;
+    for (int d = 0; d < D; ++d) square += key[d] * key[d];
+    const float norm = std::sqrt(square);
+    for (int j = 0; j < D; ++j) {
+      float rotated = 0.0f;
+      for (int i = 0; i < D; ++i) rotated += Pi[std::size_t(j) * D + i] * key[i];
+      const float y = norm == 0.0f ? 0.0f : rotated / norm;
+      unsigned index = 0;
+      for (std::size_t i = 0; i + 1 < centroids.size(); ++i) index += y >= (centroids[i] + centroids[i + 1]) / 2.0f;
+      put_bits(slot, j, info.key_bits, index);
+    }
+    put_half(slot + key_bytes, norm);
+  }
+  float lo = value[0], hi = value[0];
+  for (int d = 1; d < D; ++d) {
+    lo = std::min(lo, value[d]);
+    hi = std::max(hi, value[d]);
+  }
+  const int levels = (1 << info.value_bits) - 1;
+  float scale = (hi - lo) / static_cast<float>(levels);
+  if (!(scale > 1e-8f)) scale = 1e-8f;
+  for (int d = 0; d < D; ++d) {
+    const int code = static_cast<int>((value[d] - lo) / scale + 0.5f);
+    put_bits(slot + value_begin, d, info.value_bits, static_cast<unsigned>(std::clamp(code, 0, levels)));
+  }
+  put_half(slot + value_begin + value_bytes, scale);
+  put_half(slot + value_begin + value_bytes + 2, lo);
+}
+
+// Hand-made vectors at the rounding cases of 4b, with exact arithmetic:
+// 4-bit levels (i - 7.5) / 8, whose midpoints are (i - 7) / 8.
+//  - head 0: k = 2 (e0 + e1 + e2 + e3), n = 4: y = 0.5 exactly on midpoint
+//    11 goes up to index 12; y = 0 on midpoint 7 goes up to index 8 (the
+//    blocks order's nearest-centroid rule sends both ties down).
+//  - values 0..15 with 2.5 and 0.5: scale 1, codes half up: 3 and 1.
+//  - head 1: a zero key (every y = 0: index 8, norm 0) and constant values
+//    (max == min: scale 1e-8, stored as fp16 0; codes 0; zero fp16(0.3)).
+//  - head 2: values 0..1 in 1/30 steps: the fp32 scale 1/15 gives 0.5 the
+//    code int(7.4999995 + 0.5) = 7 where the fp16 scale would give 8.
+TEST(StoreTokenSlots, HandMadeRoundingCasesGiveTheEnginesBytes) {
+  const int D = 64;
+  StoreCase c(make_token_slots_layout(Preset::turboquant_4bit_nc, D, 16, 3, 16 * 3 * 70 + 6, 3 * 70, 70, true), 2);
+  c.Pi.assign(D * D, 0.0f);
+  for (int j = 0; j < D; ++j) c.Pi[j * D + j] = 1.0f;
+  for (int i = 0; i < 16; ++i) c.centroids.push_back((i - 7.5f) / 8.0f);
+  c.key.assign(3 * D, 0.0f);
+  c.value.assign(3 * D, 0.3f);
+  for (int d = 0; d < 4; ++d) c.key[d] = 2.0f;
+  for (int d = 0; d < D; ++d) c.value[d] = float(d % 16);
+  c.value[1] = 2.5f;
+  c.value[2] = 0.5f;
+  for (int d = 0; d < D; ++d) c.value[2 * D + d] = float(d % 31) / 30.0f;
+  c.value[2 * D + 1] = 0.5f;
+  for (int d = 0; d < D; ++d) c.key[2 * D + d] = std::sin(0.3f * d);
+  c.slots = {21};  // block 1, slot 5
+  const std::vector<std::uint8_t> before = c.cache;
+  store_cpu(c.args());
+
+  // Head 0, exactly.
+  std::vector<std::uint8_t> expected(70, 0);
+  expected[0] = 0xcc;  // indices 12, 12
+  expected[1] = 0xcc;
+  for (int b = 2; b < 32; ++b) expected[b] = 0x88;  // index 8 everywhere else
+  expected[32] = 0x00;  // norm fp16(4) = 0x4400
+  expected[33] = 0x44;
+  // Value codes 0, 3 (2.5 half up), 1 (0.5 half up), 3, 4, 5, ..., 15, then d % 16.
+  const std::uint8_t first_values[8] = {0x30, 0x31, 0x54, 0x76, 0x98, 0xba, 0xdc, 0xfe};
+  const std::uint8_t ramp[8] = {0x10, 0x32, 0x54, 0x76, 0x98, 0xba, 0xdc, 0xfe};
+  for (int b = 0; b < 32; ++b) expected[34 + b] = b < 8 ? first_values[b] : ramp[b % 8];
+  expected[66] = 0x00;  // scale fp16(1) = 0x3c00
+  expected[67] = 0x3c;
+  expected[68] = 0x00;  // zero fp16(0)
+  expected[69] = 0x00;
+  EXPECT_EQ(c.slot_bytes(21, 0), expected);
+
+  // Head 1: zero key, constant values.
+  std::vector<std::uint8_t> zero_key(70, 0x88);
+  zero_key[32] = zero_key[33] = 0;                     // norm 0
+  std::fill(zero_key.begin() + 34, zero_key.begin() + 66, 0);  // codes 0
+  zero_key[66] = zero_key[67] = 0;                     // fp16(1e-8) = 0
+  zero_key[68] = 0xcd;                                 // fp16(0.3) = 0x34cd
+  zero_key[69] = 0x34;
+  EXPECT_EQ(c.slot_bytes(21, 1), zero_key);
+
+  // Every head against the encoder above; head 2's value 0.5 has code 7.
+  std::vector<std::uint8_t> mine(70);
+  for (int h = 0; h < 3; ++h) {
+    encode_slot_here(c.key.data() + h * D, c.value.data() + h * D, D, Preset::turboquant_4bit_nc, c.Pi, c.centroids,
+                     mine.data());
+    EXPECT_EQ(c.slot_bytes(21, h), mine) << "head " << h;
+  }
+  EXPECT_EQ(c.slot_bytes(21, 2)[34] >> 4, 7);
+
+  // Nothing else changed: the three slots only.
+  std::vector<std::uint8_t> restored = c.cache;
+  for (int h = 0; h < 3; ++h) {
+    std::copy_n(before.begin() + c.slot_start(21, h), 70, restored.begin() + c.slot_start(21, h));
+  }
+  EXPECT_EQ(restored, before);
+}
+
+// Random K/V with the real codebooks and rotations, every preset and head
+// dim, both stride orders and padding: the store writes exactly what the
+// encoder above writes, slot by slot, and nothing else (padding between
+// slots and after the last slot of a block stays junk; skipped tokens are
+// neither read nor written).
+TEST(StoreTokenSlots, MatchesAnEncoderWrittenFromTheRulesForEveryPreset) {
+  int variant = 0;
+  for (Preset preset : kAllPresets) {
+    for (int D : kHeadDims) {
+      SCOPED_TRACE(std::string(preset_info(preset).name) + " D=" + std::to_string(D));
+      const int hk = 1 + variant % 3, bs = 16;
+      ScenarioConfig config;
+      config.preset = preset;
+      config.head_dim = D;
+      config.block_size = bs;
+      config.num_kv_heads = hk;
+      config.order = CacheOrder::token_slots;
+      config.heads_major = variant % 2 == 1;
+      config.slot_padding = 2 * (variant % 3);
+      config.block_stride_padding = 8 * variant;
+      const CacheLayout layout = scenario_layout(config);
+      ++variant;
+      StoreCase c(layout, 3);
+      const ModelConstants constants = make_model_constants(preset, D, 40 + variant, RotationKind::dense);
+      c.Pi = constants.Pi;
+      c.centroids = constants.centroids;
+      Rng rng(7 + variant);
+      const int tokens = 30;
+      for (int i = 0; i < tokens * hk * D; ++i) {
+        c.key.push_back(static_cast<float>(1.5 * rng.normal() + 0.2));
+        c.value.push_back(static_cast<float>(rng.normal() - 0.3));
+      }
+      for (int t = 0; t < tokens; ++t) c.slots.push_back(t % 7 == 3 ? -1 : (t * 5 + 2) % (3 * bs));
+      for (int d = 0; d < hk * D; ++d) c.key[3 * hk * D + d] = std::numeric_limits<float>::quiet_NaN();  // skipped
+      const std::vector<std::uint8_t> before = c.cache;
+      store_cpu(c.args());
+
+      std::vector<bool> written(c.cache.size(), false);
+      std::vector<std::uint8_t> mine(layout.slot_bytes());
+      for (int t = 0; t < tokens; ++t) {
+        if (c.slots[t] < 0) continue;
+        for (int h = 0; h < hk; ++h) {
+          const std::size_t row = (std::size_t(t) * hk + h) * D;
+          encode_slot_here(c.key.data() + row, c.value.data() + row, D, preset, c.Pi, c.centroids, mine.data());
+          ASSERT_EQ(c.slot_bytes(c.slots[t], h), mine) << "token " << t << " head " << h;
+          const std::int64_t at = c.slot_start(c.slots[t], h);
+          std::fill(written.begin() + at, written.begin() + at + layout.slot_bytes(), true);
+        }
+      }
+      for (std::size_t i = 0; i < c.cache.size(); ++i) {
+        ASSERT_TRUE(written[i] || c.cache[i] == before[i]) << "byte " << i << " outside the stored slots changed";
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- rejected inputs
 
 struct BadStore {
   const char* what;
   std::function<void(StoreCase&, StoreArgs&)> corrupt;
   const char* argument;
+  const char* token_slots_argument = nullptr;  ///< where the token_slots order names another argument
 };
 
 // Every rejected input throws Error naming the argument and leaves the cache
-// byte-for-byte as it was, even when other tokens were fine.
+// byte-for-byte as it was, even when other tokens were fine, in both cache
+// orders.
 TEST(StoreRejects, EveryBadInputNamingTheArgumentAndWritingNothing) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -324,7 +525,8 @@ TEST(StoreRejects, EveryBadInputNamingTheArgumentAndWritingNothing) {
       {"kv heads", [](StoreCase&, StoreArgs& a) { a.layout.num_kv_heads = 0; }, "num_kv_heads"},
       {"block stride below natural",
        [](StoreCase&, StoreArgs& a) { a.layout.block_stride = a.layout.natural_block_bytes() - 1; }, "block_stride"},
-      {"stride of a smaller geometry", [](StoreCase&, StoreArgs& a) { a.layout.head_dim = 128; }, "block_stride"},
+      {"stride of a smaller geometry", [](StoreCase&, StoreArgs& a) { a.layout.head_dim = 128; }, "block_stride",
+       "head_stride"},
       {"no blocks", [](StoreCase&, StoreArgs& a) { a.num_blocks = 0; }, "num_blocks"},
       {"negative tokens", [](StoreCase&, StoreArgs& a) { a.num_tokens = -1; }, "num_tokens"},
       {"unknown dtype", [](StoreCase&, StoreArgs& a) { a.kv_dtype = static_cast<DType>(9); }, "kv_dtype"},
@@ -345,28 +547,34 @@ TEST(StoreRejects, EveryBadInputNamingTheArgumentAndWritingNothing) {
       {"key norm beyond fp16", [](StoreCase& c, StoreArgs&) { std::fill_n(c.key.begin() + 64, 64, 1e5f); }, "key"},
       {"value beyond fp16", [](StoreCase& c, StoreArgs&) { c.value[100] = -70000.0f; }, "value"},
   };
-  for (const BadStore& bad : cases) {
-    SCOPED_TRACE(bad.what);
-    const int D = 64;
-    StoreCase c(Preset::turboquant_4bit_nc, D, 2, 2);
-    const ModelConstants constants = make_model_constants(Preset::turboquant_4bit_nc, D, 1);
-    c.Pi = constants.Pi;
-    c.centroids = constants.centroids;
-    for (int i = 0; i < 3 * 2 * D; ++i) {
-      c.key.push_back(std::sin(0.37f * i));
-      c.value.push_back(std::cos(0.11f * i));
+  for (const CacheOrder order : {CacheOrder::blocks, CacheOrder::token_slots}) {
+    for (const BadStore& bad : cases) {
+      SCOPED_TRACE(std::string(bad.what) + ", " + cache_order_name(order));
+      const int D = 64;
+      StoreCase c = order == CacheOrder::blocks
+                        ? StoreCase(Preset::turboquant_4bit_nc, D, 2, 2)
+                        : StoreCase(make_token_slots_layout(Preset::turboquant_4bit_nc, D, 16, 2, true), 2);
+      const ModelConstants constants = make_model_constants(Preset::turboquant_4bit_nc, D, 1);
+      c.Pi = constants.Pi;
+      c.centroids = constants.centroids;
+      for (int i = 0; i < 3 * 2 * D; ++i) {
+        c.key.push_back(std::sin(0.37f * i));
+        c.value.push_back(std::cos(0.11f * i));
+      }
+      c.slots = {0, 17, 30};
+      StoreArgs args = c.args();
+      bad.corrupt(c, args);
+      const std::vector<std::uint8_t> before = c.cache;
+      const char* argument = order == CacheOrder::token_slots && bad.token_slots_argument ? bad.token_slots_argument
+                                                                                         : bad.argument;
+      try {
+        store_cpu(args);
+        ADD_FAILURE() << "no error";
+      } catch (const Error& error) {
+        EXPECT_EQ(error.argument(), argument) << error.what();
+      }
+      EXPECT_EQ(c.cache, before);
     }
-    c.slots = {0, 17, 30};
-    StoreArgs args = c.args();
-    bad.corrupt(c, args);
-    const std::vector<std::uint8_t> before = c.cache;
-    try {
-      store_cpu(args);
-      ADD_FAILURE() << "no error";
-    } catch (const Error& error) {
-      EXPECT_EQ(error.argument(), bad.argument) << error.what();
-    }
-    EXPECT_EQ(c.cache, before);
   }
 }
 
