@@ -1,6 +1,9 @@
 // GPU decode against the CPU reference on the same cache bytes, the Hopper
 // kernel against the generic kernel, and CUDA-graph replay against eager
-// calls. Every output buffer is poisoned with NaN first.
+// calls, in both cache orders (token_slots: every preset, with and without
+// decode-time renormalization, both stride orders, padded slots and pages,
+// served by the scalar kernel with a reason naming the order). Every output
+// buffer is poisoned with NaN first.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -35,6 +38,10 @@ struct DecodeCase {
   bool sinks = false;
   DType dtype = DType::bf16;
   float value_amplitude = 1.0f;
+  CacheOrder order = CacheOrder::blocks;
+  bool renormalize = false;       ///< token_slots: decode-time norm correction
+  bool heads_major = false;       ///< token_slots: the slots of a kv head side by side
+  std::int64_t slot_padding = 0;  ///< token_slots: even bytes between slots
 };
 
 std::vector<int> random_lengths(int batch, int max_len, std::uint64_t seed) {
@@ -106,6 +113,32 @@ std::vector<DecodeCase> decode_cases() {
       {"q4_d64", p4, 16, 4, 64, 16, {1, 300, 2049}},
       {"q4_d256_sinks", p4, 16, 4, 256, 32, {0, 999}, 0, true},
   };
+  // The token_slots order: every preset in both renormalization modes (fp8
+  // keys: raw only), head dims 64 / 128 / 256, groups 3 to 16, block sizes
+  // 16 to 128, padded slots (`padding` then pads the page after them), both
+  // stride orders, sinks, fp16 queries, and grids of several waves.
+  int slots_variant = 0;
+  for (const Preset preset : kAllPresets) {
+    for (const bool renormalize : {true, false}) {
+      if (renormalize && preset_info(preset).key_fp8) continue;
+      const std::string name =
+          "slots_" + std::string(preset_info(preset).name).substr(11) + (renormalize ? "_renorm" : "_raw");
+      const bool odd = slots_variant++ % 2 == 1;
+      const CacheOrder slots = CacheOrder::token_slots;
+      cases.push_back({name + "_d128_g8", preset, 32, 4, 128, 16, {1, 17, 100, 1000, 3001, 0, 777}, 0, !odd,
+                       DType::bf16, 1.0f, slots, renormalize});
+      cases.push_back({name + "_d64_g4_heads_major_bs32", preset, 8, 2, 64, 32, {33, 2049, 0, 5}, 32, false,
+                       DType::f16, 1.0f, slots, renormalize, true, 4});
+      cases.push_back({name + "_d256_g16_bs64", preset, 32, 2, 256, 64, {999, 1, 130}, 48, true, DType::bf16, 1.0f,
+                       slots, renormalize, odd, 2});
+      cases.push_back({name + "_d128_g3_bs128", preset, 6, 2, 128, 128, {2500, 129, 1}, 0, false, DType::f16, 1.0f,
+                       slots, renormalize, odd});
+    }
+  }
+  cases.push_back({"slots_4bit_renorm_b48_waves", p4, 64, 8, 128, 16, random_lengths(48, 2000, 22), 0, false,
+                   DType::bf16, 1.0f, CacheOrder::token_slots, true});
+  cases.push_back({"slots_k8v4_b40_waves_heads_major", Preset::turboquant_k8v4, 64, 8, 128, 16,
+                   random_lengths(40, 1500, 23), 16, true, DType::bf16, 1.0f, CacheOrder::token_slots, false, true});
   const Preset others[] = {Preset::turboquant_k3v4_nc, Preset::turboquant_3bit_nc, Preset::turboquant_k8v4};
   const int dims[] = {64, 128, 256};
   int variant = 0;
@@ -133,6 +166,10 @@ Scenario build(const DecodeCase& c, std::uint64_t seed = 7) {
   config.sinks = c.sinks;
   config.query_dtype = c.dtype;
   config.value_amplitude = c.value_amplitude;
+  config.order = c.order;
+  config.renormalize_keys = c.renormalize;
+  config.heads_major = c.heads_major;
+  config.slot_padding = c.slot_padding;
   config.seed = seed;
   config.keep_unquantized = false;
   return make_scenario(config);
@@ -166,6 +203,11 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
                                                         : "";
   std::printf("[ path     ] %s: %s (%s), N = %d%s\n", c.name.c_str(), decode_path_name(choice.path),
               choice.reason.c_str(), plan.num_partitions, shape.c_str());
+  if (c.order == CacheOrder::token_slots) {  // the tensor-core kernels read the blocks order only
+    EXPECT_EQ(plan.path, DecodePath::cuda_generic);
+    EXPECT_EQ(plan.generic_kernel, GenericKernel::scalar);
+    EXPECT_NE(plan.reason.find("token_slots layout"), std::string::npos) << plan.reason;
+  }
   decode(device.args(), workspace);
   const std::vector<float> automatic = device.output();
   expect_close(automatic, expected, c.name + " " + decode_path_name(choice.path));
@@ -234,10 +276,19 @@ TEST(DecodeGpuPath, GenericPathTakesTheTensorCoreKernelOnSm80AndNewerUnlessTheSc
 
 // Capture one decode in a CUDA graph, then change seq_lens and block tables in
 // place and replay: each replay must equal an eager call on the same inputs.
+// Every path, in the blocks order, and a token_slots cache (padded,
+// renormalized keys: the scalar kernel whatever the request).
 TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
   TQ_SKIP_WITHOUT_GPU();
-  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar}) {
-    const Scenario scenario = build({"graph", Preset::turboquant_4bit_nc, 32, 8, 128, 16, {3000, 1, 700, 2222, 0, 1500}, 0, true});
+  const std::vector<int> captured_lengths = {3000, 1, 700, 2222, 0, 1500};
+  const DecodeCase blocks{"graph", Preset::turboquant_4bit_nc, 32, 8, 128, 16, captured_lengths, 0, true};
+  const DecodeCase slots{"graph_slots", Preset::turboquant_4bit_nc, 32, 8, 128, 16, captured_lengths, 64, true,
+                         DType::bf16, 1.0f, CacheOrder::token_slots, true, false, 2};
+  for (const auto& [c, request] :
+       {std::pair{blocks, PathRequest::automatic}, std::pair{blocks, PathRequest::cuda_generic},
+        std::pair{blocks, PathRequest::cuda_generic_scalar}, std::pair{slots, PathRequest::automatic}}) {
+    SCOPED_TRACE(c.name + " request " + std::to_string(static_cast<int>(request)));
+    const Scenario scenario = build(c);
     DeviceScenario device(scenario);
     DecodeWorkspace workspace(16);
     cudaStream_t stream;
@@ -294,6 +345,38 @@ TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
   }
+}
+
+// A token_slots cache: the Hopper kernel refuses it naming the order (an
+// Error naming `path` when asked for), the generic path plans its scalar
+// kernel, and the same shapes in the blocks order are planned apart (the
+// plan cache keys on the order).
+TEST(DecodeGpuPath, TokenSlotsCachesTakeTheScalarKernelWithAReasonNamingTheOrder) {
+  TQ_SKIP_WITHOUT_GPU();
+  DecodeCase c{"path", Preset::turboquant_4bit_nc, 32, 8, 128, 16, {100}};
+  c.order = CacheOrder::token_slots;
+  c.renormalize = true;
+  const Scenario slots = build(c);
+  DeviceScenario slots_device(slots);
+  try {
+    plan_decode(slots_device.args(), PathRequest::hopper);
+    ADD_FAILURE() << "the Hopper kernel accepted a token_slots cache";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.argument(), "path");
+    if (is_available()) {  // on sm_90 the order is the reason; elsewhere the device comes first
+      EXPECT_NE(std::string(error.what()).find("token_slots layout"), std::string::npos) << error.what();
+    }
+  }
+  const LaunchPlan generic = plan_decode(slots_device.args(), PathRequest::cuda_generic);
+  EXPECT_EQ(generic.path, DecodePath::cuda_generic);
+  EXPECT_EQ(generic.generic_kernel, GenericKernel::scalar);
+  EXPECT_NE(generic.reason.find("token_slots layout"), std::string::npos) << generic.reason;
+
+  c.order = CacheOrder::blocks;
+  const Scenario blocks = build(c);
+  DeviceScenario blocks_device(blocks);
+  EXPECT_EQ(plan_decode(blocks_device.args()).reason.find("token_slots"), std::string::npos);
+  EXPECT_NE(plan_decode(slots_device.args()).reason.find("token_slots layout"), std::string::npos);
 }
 
 // A pool sized for one bucket serves every batch up to it from the same pointers.

@@ -1,5 +1,6 @@
 // The GPU store against the CPU store: the same input bytes must give the
-// same cache bytes, for every preset, head dim, K/V dtype and rotation kind,
+// same cache bytes, for every preset, head dim, K/V dtype, rotation kind and
+// cache order (blocks; token_slots in both stride orders, with padded slots),
 // in a junk-filled cache with a padded block stride and skipped slots. Every
 // rejected input (slot out of range, non-finite K or V, fp16 overflow) must
 // throw the same argument as the CPU and leave the device cache untouched.
@@ -32,14 +33,20 @@ struct StoreGpuCase {
   int block_size;
   int num_kv_heads;
   DType kv_dtype;
-  std::int64_t padding;  ///< bytes added to the natural block stride
+  std::int64_t padding;  ///< bytes added to the natural block stride (or to the slots' extent)
   RotationKind rotation;
+  CacheOrder order = CacheOrder::blocks;
+  bool heads_major = false;      ///< token_slots: the slots of a kv head side by side
+  std::int64_t slot_padding = 0;  ///< token_slots: even bytes between slots
 };
 
 std::string case_name(const StoreGpuCase& c) {
   return std::string(preset_info(c.preset).name) + "_d" + std::to_string(c.head_dim) + "_bs" +
          std::to_string(c.block_size) + "_hk" + std::to_string(c.num_kv_heads) + "_" + dtype_name(c.kv_dtype) + "_pad" +
-         std::to_string(c.padding) + (c.rotation == RotationKind::dense ? "_dense" : "_hadamard");
+         std::to_string(c.padding) + (c.rotation == RotationKind::dense ? "_dense" : "_hadamard") +
+         (c.order == CacheOrder::token_slots
+              ? std::string(c.heads_major ? "_slots_heads_major" : "_slots") + "_pitch" + std::to_string(c.slot_padding)
+              : "");
 }
 
 /// Host inputs of one store, and the same inputs on the device.
@@ -109,8 +116,16 @@ std::vector<std::uint8_t> to_dtype(const std::vector<float>& values, DType dtype
 /// token in five skipped (negative), in a cache of random junk.
 StoreInputs make_inputs(const StoreGpuCase& c, std::int64_t tokens, std::uint64_t seed) {
   StoreInputs in;
-  in.layout = make_layout(c.preset, c.head_dim, c.block_size, c.num_kv_heads);
-  in.layout.block_stride += c.padding;
+  ScenarioConfig config;
+  config.preset = c.preset;
+  config.head_dim = c.head_dim;
+  config.block_size = c.block_size;
+  config.num_kv_heads = c.num_kv_heads;
+  config.block_stride_padding = c.padding;
+  config.order = c.order;
+  config.heads_major = c.heads_major;
+  config.slot_padding = c.slot_padding;
+  in.layout = scenario_layout(config);
   in.num_tokens = tokens;
   in.kv_dtype = c.kv_dtype;
   in.num_blocks = (tokens + c.block_size - 1) / c.block_size + 3;  // spare blocks stay junk
@@ -143,7 +158,11 @@ std::string describe_offset(const CacheLayout& layout, std::int64_t offset) {
   const std::int64_t block = offset / layout.block_stride;
   const std::int64_t within = offset % layout.block_stride;
   std::string text = "byte " + std::to_string(offset) + " (block " + std::to_string(block) + ", ";
-  if (within < layout.metadata_region_offset()) {
+  if (layout.token_slots()) {
+    text += "byte " + std::to_string(within) + " of the block; slots " + std::to_string(layout.slot_bytes()) +
+            " bytes at token stride " + std::to_string(layout.token_stride) + ", head stride " +
+            std::to_string(layout.head_stride) + ")";
+  } else if (within < layout.metadata_region_offset()) {
     const std::int64_t record = within / layout.record_bytes();
     text += "slot " + std::to_string(record / layout.num_kv_heads) + " head " +
             std::to_string(record % layout.num_kv_heads) + " record byte " +
@@ -172,15 +191,19 @@ void expect_same_bytes(const StoreInputs& in) {
   for (std::int64_t slot : in.slots) {
     if (slot >= 0) stored[std::size_t(slot)] = true;
   }
+  const CacheLayout& layout = in.layout;
+  const auto unchanged = [&](std::int64_t at, int bytes) {
+    return std::equal(actual.begin() + at, actual.begin() + at + bytes, in.junk.begin() + at);
+  };
   for (std::int64_t slot = 0; slot < std::int64_t(stored.size()); ++slot) {
     if (stored[std::size_t(slot)]) continue;
-    const std::int64_t base = in.layout.block_offset(slot / in.layout.block_size);
-    const int s = static_cast<int>(slot % in.layout.block_size);
-    for (int h = 0; h < in.layout.num_kv_heads; ++h) {
-      const std::int64_t record = base + in.layout.record_offset(s, h);
-      ASSERT_TRUE(std::equal(actual.begin() + record, actual.begin() + record + in.layout.record_bytes(),
-                             in.junk.begin() + record))
-          << "unstored slot " << slot << " head " << h << " was written";
+    const std::int64_t base = layout.block_offset(slot / layout.block_size);
+    const int s = static_cast<int>(slot % layout.block_size);
+    for (int h = 0; h < layout.num_kv_heads; ++h) {
+      bool junk = unchanged(base + layout.key_offset(s, h), layout.key_bytes()) &&
+                  unchanged(base + layout.value_offset(s, h), layout.value_bytes());
+      for (int f = 0; f < layout.fields(); ++f) junk = junk && unchanged(base + layout.field_offset(s, h, f), 2);
+      ASSERT_TRUE(junk) << "unstored slot " << slot << " head " << h << " was written";
     }
   }
 }
@@ -209,6 +232,18 @@ std::vector<StoreGpuCase> store_cases() {
   }
   // An odd padding: metadata fields and records at odd addresses.
   cases.push_back({Preset::turboquant_3bit_nc, 128, 16, 2, DType::bf16, 7, RotationKind::dense});
+  // The token_slots order: vLLM's dense order and heads-major, padded slots
+  // and pages, every preset and head dim.
+  for (Preset preset : kAllPresets) {
+    for (int d : kHeadDims) {
+      const int block_size = kBlockSizes[std::size_t(variant % 4)];
+      const std::int64_t padding = variant % 2 ? 48 : 0;
+      const RotationKind rotation = variant % 3 == 1 ? RotationKind::dense : RotationKind::hadamard;
+      cases.push_back({preset, d, block_size, 1 + variant % 3, dtypes[variant % 3], padding, rotation,
+                       CacheOrder::token_slots, variant % 2 == 0, 2 * (variant % 3)});
+      ++variant;
+    }
+  }
   return cases;
 }
 
@@ -220,30 +255,32 @@ INSTANTIATE_TEST_SUITE_P(AllPresets, StoreGpuBytes, ::testing::ValuesIn(store_ca
 // reaches the stored zero and scale), and exact ties between codes.
 TEST(StoreGpu, DegenerateVectorsMatchCpu) {
   TQ_SKIP_WITHOUT_GPU();
-  for (Preset preset : kAllPresets) {
-    SCOPED_TRACE(preset_info(preset).name);
-    const StoreGpuCase c{preset, 64, 16, 1, DType::f32, 0, RotationKind::hadamard};
-    StoreInputs in = make_inputs(c, 6, 99);
-    std::vector<float> key(std::size_t(6) * 64);
-    std::vector<float> value(key.size());
-    for (int d = 0; d < 64; ++d) {
-      key[std::size_t(0 * 64 + d)] = 0.0f;                     // token 0: zero key
-      key[std::size_t(1 * 64 + d)] = d % 2 ? -0.0f : 0.0f;     // token 1: signed zeros
-      key[std::size_t(2 * 64 + d)] = 1.0f;                     // token 2: constant key
-      key[std::size_t(3 * 64 + d)] = float(d % 5) - 2.0f;      // token 3: repeated levels
-      key[std::size_t(4 * 64 + d)] = d == 7 ? 3.0f : 0.0f;     // token 4: one-hot
-      key[std::size_t(5 * 64 + d)] = float(d) * 0.25f - 8.0f;  // token 5: ramp
-      value[std::size_t(0 * 64 + d)] = 0.5f;                   // constant: scale 0
-      value[std::size_t(1 * 64 + d)] = d % 3 ? -0.0f : 0.0f;   // +0 first, -0 later
-      value[std::size_t(2 * 64 + d)] = d % 2 ? 0.0f : -0.0f;   // -0 first
-      value[std::size_t(3 * 64 + d)] = float(d % 16);          // codes exactly on the grid
-      value[std::size_t(4 * 64 + d)] = d == 0 ? 0.0f : d == 1 ? 15.0f : float(d % 15) + 0.5f;  // 4-bit: ties
-      value[std::size_t(5 * 64 + d)] = d == 0 ? -1.0f : 1.0f;                                  // two levels
+  for (const CacheOrder order : {CacheOrder::blocks, CacheOrder::token_slots}) {
+    for (Preset preset : kAllPresets) {
+      SCOPED_TRACE(std::string(preset_info(preset).name) + " " + cache_order_name(order));
+      const StoreGpuCase c{preset, 64, 16, 1, DType::f32, 0, RotationKind::hadamard, order};
+      StoreInputs in = make_inputs(c, 6, 99);
+      std::vector<float> key(std::size_t(6) * 64);
+      std::vector<float> value(key.size());
+      for (int d = 0; d < 64; ++d) {
+        key[std::size_t(0 * 64 + d)] = 0.0f;                     // token 0: zero key
+        key[std::size_t(1 * 64 + d)] = d % 2 ? -0.0f : 0.0f;     // token 1: signed zeros
+        key[std::size_t(2 * 64 + d)] = 1.0f;                     // token 2: constant key
+        key[std::size_t(3 * 64 + d)] = float(d % 5) - 2.0f;      // token 3: repeated levels
+        key[std::size_t(4 * 64 + d)] = d == 7 ? 3.0f : 0.0f;     // token 4: one-hot
+        key[std::size_t(5 * 64 + d)] = float(d) * 0.25f - 8.0f;  // token 5: ramp
+        value[std::size_t(0 * 64 + d)] = 0.5f;                   // constant: scale 0
+        value[std::size_t(1 * 64 + d)] = d % 3 ? -0.0f : 0.0f;   // +0 first, -0 later
+        value[std::size_t(2 * 64 + d)] = d % 2 ? 0.0f : -0.0f;   // -0 first
+        value[std::size_t(3 * 64 + d)] = float(d % 16);          // codes exactly on the grid
+        value[std::size_t(4 * 64 + d)] = d == 0 ? 0.0f : d == 1 ? 15.0f : float(d % 15) + 0.5f;  // 4-bit: ties
+        value[std::size_t(5 * 64 + d)] = d == 0 ? -1.0f : 1.0f;                                  // two levels
+      }
+      in.key = to_dtype(key, DType::f32);
+      in.value = to_dtype(value, DType::f32);
+      in.slots = {3, 17, 0, 40, 41, 5};
+      expect_same_bytes(in);
     }
-    in.key = to_dtype(key, DType::f32);
-    in.value = to_dtype(value, DType::f32);
-    in.slots = {3, 17, 0, 40, 41, 5};
-    expect_same_bytes(in);
   }
 }
 
@@ -285,44 +322,46 @@ void set_element(std::vector<std::uint8_t>& data, DType dtype, std::int64_t inde
 
 TEST(StoreGpu, RejectsBadInputsAndWritesNothing) {
   TQ_SKIP_WITHOUT_GPU();
-  for (Preset preset : {Preset::turboquant_4bit_nc, Preset::turboquant_k8v4}) {
-    SCOPED_TRACE(preset_info(preset).name);
-    const StoreGpuCase c{preset, 128, 16, 2, DType::bf16, 16, RotationKind::hadamard};
-    const StoreInputs good = make_inputs(c, 40, 5);
-    const std::int64_t row = std::int64_t(c.num_kv_heads) * c.head_dim;
-    std::int64_t stored_token = 0;
-    while (good.slots[std::size_t(stored_token)] < 0) ++stored_token;
+  for (const CacheOrder order : {CacheOrder::blocks, CacheOrder::token_slots}) {
+    for (Preset preset : {Preset::turboquant_4bit_nc, Preset::turboquant_k8v4}) {
+      SCOPED_TRACE(std::string(preset_info(preset).name) + " " + cache_order_name(order));
+      const StoreGpuCase c{preset, 128, 16, 2, DType::bf16, 16, RotationKind::hadamard, order};
+      const StoreInputs good = make_inputs(c, 40, 5);
+      const std::int64_t row = std::int64_t(c.num_kv_heads) * c.head_dim;
+      std::int64_t stored_token = 0;
+      while (good.slots[std::size_t(stored_token)] < 0) ++stored_token;
 
-    {
-      SCOPED_TRACE("slot past the cache");
-      StoreInputs in = good;
-      in.slots[std::size_t(stored_token)] = in.num_blocks * c.block_size;
-      expect_rejected(in, "slot_mapping");
-    }
-    {
-      SCOPED_TRACE("NaN value");
-      StoreInputs in = good;
-      set_element(in.value, c.kv_dtype, stored_token * row + 77, std::numeric_limits<float>::quiet_NaN());
-      expect_rejected(in, "value");
-    }
-    {
-      SCOPED_TRACE("infinite key");
-      StoreInputs in = good;
-      set_element(in.key, c.kv_dtype, (stored_token + 1) * row - 1, -std::numeric_limits<float>::infinity());
-      expect_rejected(in, "key");
-    }
-    {
-      SCOPED_TRACE("value range past fp16");
-      StoreInputs in = good;
-      set_element(in.value, c.kv_dtype, stored_token * row + 3, 1.0e6f);
-      expect_rejected(in, "value");
-    }
-    if (preset != Preset::turboquant_k8v4) {
-      SCOPED_TRACE("key norm past fp16");
-      StoreInputs in = good;
-      // |k| = 1.1e6: over 65504 times any centroid-vector norm of these codebooks.
-      for (int d = 0; d < c.head_dim; ++d) set_element(in.key, c.kv_dtype, stored_token * row + d, 1.0e5f);
-      expect_rejected(in, "key");
+      {
+        SCOPED_TRACE("slot past the cache");
+        StoreInputs in = good;
+        in.slots[std::size_t(stored_token)] = in.num_blocks * c.block_size;
+        expect_rejected(in, "slot_mapping");
+      }
+      {
+        SCOPED_TRACE("NaN value");
+        StoreInputs in = good;
+        set_element(in.value, c.kv_dtype, stored_token * row + 77, std::numeric_limits<float>::quiet_NaN());
+        expect_rejected(in, "value");
+      }
+      {
+        SCOPED_TRACE("infinite key");
+        StoreInputs in = good;
+        set_element(in.key, c.kv_dtype, (stored_token + 1) * row - 1, -std::numeric_limits<float>::infinity());
+        expect_rejected(in, "key");
+      }
+      {
+        SCOPED_TRACE("value range past fp16");
+        StoreInputs in = good;
+        set_element(in.value, c.kv_dtype, stored_token * row + 3, 1.0e6f);
+        expect_rejected(in, "value");
+      }
+      if (preset != Preset::turboquant_k8v4) {
+        SCOPED_TRACE("key norm past fp16");
+        StoreInputs in = good;
+        // |k| = 1.1e6: over 65504 times any centroid-vector norm of these codebooks.
+        for (int d = 0; d < c.head_dim; ++d) set_element(in.key, c.kv_dtype, stored_token * row + d, 1.0e5f);
+        expect_rejected(in, "key");
+      }
     }
   }
 }
