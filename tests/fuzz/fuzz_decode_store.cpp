@@ -1,17 +1,21 @@
 // libFuzzer target (docs/RELIABILITY.md): arbitrary bytes become a cache
-// geometry (preset, head_dim, block_size, Hk, Hq, block stride, num_blocks;
-// supported values mostly, any int sometimes), a store (slot mapping, K/V
-// with NaN, infinities and huge values) and a decode (block table, seq_lens,
-// queries, sinks, strides, partition count), driven through the public API:
-// make_layout, store_cpu, rotate_queries_reference, decode_reference,
+// geometry (preset, head_dim, block_size, Hk, Hq, block stride, num_blocks,
+// cache order: blocks, or token_slots with token and head strides in either
+// order, padded or not, keys renormalized or not; supported values mostly,
+// any int sometimes), a store (slot mapping, K/V with NaN, infinities and
+// huge values) and a decode (block table, seq_lens, queries, sinks,
+// strides, partition count), driven through the public API: make_layout,
+// make_token_slots_layout, store_cpu, rotate_queries_reference, decode_reference,
 // decode_partitions_reference + reduce_partitions_reference and decode_cpu.
 // tqdecode::Error is the expected answer to bad input; everything else is a
 // finding:
 //   - any crash, ASan or UBSan report (the build aborts on either);
 //   - an Error that leaves the cache or an output buffer written;
-//   - a successful store writing any byte but its slots' records and fields;
-//   - a decode reading a cache byte outside the blocks its used block-table
-//     entries name (ASan-poisoned while it runs), or writing output padding;
+//   - a successful store writing any byte but its slots' key data, value
+//     data and fields;
+//   - a decode reading a cache byte other than the key data, value data and
+//     fields of the blocks its used block-table entries name (everything
+//     else is ASan-poisoned while it runs), or writing output padding;
 //   - an output or partition buffer element left unwritten by a success;
 //   - decode_cpu and decode_reference disagreeing on validity or on bits;
 //   - the split-KV result differing from the direct one beyond rounding,
@@ -254,6 +258,28 @@ Constants consume_constants(FuzzedDataProvider& in, const CacheLayout& layout, b
 
 const float* data_or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
+// Calls range(begin, bytes) for the key data, the value data and every fp16
+// field of each kv head of slot `slot` in block `block` (offsets from the
+// cache start): every byte a store may write or a decode may read there.
+template <typename Range>
+void for_each_entry_byte_range(const CacheLayout& layout, std::int64_t block, int slot, Range&& range) {
+  const std::int64_t base = layout.block_offset(block);
+  for (int h = 0; h < layout.num_kv_heads; ++h) {
+    range(base + layout.key_offset(slot, h), layout.key_bytes());
+    range(base + layout.value_offset(slot, h), layout.value_bytes());
+    for (int f = 0; f < layout.fields(); ++f) range(base + layout.field_offset(slot, h, f), 2);
+  }
+}
+
+bool valid_layout(const CacheLayout& layout) {
+  try {
+    validate_layout(layout);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 // ---------------------------------------------------------------- the store
 
 void fuzz_store(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t num_blocks,
@@ -304,23 +330,17 @@ void fuzz_store(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t 
     check(cache == before, "store_cpu threw Error but wrote the cache");
     return;
   }
-  // A store writes the records and fields of its slots and no other byte.
+  // A store writes the key data, value data and fields of its slots and no other byte.
   std::vector<bool> written(cache.size(), false);
   for (const std::int64_t slot : slots) {
     if (slot < 0) continue;
-    const std::int64_t block = layout.block_offset(slot / layout.block_size);
-    const int in_block = static_cast<int>(slot % layout.block_size);
-    for (int h = 0; h < layout.num_kv_heads; ++h) {
-      const std::int64_t record = block + layout.record_offset(in_block, h);
-      std::fill(written.begin() + record, written.begin() + record + layout.record_bytes(), true);
-      for (int f = 0; f < layout.fields(); ++f) {
-        const std::int64_t field = block + layout.field_offset(in_block, h, f);
-        written[field] = written[field + 1] = true;
-      }
-    }
+    for_each_entry_byte_range(layout, slot / layout.block_size, static_cast<int>(slot % layout.block_size),
+                              [&](std::int64_t begin, int bytes) {
+                                std::fill(written.begin() + begin, written.begin() + begin + bytes, true);
+                              });
   }
   for (std::size_t i = 0; i < cache.size(); ++i) {
-    check(written[i] || cache[i] == before[i], "store_cpu wrote a byte outside its slots' records and fields");
+    check(written[i] || cache[i] == before[i], "store_cpu wrote a byte outside its slots' data and fields");
   }
 }
 
@@ -374,7 +394,7 @@ RowInputs row_inputs(const DecodeArgs& args, int b, int kv_head) {
     r.finite &= std::isfinite(scale) && std::isfinite(zero);
     r.value_peak = std::max(r.value_peak, std::abs(scale) * ((1 << info.value_bits) - 1) + std::abs(zero));
     if (info.key_fp8) {
-      const std::uint8_t* key = block + layout.record_offset(slot, kv_head);
+      const std::uint8_t* key = block + layout.key_offset(slot, kv_head);
       for (int d = 0; d < layout.head_dim; ++d) r.finite &= (key[d] & 0x7f) != 0x7f;
     } else {
       r.finite &= std::isfinite(field(layout.key_norm_field()));
@@ -427,16 +447,17 @@ void check_rows(const DecodeArgs& args, bool realistic, const std::vector<float>
 
 // While alive, every cache byte a valid decode of these arguments has no
 // business reading is ASan-poisoned: blocks no sequence's used block-table
-// entries name (junk entries past a sequence's end, spare blocks) and the
-// padding past the natural size of the named ones. A read there is a report.
+// entries name (junk entries past a sequence's end, spare blocks), and in
+// the named ones every byte that is not some (slot, head)'s key data, value
+// data or field (the padding after a block's natural size, and in the
+// token_slots order the padding between slots). A read there is a report.
 class PoisonUnreadBlocks {
  public:
   PoisonUnreadBlocks(const DecodeArgs& args, const std::vector<std::uint8_t>& cache) : cache_(cache) {
     ASAN_POISON_MEMORY_REGION(cache.data(), cache.size());
     const CacheLayout& layout = args.layout;
     // Arguments the decode must reject read nothing at all: all stays poisoned.
-    if (args.block_table == nullptr || args.seq_lens == nullptr || !supported(layout) ||
-        layout.block_stride < layout.natural_block_bytes() ||
+    if (args.block_table == nullptr || args.seq_lens == nullptr || !valid_layout(layout) ||
         !bounded_product({args.num_blocks, layout.block_stride}, std::int64_t(cache.size()))) {
       return;
     }
@@ -446,7 +467,11 @@ class PoisonUnreadBlocks {
       for (std::int64_t j = 0; j < (length + layout.block_size - 1) / layout.block_size; ++j) {
         const std::int64_t block = args.block_table[b * args.table_stride() + j];
         if (block < 0 || block >= args.num_blocks) continue;
-        ASAN_UNPOISON_MEMORY_REGION(cache.data() + layout.block_offset(block), layout.natural_block_bytes());
+        for (int slot = 0; slot < layout.block_size; ++slot) {
+          for_each_entry_byte_range(layout, block, slot, [&](std::int64_t begin, int bytes) {
+            ASAN_UNPOISON_MEMORY_REGION(cache.data() + begin, bytes);
+          });
+        }
       }
     }
   }
@@ -615,6 +640,38 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
   if (direct_ok) check_rows(args, realistic, direct, reduced);
 }
 
+// The token_slots order's strides: mostly a valid arrangement (vLLM's dense
+// order or heads-major, slots padded by an even amount, pages padded by
+// `padding`), sometimes any values (odd, overlapping, negative, huge), or an
+// unknown order value, which the API must reject. False when the strides
+// are too large for a cache this target allocates.
+bool token_slots_geometry(FuzzedDataProvider& in, std::uint8_t order, std::int64_t padding, CacheLayout& layout) {
+  layout.order = order == 255 ? static_cast<CacheOrder>(in.ConsumeIntegral<std::uint8_t>()) : CacheOrder::token_slots;
+  layout.renormalize_keys = in.ConsumeBool();
+  const bool heads_major = (order & 1) != 0;
+  if (order >= 240 || !supported(layout)) {
+    layout.token_stride = small_or_any(in, -2, 400);
+    layout.head_stride = small_or_any(in, -2, 400);
+    layout.block_stride = small_or_any(in, -2, 40000);
+  } else {
+    const std::int64_t pitch = layout.slot_bytes() + 2 * in.ConsumeIntegralInRange<int>(0, 4);
+    const auto inner = bounded_product({pitch, heads_major ? layout.block_size : layout.num_kv_heads}, kMaxCacheBytes);
+    const auto extent =
+        inner ? bounded_product({*inner, heads_major ? layout.num_kv_heads : layout.block_size}, kMaxCacheBytes)
+              : std::nullopt;
+    if (!extent) return false;
+    layout.token_stride = heads_major ? pitch : *inner;
+    layout.head_stride = heads_major ? *inner : pitch;
+    layout.block_stride = *extent + padding;
+  }
+  try {  // the layout builder on the same values
+    make_token_slots_layout(layout.preset, layout.head_dim, layout.block_size, layout.num_kv_heads,
+                            layout.block_stride, layout.token_stride, layout.head_stride, layout.renormalize_keys);
+  } catch (const Error&) {
+  }
+  return true;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -629,14 +686,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   layout.num_kv_heads = usual_or_any(in, {1, 2, 3, 4});
   const std::int64_t padding = small_or_any(in, -2, 40);
   const std::int64_t num_blocks = small_or_any(in, -1, 9);
-  try {  // the layout builder on the same values
-    make_layout(layout.preset, layout.head_dim, layout.block_size, layout.num_kv_heads, padding < 0 ? padding : 0);
-  } catch (const Error&) {
+  const std::uint8_t order = in.ConsumeIntegral<std::uint8_t>();
+  if (order < 128) {
+    try {  // the layout builder on the same values
+      make_layout(layout.preset, layout.head_dim, layout.block_size, layout.num_kv_heads, padding < 0 ? padding : 0);
+    } catch (const Error&) {
+    }
+    // The natural size is only defined for a supported geometry; otherwise the
+    // stride is whatever the input says (the API must reject the geometry).
+    layout.block_stride = padding;
+    if (supported(layout) && __builtin_add_overflow(layout.natural_block_bytes(), padding, &layout.block_stride)) return 0;
+  } else if (!token_slots_geometry(in, order, padding, layout)) {
+    return 0;
   }
-  // The natural size is only defined for a supported geometry; otherwise the
-  // stride is whatever the input says (the API must reject the geometry).
-  layout.block_stride = padding;
-  if (supported(layout) && __builtin_add_overflow(layout.natural_block_bytes(), padding, &layout.block_stride)) return 0;
 
   const auto cache_bytes = bounded_product({std::max<std::int64_t>(num_blocks, 0), std::max<std::int64_t>(layout.block_stride, 0)},
                                            kMaxCacheBytes);
