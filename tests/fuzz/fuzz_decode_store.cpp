@@ -643,8 +643,9 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
 // The token_slots order's strides: mostly a valid arrangement (vLLM's dense
 // order or heads-major, slots padded by an even amount, pages padded by
 // `padding`), sometimes any values (odd, overlapping, negative, huge), or an
-// unknown order value, which the API must reject. False when the strides
-// are too large for a cache this target allocates.
+// unknown order value, which the API must reject. False when the slots'
+// extent plus `padding` is too large for a cache this target allocates (or
+// for int64).
 bool token_slots_geometry(FuzzedDataProvider& in, std::uint8_t order, std::int64_t padding, CacheLayout& layout) {
   layout.order = order == 255 ? static_cast<CacheOrder>(in.ConsumeIntegral<std::uint8_t>()) : CacheOrder::token_slots;
   layout.renormalize_keys = in.ConsumeBool();
@@ -659,10 +660,9 @@ bool token_slots_geometry(FuzzedDataProvider& in, std::uint8_t order, std::int64
     const auto extent =
         inner ? bounded_product({*inner, heads_major ? layout.num_kv_heads : layout.block_size}, kMaxCacheBytes)
               : std::nullopt;
-    if (!extent) return false;
+    if (!extent || __builtin_add_overflow(*extent, padding, &layout.block_stride)) return false;
     layout.token_stride = heads_major ? pitch : *inner;
     layout.head_stride = heads_major ? *inner : pitch;
-    layout.block_stride = *extent + padding;
   }
   try {  // the layout builder on the same values
     make_token_slots_layout(layout.preset, layout.head_dim, layout.block_size, layout.num_kv_heads,
