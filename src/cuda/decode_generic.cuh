@@ -18,10 +18,10 @@
 //     contiguous per (slot, head) in the blocks order; the key data and the
 //     value data of each slot in the token_slots order) into shared memory,
 //     one row per token, key data then value data, with 16-byte cp.async
-//     where alignment allows (8/4/2/1 otherwise; copies under 4 bytes are
-//     loads and stores, several in flight per lane), double-buffered: tile
-//     i+1 is in flight while tile i is computed. The fp16 metadata of the
-//     next tile is loaded into registers meanwhile.
+//     where alignment allows (8/4/2/1 otherwise; token_slots copies of 2
+//     bytes are loads and stores, four in flight per lane),
+//     double-buffered: tile i+1 is in flight while tile i is computed. The
+//     fp16 metadata of the next tile is loaded into registers meanwhile.
 //  2. Scores, one token per lane (two lanes per token at D = 256): the lane
 //     reads its key bits from its row with 16-byte loads (rows are padded to
 //     an odd multiple of 16 bytes, so the loads are bank-conflict free),
@@ -29,7 +29,8 @@
 //     and dots them with the query rows (shared memory, broadcast reads).
 //     The key norm and the softmax scale multiply the dot once per token;
 //     a token_slots layout that renormalizes keys also sums the squares of
-//     the token's centroids alongside the dot and divides by their root.
+//     the token's centroids (a second pass over the row) and divides by
+//     their root.
 //  3. Online softmax per head: warp max, rescale of the running state,
 //     p_t = exp2(s_t - m); lane t stores p_t * vscale_t for the value pass
 //     and accumulates p_t and p_t * vzero_t (the zero point folded out).
@@ -82,8 +83,11 @@ struct Config {
   static constexpr int kSlotKeyNormOffset = kKeyFp8 ? 0 : kSlot.slot_field_offset(kSlot.key_norm_field());
   static constexpr int kSlotValueScaleOffset = kSlot.slot_field_offset(kSlot.value_scale_field());
   static constexpr int kSlotValueZeroOffset = kSlot.slot_field_offset(kSlot.value_zero_field());
-  /// token_slots: the widest copy piece that divides both the key and the value data (at most 16 bytes).
-  static constexpr int kSlotPieceLimit = min_of(16, (kKeyBytes | kValueBytes) & -(kKeyBytes | kValueBytes));
+  /// token_slots: the widest copy piece that divides the key data, the value
+  /// data and the value data's offset in the slot (at most 16 bytes; 2 for
+  /// MSE keys, whose norm puts the value data 2 bytes past the key data).
+  static constexpr int kSlotPieceLimit =
+      min_of(16, (kKeyBytes | kValueBytes | kSlotValueOffset) & -(kKeyBytes | kValueBytes | kSlotValueOffset));
 
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
@@ -182,27 +186,21 @@ __device__ __forceinline__ void accumulate_dot4(const float* q, int dim, const f
   }
 }
 
-/// Adds dot(q[g][4 Quad .. 4 Quad + 4), centroids[codes 4 Quad .. 4 Quad + 4)) to s[g]
-/// (and, with Squares, the squares of those centroids to `square`).
-template <class C, bool Squares, int Quad, int Words>
+/// Adds dot(q[g][4 Quad .. 4 Quad + 4), centroids[codes 4 Quad .. 4 Quad + 4)) to s[g].
+template <class C, int Quad, int Words>
 __device__ __forceinline__ void score_mse_quad(const unsigned (&words)[Words], const float* q, const float* centroids,
-                                               float (&s)[C::kHeadsPerWarp], float& square) {
+                                               float (&s)[C::kHeadsPerWarp]) {
   const float k[4] = {centroids[packed_code<C::kKeyBits, 4 * Quad + 0>(words)],
                       centroids[packed_code<C::kKeyBits, 4 * Quad + 1>(words)],
                       centroids[packed_code<C::kKeyBits, 4 * Quad + 2>(words)],
                       centroids[packed_code<C::kKeyBits, 4 * Quad + 3>(words)]};
   accumulate_dot4<C>(q, 4 * Quad, k, s);
-  if constexpr (Squares) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) square = fmaf(k[i], k[i], square);
-  }
 }
 
-template <class C, bool Squares, int Words, int... Quad>
+template <class C, int Words, int... Quad>
 __device__ __forceinline__ void score_mse_quads(const unsigned (&words)[Words], const float* q, const float* centroids,
-                                                float (&s)[C::kHeadsPerWarp], float& square,
-                                                std::integer_sequence<int, Quad...>) {
-  (score_mse_quad<C, Squares, Quad>(words, q, centroids, s, square), ...);
+                                                float (&s)[C::kHeadsPerWarp], std::integer_sequence<int, Quad...>) {
+  (score_mse_quad<C, Quad>(words, q, centroids, s), ...);
 }
 
 /// MSE keys: adds dot(q[g][chunk dims], centroids[idx[chunk dims]]) to s[g].
@@ -211,9 +209,9 @@ __device__ __forceinline__ void score_mse_quads(const unsigned (&words)[Words], 
 /// loads: 32 dims of 4-bit codes, or 128 dims (D = 64: 64) of 3-bit codes; a
 /// 3-bit chunk of 24 bytes reads 8 bytes past it, still inside the record.
 /// Code positions are compile-time constants (shifts and masks only).
-template <class C, bool Squares, int ChunkDims>
+template <class C, int ChunkDims>
 __device__ __forceinline__ void score_mse_chunk(const unsigned char* key, const float* q, const float* centroids,
-                                                float (&s)[C::kHeadsPerWarp], float& square) {
+                                                float (&s)[C::kHeadsPerWarp]) {
   constexpr int kLoads = (ChunkDims * C::kKeyBits / 8 + 15) / 16;
   unsigned words[4 * kLoads];
 #pragma unroll
@@ -224,20 +222,17 @@ __device__ __forceinline__ void score_mse_chunk(const unsigned char* key, const 
     words[4 * i + 2] = v.z;
     words[4 * i + 3] = v.w;
   }
-  score_mse_quads<C, Squares>(words, q, centroids, s, square, std::make_integer_sequence<int, ChunkDims / 4>{});
+  score_mse_quads<C>(words, q, centroids, s, std::make_integer_sequence<int, ChunkDims / 4>{});
 }
 
 /// Dot products of this lane's token with the warp's query heads, over the
 /// lane's kLaneKeyDims dims (unscaled: no key norm, no softmax scale; fp8
-/// keys come out divided by 256). With Squares (MSE keys), also the sum of
-/// the squares of those dims' centroids in `square` (left alone otherwise).
-/// The chunk loops are not unrolled: one chunk already has HC independent
-/// FMA chains, and unrolling further only makes the compiler hoist query
-/// loads into registers.
-template <class C, bool Squares>
+/// keys come out divided by 256). The chunk loops are not unrolled: one
+/// chunk already has HC independent FMA chains, and unrolling further only
+/// makes the compiler hoist query loads into registers.
+template <class C>
 __device__ __forceinline__ void key_scores(const unsigned char* key, const float* q, const float* centroids,
-                                           float (&s)[C::kHeadsPerWarp], float& square) {
-  static_assert(!(Squares && C::kKeyFp8), "fp8 keys have no centroids");
+                                           float (&s)[C::kHeadsPerWarp]) {
 #pragma unroll
   for (int g = 0; g < C::kHeadsPerWarp; ++g) s[g] = 0.0f;
   if constexpr (C::kKeyFp8) {
@@ -256,7 +251,7 @@ __device__ __forceinline__ void key_scores(const unsigned char* key, const float
     constexpr int kChunkDims = C::kKeyBits == 4 ? 32 : min_of(128, C::kLaneKeyDims);
 #pragma unroll 1
     for (int dim = 0; dim < C::kLaneKeyDims; dim += kChunkDims) {
-      score_mse_chunk<C, Squares, kChunkDims>(key + dim * C::kKeyBits / 8, q + dim, centroids, s, square);
+      score_mse_chunk<C, kChunkDims>(key + dim * C::kKeyBits / 8, q + dim, centroids, s);
     }
   }
 }
@@ -351,54 +346,47 @@ __device__ __forceinline__ void copy_tile_records(const PartitionParams& p, int 
 }
 
 /// copy_tile_records for the token_slots order: row t gets the key data and
-/// the value data of token first + t's slot. A lane copies kBatch pieces
-/// per step; copies under 4 bytes are loads and stores (no cp.async), so a
-/// step issues all its loads before its first store.
+/// the value data of token first + t's slot. 2-byte pieces (no cp.async) are
+/// loads and stores: a lane issues the loads of kBatch pieces before their
+/// stores.
 template <class C, int Bytes>
 __device__ __forceinline__ void copy_tile_slots(const PartitionParams& p, int first, int count, int block,
                                                 unsigned char* tile, int lane, int warp_in_group) {
+  static_assert(Bytes >= 2, "token_slots caches are 2-byte aligned");
   static_assert(C::kKeyBytes % Bytes == 0 && C::kValueBytes % Bytes == 0, "pieces do not straddle key and value data");
   constexpr int kKeyPieces = C::kKeyBytes / Bytes;
   constexpr int kPieces = C::kRecordBytes / Bytes;
   constexpr int kTotal = C::kTileTokens * kPieces;
-  constexpr int kBatch = Bytes >= 4 ? 1 : 8;
+  constexpr int kBatch = Bytes >= 4 ? 1 : 4;
   constexpr int kStep = 32 * kBatch;
-  using Piece = std::conditional_t<Bytes == 2, unsigned short, unsigned char>;
-  // Source of piece `piece` of row t.
-  const auto source = [&](int t, int piece, int source_block) {
+  // Piece `piece_index` of the tile (rows of kPieces pieces): whether it
+  // holds data, its offset in the tile and its source.
+  const auto piece_at = [&](int piece_index, int& destination) -> const unsigned char* {
+    const int t = piece_index / kPieces;
+    const int piece = piece_index - t * kPieces;
+    const int source_block = __shfl_sync(kFullMask, block, t & 31);
+    destination = piece_index < kTotal && t < count ? t * C::kRowPitch + piece * Bytes : -1;
     const unsigned char* slot =
         block_start(p, source_block) + p.layout.slot_offset(token_slot(p, first + t), static_cast<int>(blockIdx.y));
-    return piece < kKeyPieces ? slot + piece * Bytes : slot + C::kSlotValueOffset + (piece - kKeyPieces) * Bytes;
+    return slot + (piece < kKeyPieces ? piece * Bytes : C::kSlotValueOffset + (piece - kKeyPieces) * Bytes);
   };
 #pragma unroll 1
   for (int base = warp_in_group * kStep; base < kTotal; base += kStep * C::kHeadGroups) {  // uniform per warp
     if constexpr (Bytes >= 4) {
-      const int piece_index = base + lane;
-      const int t = piece_index / kPieces;
-      const int piece = piece_index - t * kPieces;
-      const int source_block = __shfl_sync(kFullMask, block, t & 31);
-      if (piece_index < kTotal && t < count) {
-        copy_to_shared<Bytes>(tile + t * C::kRowPitch + piece * Bytes, source(t, piece, source_block));
-      }
+      int destination;
+      const unsigned char* source = piece_at(base + lane, destination);
+      if (destination >= 0) copy_to_shared<Bytes>(tile + destination, source);
     } else {
-      Piece pieces[kBatch];
+      unsigned short pieces[kBatch];
+      int destinations[kBatch];
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
-        const int piece_index = base + 32 * j + lane;
-        const int t = piece_index / kPieces;
-        const int piece = piece_index - t * kPieces;
-        const int source_block = __shfl_sync(kFullMask, block, t & 31);
-        pieces[j] = piece_index < kTotal && t < count
-                        ? *reinterpret_cast<const Piece*>(source(t, piece, source_block))
-                        : Piece{0};
+        const unsigned char* source = piece_at(base + 32 * j + lane, destinations[j]);
+        pieces[j] = destinations[j] >= 0 ? *reinterpret_cast<const unsigned short*>(source) : 0;
       }
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
-        const int piece_index = base + 32 * j + lane;
-        const int t = piece_index / kPieces;
-        if (piece_index < kTotal && t < count) {
-          *reinterpret_cast<Piece*>(tile + t * C::kRowPitch + (piece_index - t * kPieces) * Bytes) = pieces[j];
-        }
+        if (destinations[j] >= 0) *reinterpret_cast<unsigned short*>(tile + destinations[j]) = pieces[j];
       }
     }
   }
@@ -439,16 +427,18 @@ __device__ __forceinline__ TokenMeta issue_tile(const PartitionParams& p, const 
     }
   }
   if (token_slots) {
-    // copy_bytes divides the key and value data sizes (partitions_body); the
-    // limit only keeps the instantiations that cannot happen out.
-    constexpr int k16 = min_of(16, C::kSlotPieceLimit);
-    constexpr int k8 = min_of(8, C::kSlotPieceLimit);
+    // copy_bytes is at most kSlotPieceLimit and at least 2 (token_slots
+    // caches are 2-byte aligned: the launcher checks the pointer,
+    // validate_layout the strides); the limits keep the instantiations that
+    // cannot happen out.
+    const auto copy = [&]<int Bytes>() {
+      copy_tile_slots<C, min_of(Bytes, C::kSlotPieceLimit)>(p, first, count, block, tile, lane, warp_in_group);
+    };
     switch (copy_bytes) {
-      case 16: copy_tile_slots<C, k16>(p, first, count, block, tile, lane, warp_in_group); break;
-      case 8: copy_tile_slots<C, k8>(p, first, count, block, tile, lane, warp_in_group); break;
-      case 4: copy_tile_slots<C, 4>(p, first, count, block, tile, lane, warp_in_group); break;
-      case 2: copy_tile_slots<C, 2>(p, first, count, block, tile, lane, warp_in_group); break;
-      default: copy_tile_slots<C, 1>(p, first, count, block, tile, lane, warp_in_group); break;
+      case 16: copy.template operator()<16>(); break;
+      case 8: copy.template operator()<8>(); break;
+      case 4: copy.template operator()<4>(); break;
+      default: copy.template operator()<2>(); break;
     }
     return meta;
   }
@@ -460,6 +450,24 @@ __device__ __forceinline__ TokenMeta issue_tile(const PartitionParams& p, const 
     default: copy_tile_records<C, 1>(p, first, count, block, tile, lane, warp_in_group); break;
   }
   return meta;
+}
+
+/// Sum of the squares of the centroids of this lane's kLaneKeyDims key codes
+/// at `key` (MSE keys; 0 for fp8): the token's ||c||^2, or its half at
+/// D = 256. A plain loop beside key_scores' unrolled chunks, run only when
+/// renormalizing, so the blocks order's code is unchanged and the kernels
+/// compile once.
+template <class C>
+__device__ __forceinline__ float centroid_square_sum(const unsigned char* key, const float* centroids) {
+  float square = 0.0f;
+  if constexpr (!C::kKeyFp8) {
+#pragma unroll 4
+    for (int d = 0; d < C::kLaneKeyDims; ++d) {
+      const float c = centroids[unpack_code(key, d, C::kKeyBits)];
+      square = fmaf(c, c, square);
+    }
+  }
+  return square;
 }
 
 /// Running online-softmax state of one warp for its kHeadsPerWarp heads:
@@ -485,16 +493,9 @@ __device__ __forceinline__ void process_tile(WarpState<C>& state, const unsigned
   const int part = lane / C::kTileTokens;
 
   float s[kHeads];
-  float square = 0.0f;  // the token's sum of squared centroids (renormalize only)
   const unsigned char* key = tile + t * C::kRowPitch + part * (C::kLaneKeyDims * C::kKeyBits / 8);
-  const float* q_part = q + part * C::kLaneKeyDims;
-  if constexpr (C::kKeyFp8) {
-    key_scores<C, false>(key, q_part, centroids, s, square);
-  } else if (renormalize) {
-    key_scores<C, true>(key, q_part, centroids, s, square);
-  } else {
-    key_scores<C, false>(key, q_part, centroids, s, square);
-  }
+  key_scores<C>(key, q + part * C::kLaneKeyDims, centroids, s);
+  float square = renormalize ? centroid_square_sum<C>(key, centroids) : 0.0f;
   if constexpr (C::kLanesPerToken == 2) {
 #pragma unroll
     for (int g = 0; g < kHeads; ++g) s[g] += __shfl_xor_sync(kFullMask, s[g], C::kTileTokens);
@@ -623,7 +624,7 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
   const std::uint64_t slot_strides =
       static_cast<std::uint64_t>(p.layout.token_stride) |
       (p.layout.num_kv_heads > 1 ? static_cast<std::uint64_t>(p.layout.head_stride) : 0u) |
-      static_cast<std::uint64_t>(C::kSlotValueOffset | C::kKeyBytes | C::kValueBytes);
+      static_cast<std::uint64_t>(C::kSlotPieceLimit);
   const unsigned alignment = static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(p.cache) |
                                                    static_cast<std::uint64_t>(p.layout.block_stride) |
                                                    (token_slots ? slot_strides : std::uint64_t{C::kRecordBytes}));

@@ -132,6 +132,11 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
   // reads 8-byte pairs); one rule for both paths.
   TQ_REQUIRE(call.layout.key_fp8() || reinterpret_cast<std::uintptr_t>(call.PiT) % 16 == 0, "PiT",
              "device pointer is not 16-byte aligned; accepted: a 16-byte aligned [D, D] fp32 matrix");
+  // The scalar kernel reads a token_slots cache in 2-byte pieces and fp16
+  // fields (validate_layout makes every stride even).
+  TQ_REQUIRE(!call.layout.token_slots() || reinterpret_cast<std::uintptr_t>(call.cache) % 2 == 0, "cache",
+             "device pointer of a token_slots cache is odd; accepted: a 2-byte aligned pointer (every fp16 field "
+             "of a slot 2-byte aligned)");
   const cuda::DeviceInfo& device = cuda::current_device_info();
   const PooledBuffers& buffers = workspace.impl().acquire(
       {device.device, call.layout.num_kv_heads, call.num_q_heads, call.layout.head_dim, static_cast<int>(call.query_dtype)},

@@ -426,5 +426,32 @@ TEST(DecodeGpuArguments, MisalignedPiTIsRefusedAndNothingIsWritten) {
   cudaFree(shifted);
 }
 
+// The scalar kernel reads token_slots caches in 2-byte pieces: an odd
+// cache pointer is refused, naming it, before anything is launched.
+TEST(DecodeGpuArguments, OddTokenSlotsCachePointerIsRefusedAndNothingIsWritten) {
+  TQ_SKIP_WITHOUT_GPU();
+  DecodeCase c{"odd", Preset::turboquant_k3v4_nc, 8, 2, 128, 16, {300, 5}};
+  c.order = CacheOrder::token_slots;
+  const Scenario scenario = build(c);
+  DeviceScenario device(scenario);
+  std::uint8_t* shifted = nullptr;
+  ASSERT_EQ(cudaMalloc(&shifted, scenario.cache.size() + 1), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(shifted + 1, scenario.cache.data(), scenario.cache.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  DecodeArgs args = device.args();
+  args.cache = shifted + 1;
+  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic_scalar}) {
+    device.poison_output();
+    DecodeWorkspace workspace;
+    try {
+      decode(args, workspace, nullptr, request);
+      ADD_FAILURE() << "an odd token_slots cache pointer was accepted";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.argument(), "cache") << error.what();
+    }
+    for (const float value : device.output()) ASSERT_TRUE(std::isnan(value)) << "the output was written";
+  }
+  cudaFree(shifted);
+}
+
 }  // namespace
 }  // namespace tqdecode
