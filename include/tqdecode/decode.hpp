@@ -119,12 +119,20 @@ struct DeviceCheckReport {
 /// Buffer pool (LAUNCHER.md "Workspace / buffer pool"): per shape signature
 /// one device allocation sized for `max_batch` rows, of which a call with
 /// batch B uses the first rows, so pointers are the same for every B and
-/// across capture and replay. Thread-safe (one mutex around the map; the
+/// across capture and replay. A batch larger than the bucket grows it to the
+/// next power of two (at least B, at most 2^20 rows), once, with a warning on
+/// stderr naming the pool and its new size: graphs captured earlier then hold
+/// stale pointers. The first allocation of a signature and every growth
+/// synchronise the device, so they cannot happen while the stream captures a
+/// CUDA graph: decode() then throws Error naming max_batch (run one decode of
+/// each shape before capture, with max_batch at least the largest batch
+/// captured). Thread-safe (one mutex around the map; the
 /// returned buffers of a signature must not be used by two streams at once:
 /// give each concurrent stream its own workspace).
 class DecodeWorkspace {
  public:
-  /// max_batch 0 means: the TQDECODE_MAX_BATCH environment variable, else 512.
+  /// Rows of every pool: the TQDECODE_MAX_BATCH environment variable when it
+  /// is set (an override, LAUNCHER.md), else `max_batch`, else (0) 512.
   explicit DecodeWorkspace(int max_batch = 0);
   ~DecodeWorkspace();
   DecodeWorkspace(const DecodeWorkspace&) = delete;

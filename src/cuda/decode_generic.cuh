@@ -463,14 +463,10 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
   const int b = blockIdx.z;
   const int num_kv_heads = p.layout.num_kv_heads;
   const int group = p.num_q_heads / num_kv_heads;
-  const int block_size = p.layout.block_size;
   const std::int64_t first_row = static_cast<std::int64_t>(b) * p.num_q_heads + kv_head * group;
 
-  // NOTE: a length past the block table would index past its row; clamp so
-  // that only entries of this row are ever read.
-  const int max_len = p.max_blocks_per_seq * block_size;
-  const int seq_len = min(max(p.seq_lens[b], 0), max_len);
-  const TokenRange range = partition_range(seq_len, p.num_partitions, p.partition_align, partition);
+  // NOTE: only entries of this sequence's block-table row are ever read.
+  const TokenRange range = partition_range(p.covered_length(p.seq_lens[b]), p.num_partitions, p.partition_align, partition);
   if (range.begin >= range.end) {  // past the sequence end: no block-table or cache read
     write_empty_partition<C>(p, first_row, group, partition);
     return;

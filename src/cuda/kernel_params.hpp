@@ -56,6 +56,14 @@ struct PartitionParams {
   float* part_max;
   float* part_sum;
   float* part_out;
+
+  /// A sequence's length as the kernels use it: clamped to [0, the block
+  /// table's coverage], so that a length past the table (device checks off)
+  /// reads only entries of its own row and a negative one is empty.
+  TQ_HOST_DEVICE int covered_length(int seq_len) const {
+    const int coverage = max_blocks_per_seq * layout.block_size;
+    return seq_len < 0 ? 0 : seq_len > coverage ? coverage : seq_len;
+  }
 };
 
 /// Reducer: out[b][hq] = combination of the N partitions and the sink.
