@@ -732,7 +732,11 @@ class OpCheckTest(unittest.TestCase):
         ]
         for op, args, kwargs in samples:
             with self.subTest(op=str(op), device=device):
-                torch.library.opcheck(op, args, kwargs)
+                # decode_path's fake cannot know the path (it depends on the device and the cache's alignment)
+                # and answers "unknown": a compiled graph would hold that answer, so it has no AOT check.
+                utils = [u for u in torch.library._OPCHECK_DEFAULT_UTILS
+                         if not (op is ops.decode_path.default and u == "test_aot_dispatch_dynamic")]
+                torch.library.opcheck(op, args, kwargs, test_utils=utils)
 
     def test_opcheck_cpu(self):
         self.check_ops("cpu")
