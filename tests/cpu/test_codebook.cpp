@@ -10,11 +10,11 @@
 #include <thread>
 #include <vector>
 
+#include "expect_error.hpp"
+#include "random.hpp"
 #include "tqdecode/codebook.hpp"
 #include "tqdecode/error.hpp"
-#include "tqdecode/random.hpp"
 #include "tqdecode/rotation.hpp"
-#include "expect_error.hpp"
 
 namespace {
 

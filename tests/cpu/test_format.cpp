@@ -6,10 +6,10 @@
 #include <limits>
 #include <vector>
 
+#include "random.hpp"
 #include "tqdecode/format.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/packing.hpp"
-#include "tqdecode/random.hpp"
 
 namespace tqdecode {
 namespace {

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
+#include "random.hpp"
 #include "tqdecode/constants.hpp"
 #include "tqdecode/error.hpp"
-#include "tqdecode/random.hpp"
 #include "tqdecode/rotation.hpp"
-#include "expect_error.hpp"
 
 namespace {
 

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "random.hpp"
+#include "support/scenario.hpp"
 #include "tqdecode/codebook.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
-#include "tqdecode/random.hpp"
-#include "tqdecode/scenario.hpp"
 #include "tqdecode/store.hpp"
 
 namespace tqdecode::test {
