@@ -1,5 +1,5 @@
-// The byte-level contract of FORMAT.md: bit packing, the fp16 / bf16 / fp8
-// conversions and the block layout offsets.
+// The byte-level contract of docs/FORMAT.md: bit packing, the fp16 / bf16 /
+// fp8 conversions and the block layout offsets.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Rotations and model constants (FORMAT.md section 2): orthogonality,
+// Rotations and model constants (docs/FORMAT.md section 2): orthogonality,
 // determinism, the documented constructions, and errors.
 #include <gtest/gtest.h>
 
