@@ -40,11 +40,11 @@
 #include <utility>
 #include <vector>
 
+#include "random.hpp"
 #include "tqdecode/constants.hpp"
 #include "tqdecode/decode.hpp"
 #include "tqdecode/format.hpp"
 #include "tqdecode/numeric.hpp"
-#include "tqdecode/random.hpp"
 
 #ifndef TQDECODE_BENCH_SHAPES_FILE
 #error "TQDECODE_BENCH_SHAPES_FILE (the default --shapes-file) is defined by bench/CMakeLists.txt"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-CTA phase clocks of the Hopper decode kernel (a tuning tool; bench/NOTES.md, v3.19).
+"""Per-CTA phase clocks of the Hopper decode kernel (a tuning tool; docs/PERFORMANCE.md quotes them).
 
 Copies this tree to DEST (without build directories) and patches the copy:
 thread 0 of every CTA records clock64 at eleven points of the kernel

@@ -17,13 +17,13 @@
 #include <vector>
 
 #include "gpu/gpu_test_support.hpp"
+#include "random.hpp"
+#include "support/scenario.hpp"
+#include "support/synthetic.hpp"
 #include "tqdecode/constants.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
-#include "tqdecode/random.hpp"
-#include "tqdecode/scenario.hpp"
 #include "tqdecode/store.hpp"
-#include "tqdecode/synthetic.hpp"
 
 namespace tqdecode::test {
 namespace {

@@ -1,4 +1,4 @@
-#include "tqdecode/scenario.hpp"
+#include "support/scenario.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,13 +7,13 @@
 #include <numeric>
 #include <string>
 
+#include "random.hpp"
+#include "support/synthetic.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/packing.hpp"
-#include "tqdecode/random.hpp"
 #include "tqdecode/reference.hpp"
 #include "tqdecode/store.hpp"
-#include "tqdecode/synthetic.hpp"
 
 namespace tqdecode {
 

@@ -1,9 +1,9 @@
 // A whole decode problem in host memory: synthetic K/V for a batch of
 // sequences, stored with store_cpu into a junk-filled paged cache behind a
 // shuffled block table, queries, sinks, and the unquantized K/V for exact
-// attention; plus the error metrics the demo, the tests and the benchmarks
-// report. The one scenario builder of the project: the CLI, the CPU and GPU
-// tests and the benchmarks all use it.
+// attention; plus the error metrics the demo and the tests report. The one
+// scenario builder of the project: the CLI's demo and the CPU and GPU tests
+// use it (test support, not part of the library).
 #pragma once
 
 #include <cstddef>
