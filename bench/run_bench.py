@@ -497,12 +497,13 @@ def relabel(out_dir, commit, reference):
     tq_parts, bf16_parts = parts_in(out_dir, "tqdecode_bench"), parts_in(out_dir, "bf16_baseline")
     if not (tq_parts and bf16_parts and earlier):
         sys.exit(f"run_bench: --relabel-commit needs tqdecode_bench.json, bf16_baseline.json and results.json in {out_dir}")
-    meta = {key: earlier[key] for key in ("date", "command", "gpu", "driver", "runtime", "driver_release", "torch",
-                                          "torch_cuda", "shapes")}
-    meta.update(commit=commit, failures=earlier["failures"],
+    meta = {key: earlier.get(key, "unknown") for key in ("date", "command", "gpu", "driver", "runtime", "driver_release",
+                                                         "torch", "torch_cuda")}
+    meta["shapes"] = earlier.get("shapes") or list(dict.fromkeys(r["name"] for p in tq_parts for r in p.get("records", [])))
+    meta.update(commit=commit, failures=earlier.get("failures", []),
                 relabelled=f"recorded as {earlier['commit']}, relabelled by `{shlex.join(['python3', *sys.argv])}`")
     all_shapes = {s["name"]: s for s in shape_plan.load_shapes(BENCH / "shapes.json")}
-    shapes = [all_shapes[n] for n in earlier["shapes"] if n in all_shapes]
+    shapes = [all_shapes[n] for n in meta["shapes"] if n in all_shapes]
     combine(out_dir, meta, tq_parts, bf16_parts, shapes, earlier.get("crashed") or {}, reference)
     print(f"relabelled {out_dir / 'results.json'} and {out_dir / 'RESULTS.md'} as {commit}")
     return 0
