@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "score_spreads.hpp"
+#include "support/scenario.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/reference.hpp"
-#include "tqdecode/scenario.hpp"
 
 namespace tqdecode::test {
 namespace {

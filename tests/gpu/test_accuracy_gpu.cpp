@@ -14,10 +14,10 @@
 
 #include "gpu/gpu_test_support.hpp"
 #include "score_spreads.hpp"
+#include "support/device_scenario.hpp"
+#include "support/scenario.hpp"
 #include "tqdecode/decode.hpp"
-#include "tqdecode/device_scenario.hpp"
 #include "tqdecode/reference.hpp"
-#include "tqdecode/scenario.hpp"
 
 namespace tqdecode::test {
 namespace {
