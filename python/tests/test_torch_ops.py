@@ -732,10 +732,12 @@ class OpCheckTest(unittest.TestCase):
         ]
         for op, args, kwargs in samples:
             with self.subTest(op=str(op), device=device):
-                # decode_path's fake cannot know the path (it depends on the device and the cache's alignment)
-                # and answers "unknown": a compiled graph would hold that answer, so it has no AOT check.
+                # No AOT check where a compiled graph cannot equal eager calls: decode_path's fake cannot know
+                # the path (it depends on the device and the cache's alignment) and answers "unknown"; the
+                # reports are cleared by each read, so two calls differ.
+                no_aot = (ops.decode_path.default, ops.device_check_report.default, ops.store_check_report.default)
                 utils = [u for u in torch.library._OPCHECK_DEFAULT_UTILS
-                         if not (op is ops.decode_path.default and u == "test_aot_dispatch_dynamic")]
+                         if not (op in no_aot and u == "test_aot_dispatch_dynamic")]
                 torch.library.opcheck(op, args, kwargs, test_utils=utils)
 
     def test_opcheck_cpu(self):
@@ -773,7 +775,9 @@ class PoolTest(unittest.TestCase):
         for batch, bucket in ((5, 8), (7, 8), (9, 16), (16, 16), (20, 32)):
             out = self.decode(batch)
             self.assertEqual(self.buckets(), [bucket], f"batch {batch}")
-            self.assertTrue(torch.equal(out[:3], kept), "the same rows decode the same at every bucket")
+            cosine, relative, _ = errors(out[:3], kept)  # N depends on the batch: summation order may differ
+            self.assertGreater(cosine, 0.99999, f"batch {batch}")
+            self.assertLess(relative, 2e-3, f"batch {batch}")
         tqdecode.set_max_batch(2)  # releases the pools
         self.decode(2)
         self.assertTrue(torch.equal(first, kept), "a result stays valid after the pools are released")

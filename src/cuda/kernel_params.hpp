@@ -5,6 +5,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "tqdecode/common.hpp"
@@ -62,7 +63,7 @@ struct PartitionParams {
   /// reads only entries of its own row and a negative one is empty.
   TQ_HOST_DEVICE int covered_length(int seq_len) const {
     const int coverage = max_blocks_per_seq * layout.block_size;
-    return seq_len < 0 ? 0 : seq_len > coverage ? coverage : seq_len;
+    return static_cast<int>(std::min(static_cast<unsigned>(std::max(seq_len, 0)), static_cast<unsigned>(coverage)));
   }
 };
 
