@@ -21,9 +21,9 @@ struct ScoreSpread {
 // where fp16 rounding of the key operands shows most.
 inline constexpr std::array<ScoreSpread, 4> kScoreSpreads = {{
     {"flat", 0.05f, 6e-4},
-    {"moderate", 0.3f, 1.2e-3},
-    {"peaked", 1.0f, 2e-3},
-    {"sharp", 8.0f, 4e-3},
+    {"moderate", 0.3f, 8e-4},
+    {"peaked", 1.0f, 1.2e-3},
+    {"sharp", 8.0f, 3e-3},
 }};
 
 }  // namespace tqdecode::test

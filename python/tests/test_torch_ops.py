@@ -734,8 +734,9 @@ class OpCheckTest(unittest.TestCase):
             with self.subTest(op=str(op), device=device):
                 # No AOT check where a compiled graph cannot equal eager calls: decode_path's fake cannot know
                 # the path (it depends on the device and the cache's alignment) and answers "unknown"; the
-                # reports are cleared by each read, so two calls differ.
-                no_aot = (ops.decode_path.default, ops.device_check_report.default, ops.store_check_report.default)
+                # pool stats and reports describe the process's state (and each read clears a report).
+                no_aot = (ops.decode_path.default, ops.pool_stats.default, ops.device_check_report.default,
+                          ops.store_check_report.default)
                 utils = [u for u in torch.library._OPCHECK_DEFAULT_UTILS
                          if not (op in no_aot and u == "test_aot_dispatch_dynamic")]
                 torch.library.opcheck(op, args, kwargs, test_utils=utils)
