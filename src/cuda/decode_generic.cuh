@@ -36,12 +36,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <utility>
 
 #include "cuda_check.hpp"
 #include "device_utils.cuh"
+#include "dynamic_shared_memory.hpp"
 #include "kernel_params.hpp"
 #include "tqdecode/format.hpp"
 #include "tqdecode/numeric.hpp"
@@ -622,17 +622,7 @@ template <Preset P, int D, int G>
 void launch_instance(const PartitionParams& params, cudaStream_t stream) {
   using C = Config<P, D, G>;
   constexpr int kSmem = C::kSmemBytes;
-  if constexpr (kSmem > 48 * 1024) {
-    // Opt in to more than 48 KiB once per device (the attribute is per device context).
-    static std::atomic<std::uint64_t> configured{0};
-    int device = 0;
-    TQ_CUDA_CHECK(cudaGetDevice(&device));
-    const std::uint64_t bit = device < 64 ? std::uint64_t{1} << device : 0;
-    if (bit == 0 || (configured.load(std::memory_order_relaxed) & bit) == 0) {
-      TQ_CUDA_CHECK(cudaFuncSetAttribute(partitions_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-      configured.fetch_or(bit, std::memory_order_relaxed);
-    }
-  }
+  if constexpr (kSmem > 48 * 1024) allow_dynamic_shared_memory<partitions_kernel<C>>(kSmem);
   const dim3 grid(params.num_partitions, params.layout.num_kv_heads, params.batch);
   partitions_kernel<C><<<grid, C::kThreads, kSmem, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();

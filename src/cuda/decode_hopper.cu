@@ -83,11 +83,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 #include <type_traits>
 
 #include "cuda_check.hpp"
 #include "device_utils.cuh"
+#include "dynamic_shared_memory.hpp"
 #include "hopper_bulk_copy.cuh"
 #include "hopper_fragments.cuh"
 #include "hopper_rotation.cuh"
@@ -1224,8 +1224,7 @@ template <int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta 
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   constexpr auto kernel = decode_kernel<HeadTiles, Format, Wide, HeadsPerCta>;
   constexpr int kBytes = SharedLayout<HeadTiles, Format, Wide, HeadsPerCta>::kBytes;
-  static std::once_flag configured;
-  std::call_once(configured, [] { TQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)); });
+  allow_dynamic_shared_memory<kernel>(kBytes);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(params.partitions.num_partitions, params.partitions.layout.num_kv_heads / HeadsPerCta,
                         params.partitions.batch);
