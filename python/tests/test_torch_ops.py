@@ -308,15 +308,15 @@ class ConstantsCacheTest(unittest.TestCase):
         args, kwargs = case.decode_args()
         holder = Holder()
         first = tqdecode.turboquant_decode_attention(*args, **kwargs, buf_holder=holder).clone()
-        cached_PiT = holder._tqdecode_consts[3]
+        cached_PiT = holder._tqdecode_consts[case.query.device][3]
         self.assertTrue(torch.equal(cached_PiT, case.Pi.t()))
         tqdecode.turboquant_decode_attention(*args, **kwargs, buf_holder=holder)
-        self.assertIs(holder._tqdecode_consts[3], cached_PiT, "reused while Pi is unchanged")
+        self.assertIs(holder._tqdecode_consts[case.query.device][3], cached_PiT, "reused while Pi is unchanged")
         with_PiT = tqdecode.turboquant_decode_attention(*args, **kwargs, PiT=case.PiT)
         self.assertTrue(torch.equal(first, with_PiT))
         case.Pi.mul_(1.0)  # an in-place write bumps the version: derived constants are rebuilt
         tqdecode.turboquant_decode_attention(*args, **kwargs, buf_holder=holder)
-        self.assertIsNot(holder._tqdecode_consts[3], cached_PiT)
+        self.assertIsNot(holder._tqdecode_consts[case.query.device][3], cached_PiT)
 
     def test_constants_derived_in_the_call_are_not_stable(self):
         # constants_stable=False (no early reads by a programmatic launch)
@@ -331,6 +331,9 @@ class ConstantsCacheTest(unittest.TestCase):
         self.assertFalse(_model_constants(query, Pi, centroids, None, False, holder)[2], "Pi written: derived again")
         self.assertFalse(_model_constants(query, Pi, centroids, None, False, None)[2], "no buf_holder")
         self.assertTrue(_model_constants(query, None, None, None, True, None)[2], "fp8 keys: no constants")
+        fresh = Holder()  # decode_path derives without caching: the next decode still waits for them
+        self.assertFalse(_model_constants(query, Pi, centroids, None, False, fresh, keep=False)[2])
+        self.assertFalse(_model_constants(query, Pi, centroids, None, False, fresh)[2], "not cached by decode_path")
 
 
 @requires_cuda

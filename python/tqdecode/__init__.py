@@ -149,17 +149,21 @@ def _device_index(device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder):
+def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep=True):
     """``(centroids, PiT, stable)``: the constants as the ops take them (fp32,
     contiguous, on the query's device) and whether they were ready before
     this call.
 
-    Derived once per constants and cached on ``buf_holder`` (keyed by data
-    pointer and version, holding the sources so an address is not reused
-    while cached). Not cached while torch.compile traces: the derivation is
-    then part of the graph. ``stable`` is False when they were derived in
-    this call: the kernels that wrote them may be the ones just before the
-    decode, so the decode must not read them early (programmatic launch).
+    Derived once per constants and device and cached on ``buf_holder`` (a
+    dict per device in its attribute ``_tqdecode_consts``, each entry keyed
+    by data pointer and version and holding the sources, so an address is not
+    reused while cached; one holder may serve several devices). With ``keep``
+    False a derivation is used but not cached (``decode_path``: a decode after
+    it must not take constants it never waited for as stable). Not cached
+    while torch.compile traces: the derivation is then part of the graph.
+    ``stable`` is False when they were derived in this call: the kernels that
+    wrote them may be the ones just before the decode, so the decode must not
+    read them early (programmatic launch).
     """
     if key_fp8:
         return None, None, True  # fp8 keys are neither rotated nor codebook-quantized
@@ -180,22 +184,26 @@ def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder):
 
     if buf_holder is None or torch.compiler.is_compiling():
         return (*derive(), False)
-    key = (PiT is None, source.data_ptr(), source._version, centroids.data_ptr(), centroids._version, query.device)
-    cached = getattr(buf_holder, "_tqdecode_consts", None)
-    stable = cached is not None and cached[0] == key
-    if not stable:
-        cached = (key, (source, centroids), *derive())
-        buf_holder._tqdecode_consts = cached
-    return cached[2], cached[3], stable
+    key = (PiT is None, source.data_ptr(), source._version, centroids.data_ptr(), centroids._version)
+    per_device = getattr(buf_holder, "_tqdecode_consts", None)
+    if per_device is None:
+        per_device = buf_holder._tqdecode_consts = {}
+    cached = per_device.get(query.device)
+    if cached is not None and cached[0] == key:
+        return cached[2], cached[3], True
+    cached = (key, (source, centroids), *derive())
+    if keep:
+        per_device[query.device] = cached
+    return cached[2], cached[3], False
 
 
 def _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8, PiT,
-             buf_holder, sinks):
+             buf_holder, sinks, keep_constants=True):
     """The positional arguments of the decode ops, after the cheap checks."""
     if sinks is not None and isinstance(sinks, torch.Tensor):
         sinks = sinks.to(torch.float32).contiguous()  # engines may keep sinks in the model dtype
     check_decode(query, kv_cache, block_table, seq_lens, sinks)
-    centroids, PiT, stable = _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder)
+    centroids, PiT, stable = _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep_constants)
     return (query, kv_cache, block_table, seq_lens, centroids, PiT, float(scale), int(mse_bits), int(value_quant_bits),
             bool(key_fp8), sinks, stable)
 
@@ -246,7 +254,7 @@ def decode_path(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, ms
     del key_packed_size, value_packed_size, norm_correction, max_seq_len, mid_o_buf, output_buf, lse_buf
     del max_num_kv_splits
     args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8,
-                    PiT, buf_holder, sinks)
+                    PiT, buf_holder, sinks, keep_constants=False)
     return DecodePath(*ops.decode_path(*args))
 
 
