@@ -91,7 +91,7 @@ struct HostInstance {
   }
 };
 
-/// scale * q_rot . khat of one token, read from the cache bytes as FORMAT.md lays them out.
+/// scale * q_rot . khat of one token, read from the cache bytes as docs/FORMAT.md lays them out.
 double token_score(const tqdecode::DecodeArgs& args, const float* q_rot, int sequence, int kv_head, int token) {
   const tqdecode::CacheLayout& layout = args.layout;
   const std::uint8_t* block =

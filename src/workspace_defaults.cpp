@@ -17,7 +17,7 @@ int resolve_max_batch(int requested) {
   TQ_REQUIRE(requested >= 0 && requested <= kMaxBatchLimit, "max_batch",
              std::to_string(requested) + " is out of range; accepted: 0 (default) or 1 to " +
                  std::to_string(kMaxBatchLimit));
-  // LAUNCHER.md: the caller's value, with an environment override, default 512.
+  // docs/LAUNCHER.md: the caller's value, with an environment override, default 512.
   const char* text = std::getenv("TQDECODE_MAX_BATCH");
   if (text != nullptr && *text != '\0') {
     char* end = nullptr;

@@ -7,7 +7,7 @@ namespace tqdecode {
 /// The largest max_batch (and pool bucket) a workspace accepts.
 inline constexpr int kMaxBatchLimit = 1 << 20;
 
-/// The rows a workspace's pools are sized for (LAUNCHER.md: the caller's
+/// The rows a workspace's pools are sized for (docs/LAUNCHER.md: the caller's
 /// value with an environment override): the TQDECODE_MAX_BATCH environment
 /// variable when set, else `requested` when positive, else 512. Throws Error
 /// naming `max_batch` when `requested` is outside 0..kMaxBatchLimit, or the

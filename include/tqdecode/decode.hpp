@@ -1,4 +1,4 @@
-// The decode launcher (LAUNCHER.md): one entry point per decode step that
+// The decode launcher (docs/LAUNCHER.md): one entry point per decode step that
 // picks the Hopper kernel, the generic CUDA kernel or the CPU reference,
 // with buffers from a pool so the call is allocation-free and safe inside
 // CUDA graphs in steady state.
@@ -70,7 +70,7 @@ struct LaunchPlan {
   /// Without wide_table, Hopper path, the other presets up to group 8: 2
   /// (one CTA of 16 warps per SM, 8 per kv head, even Hk) where that grid
   /// takes at most two waves, instead of two CTAs of 8 warps per SM, which
-  /// do not share an SM evenly (bench/NOTES.md, v3.22); else 1.
+  /// do not share an SM evenly; else 1.
   /// The 16-warp CTAs (wide_table with one head tile, or two kv heads per
   /// CTA) of the MSE presets load their share of PiT before anything else,
   /// while the previous kernel may still run, rather than after issuing
@@ -116,7 +116,7 @@ struct DeviceCheckReport {
   }
 };
 
-/// Buffer pool (LAUNCHER.md "Workspace / buffer pool"): per shape signature
+/// Buffer pool (docs/LAUNCHER.md "Workspace / buffer pool"): per shape signature
 /// one device allocation sized for `max_batch` rows, of which a call with
 /// batch B uses the first rows, so pointers are the same for every B and
 /// across capture and replay. A batch larger than the bucket grows it to the
@@ -132,7 +132,7 @@ struct DeviceCheckReport {
 class DecodeWorkspace {
  public:
   /// Rows of every pool: the TQDECODE_MAX_BATCH environment variable when it
-  /// is set (an override, LAUNCHER.md), else `max_batch`, else (0) 512.
+  /// is set (an override, docs/LAUNCHER.md), else `max_batch`, else (0) 512.
   explicit DecodeWorkspace(int max_batch = 0);
   ~DecodeWorkspace();
   DecodeWorkspace(const DecodeWorkspace&) = delete;

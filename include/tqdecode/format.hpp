@@ -1,4 +1,4 @@
-// The TurboQuant paged KV-cache format (FORMAT.md sections 1 and 4): presets
+// The TurboQuant paged KV-cache format (docs/FORMAT.md sections 1 and 4): presets
 // and the byte layout of one cache block. Usable from host and device code.
 #pragma once
 
@@ -56,7 +56,7 @@ inline constexpr std::array<int, 4> kBlockSizes = {16, 32, 64, 128};
 inline constexpr int kMaxGroupSize = 16;
 inline constexpr int kMaxKvHeads = 1024;
 
-/// Byte layout of one cache block: [data region][metadata region] (FORMAT.md
+/// Byte layout of one cache block: [data region][metadata region] (docs/FORMAT.md
 /// section 4). Offsets are 64-bit; a cache may exceed 4 GiB.
 struct CacheLayout {
   Preset preset;

@@ -1,4 +1,4 @@
-// The store path: encode new K/V tokens into a paged cache (FORMAT.md section 3).
+// The store path: encode new K/V tokens into a paged cache (docs/FORMAT.md section 3).
 #pragma once
 
 #include <cstdint>

@@ -16,7 +16,7 @@ rank 0 checks
       alone (a fresh cache and an eager call on rank 0's device);
   (b) the gathered output against one decode of all 64 heads (the same
       function, within the tolerance below) and against exact fp32 attention
-      on the unquantized K/V (FORMAT.md section 6: the quantization error,
+      on the unquantized K/V (docs/FORMAT.md section 6: the quantization error,
       measured and bounded).
 
 It prints each rank's decode time (median over --iters CUDA-graph replays

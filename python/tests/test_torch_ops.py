@@ -8,7 +8,7 @@ they are the C++ reference path). Needs the binding built
 
 Oracles: the CPU op (the C++ reference decode) and, independently, torch SDPA
 in fp32 over the cache as dequantized by the small Python reader of
-FORMAT.md below.
+docs/FORMAT.md below.
 """
 
 import math
@@ -27,7 +27,7 @@ import tqdecode  # an ImportError here means the binding is not built: a failure
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = unittest.skipUnless(HAS_CUDA, "no CUDA device: GPU test of the PyTorch binding skipped")
 
-# FORMAT.md section 1: key bits, value bits, fp8 keys, norm correction.
+# docs/FORMAT.md section 1: key bits, value bits, fp8 keys, norm correction.
 SPEC_PRESETS = {
     "turboquant_4bit_nc": (4, 4, False, True),
     "turboquant_k3v4_nc": (3, 4, False, True),
@@ -36,10 +36,10 @@ SPEC_PRESETS = {
 }
 
 
-# ---- a reader of the cache format, written from FORMAT.md alone -------------
+# ---- a reader of the cache format, written from docs/FORMAT.md alone -------------
 
 def spec_sizes(preset, head_dim):
-    """(KD, VD, F) of FORMAT.md section 4."""
+    """(KD, VD, F) of docs/FORMAT.md section 4."""
     key_bits, value_bits, key_fp8, _ = SPEC_PRESETS[preset]
     key_bytes = head_dim if key_fp8 else math.ceil(head_dim * key_bits / 8)
     return key_bytes, math.ceil(head_dim * value_bits / 8), 2 if key_fp8 else 3
@@ -54,7 +54,7 @@ def unpack_codes(packed, bits, count):
 
 def dequantize(cache, preset, head_dim, centroids):
     """(khat, vhat) fp32 [num_blocks, block_size, Hk, D]: keys in the rotated
-    space for MSE presets (FORMAT.md section 5 steps 2 and 4)."""
+    space for MSE presets (docs/FORMAT.md section 5 steps 2 and 4)."""
     key_bits, value_bits, key_fp8, _ = SPEC_PRESETS[preset]
     key_bytes, value_bytes, fields = spec_sizes(preset, head_dim)
     num_blocks, block_size, num_kv_heads, _ = cache.shape
@@ -180,7 +180,7 @@ def make_case(config: Config, seed: int = 0) -> Case:
 
 def sdpa_reference(case: Case) -> torch.Tensor:
     """fp32 [B, Hq, D]: torch SDPA over the dequantized cache, sinks applied
-    as out * sigmoid(logsumexp(scores) - sink) (FORMAT.md section 5 step 5)."""
+    as out * sigmoid(logsumexp(scores) - sink) (docs/FORMAT.md section 5 step 5)."""
     c = case.config
     khat, vhat = dequantize(case.kv_cache, c.preset, c.head_dim, case.centroids)
     query = case.query.cpu().float()
@@ -277,7 +277,7 @@ class FormatTest(unittest.TestCase):
         self.assertEqual((cache.shape, cache.dtype), (torch.Size([3, 16, 8, 134]), torch.uint8))
 
     def test_store_matches_spec_encoding(self):
-        """The Python reader recovers what the CPU store encoded (FORMAT.md section 3)."""
+        """The Python reader recovers what the CPU store encoded (docs/FORMAT.md section 3)."""
         for config in CONFIGS[:4]:
             case = make_case(config)
             khat, vhat = dequantize(case.kv_cache, config.preset, config.head_dim, case.centroids)
@@ -662,7 +662,7 @@ class BadArgumentsTest(unittest.TestCase):
 
 class SeedCallsTest(unittest.TestCase):
     """Calls the entry point exactly as the engine-side launcher's callers do
-    (LAUNCHER.md: arguments it does not need are accepted and ignored): each
+    (docs/LAUNCHER.md: arguments it does not need are accepted and ignored): each
     variant gives the canonical call's result, on the CPU and on CUDA."""
 
     def check(self, device):
@@ -754,7 +754,7 @@ class OpCheckTest(unittest.TestCase):
 
 @requires_cuda
 class PoolTest(unittest.TestCase):
-    """LAUNCHER.md's buffer pool as the binding uses it."""
+    """docs/LAUNCHER.md's buffer pool as the binding uses it."""
 
     def setUp(self):
         self.case = make_case(Config("turboquant_4bit_nc", seq_lens=tuple(range(5, 5 + 37 * 20, 37)))).to("cuda")

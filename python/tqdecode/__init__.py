@@ -6,8 +6,8 @@ launcher it replaces). The ops behind it are ``torch.ops.tqdecode.*``
 (schemas in ``python/csrc/ops.cpp``), with fake implementations so that
 ``torch.compile(fullgraph=True)`` traces them.
 
-Cache format and decode math: ``FORMAT.md``; launcher contract (paths,
-buffer pool, CUDA graphs): ``LAUNCHER.md``; usage: ``python/README.md``.
+Cache format and decode math: ``docs/FORMAT.md``; launcher contract (paths,
+buffer pool, CUDA graphs): ``docs/LAUNCHER.md``; usage: ``python/README.md``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ __all__ = [
 
 
 class CacheLayout(NamedTuple):
-    """The byte layout of a preset and geometry (FORMAT.md section 4)."""
+    """The byte layout of a preset and geometry (docs/FORMAT.md section 4)."""
 
     preset: str
     key_bits: int  # MSE codebook bits, or 8 for fp8 keys
@@ -212,7 +212,7 @@ def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cent
                                 key_packed_size, value_quant_bits, value_packed_size, key_fp8=False,
                                 norm_correction=False, PiT=None, max_seq_len=0, mid_o_buf=None, output_buf=None,
                                 lse_buf=None, buf_holder=None, max_num_kv_splits=32, sinks=None) -> torch.Tensor:
-    """Decode attention, one query token per sequence (FORMAT.md section 5).
+    """Decode attention, one query token per sequence (docs/FORMAT.md section 5).
 
     ``query`` ``[B, Hq, D]`` bf16/fp16; ``kv_cache`` uint8 ``[num_blocks,
     block_size, Hk, slot_bytes]`` (its stride(0) is the block stride);
@@ -232,7 +232,7 @@ def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cent
     ``norm_correction`` (folded into the stored key norm at store time, so
     decode is the same function either way), ``max_seq_len``, ``mid_o_buf``,
     ``lse_buf`` and ``max_num_kv_splits`` (the launcher sizes its split-KV
-    partitions and buffers from the shapes, LAUNCHER.md). Arguments are
+    partitions and buffers from the shapes, docs/LAUNCHER.md). Arguments are
     checked before any work: ValueError names the argument.
     """
     del key_packed_size, value_packed_size, norm_correction, max_seq_len, mid_o_buf, lse_buf, max_num_kv_splits
@@ -268,7 +268,7 @@ def set_max_batch(max_batch: int) -> None:
     it to the largest batch you capture in CUDA graphs.
 
     The ``TQDECODE_MAX_BATCH`` environment variable, when set, overrides it
-    (LAUNCHER.md); 0 restores the default, 512. Call it before capturing CUDA
+    (docs/LAUNCHER.md); 0 restores the default, 512. Call it before capturing CUDA
     graphs: changing it releases the existing pools, so graphs captured
     earlier become invalid. Outside capture, a batch larger than the bucket
     grows its pool to the next power of two, with a warning on stderr; during

@@ -2,7 +2,7 @@
 // 128 / 256, group size 1..16, block size 16..128, any GPU from sm_75 up.
 //
 // Grid (num_partitions, num_kv_heads, batch); the CTA (p, h, b) runs the
-// online softmax of FORMAT.md section 5 over partition_range(seq_lens[b], ...)
+// online softmax of docs/FORMAT.md section 5 over partition_range(seq_lens[b], ...)
 // for all QG query heads of kv head h and writes the normalized partial
 // result. The grid depends on shapes only, never on seq_lens (CUDA graphs).
 //

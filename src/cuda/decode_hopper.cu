@@ -7,7 +7,7 @@
 // reach the S^T mma: 4-bit codes look up a byte (two codes), 3-bit codes six
 // bits (two codes, brought into place by a funnel shift) in a per-lane table
 // of fp16 centroid pairs scaled by a power of two, against the rotated query
-// (bf16 per FORMAT.md) scaled by the inverse power of two into fp16; fp8 keys
+// (bf16 per docs/FORMAT.md) scaled by the inverse power of two into fp16; fp8 keys
 // skip the rotation and the table: each key byte pair converts to an fp16
 // pair (exact) and S^T = K Q^T runs in fp16 with the query rounded to fp16
 // (exact for fp16 queries and for bf16 values of magnitude 2^-14 to 65504);
@@ -125,8 +125,8 @@ struct MergeStorage {
 // The online softmax moves a row's reference maximum only when a score
 // exceeds it by more than this (base-2 units), as FlashAttention-4 does: a
 // maximum that creeps up in small steps (a new record in about 1 of k tiles
-// at tile k) no longer costs a rescale of the 40 accumulators each time
-// (bench/NOTES.md, v3.15). The sums and outputs are exact for any reference.
+// at tile k) no longer costs a rescale of the 40 accumulators each time.
+// The sums and outputs are exact for any reference.
 constexpr float kLazyRescaleLog2 = 4.0f;
 // P' = p * value scale is an fp16 mma operand; with p <= 2^kLazyRescaleLog2 it
 // stays finite for scales up to this (value ranges up to about 61000).
@@ -164,7 +164,7 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// and 4-bit keys on sm_80); on sm_90 the other presets also have one CTA of
 /// 16 warps per SM serving two kv heads, 8 warps each (HeadsPerCta 2), as two
 /// 8-warp CTAs would but with the SM's issue slots shared evenly: two CTAs on
-/// one SM end up to a sixth of the call apart (bench/NOTES.md, v3.22).
+/// one SM do not end together, and the one left streams with half the warps.
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct KernelShape {
   static_assert(!Wide || Format == CacheFormat::mse4, "the wide table serves 4-bit keys");
@@ -175,10 +175,10 @@ struct KernelShape {
                 "which have the wide shape), with one head tile only");
   static constexpr bool kWideTable = Wide;
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
-  // warps fill the register file (8 left a third of it idle, and two warps
-  // per scheduler to cover the loop's latencies; bench/NOTES.md, v3.16). 16
-  // wide-table warps at 128 registers (the query operand in shared memory,
-  // one S^T chain per head tile) ran 7 % slower than 12 (v3.21).
+  // warps fill the register file (8 leave a third of it idle, and two warps
+  // per scheduler to cover the loop's latencies); 16 warps at 128 registers
+  // need the query operand in shared memory and one S^T chain per head tile,
+  // which is slower (docs/PERFORMANCE.md).
   static constexpr int kWarps = HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 ? 16 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
@@ -186,30 +186,26 @@ struct KernelShape {
   static constexpr int kResidentCtas = kWarps > 8 ? 1 : 2;
   // MSE keys: PiT's operands are loaded before the wait for the previous
   // kernel instead of after the first tiles are issued, so the rotation
-  // overlaps that kernel's tail (a shorter prologue by 1-10 % of the call,
-  // bench/NOTES.md, v3.22). In the 16-warp shapes; the others keep PiT's
-  // operand registers free across the tile issue.
+  // overlaps that kernel's tail. In the 16-warp shapes; the others keep
+  // PiT's operand registers free across the tile issue.
   static constexpr bool kPiTBeforeWait = kWarps >= 12;
   // The wide shape's tiles come by bulk tensor copies (hopper_bulk_copy.cuh):
   // one instruction by one lane per tile and tensor map, where cp.async took
   // a copy plan read back from shared memory and five 16-byte copies per
   // lane, and its stream is unrolled by the ring's stages, so every stage
-  // and barrier address is an immediate: 16-18 % fewer instructions a tile,
-  // group 16 13 % faster (bench/NOTES.md, v3.23).
+  // and barrier address is an immediate: fewer instructions a tile, which
+  // matters most where the loop is bound by issue (group 16).
   static constexpr bool kBulkCopy = kWideTable;
   // The softmax takes each score less its row's maximum as one FFMA (score
   // sum x norm - max) instead of a multiply and, for the exponent, a
-  // subtraction: 9 instructions a tile fewer at two head tiles, whose loop
-  // is bound by its instruction count (group 16 about 3 % faster); the
-  // rescale, which then recovers the scores, costs more: applied to every
-  // shape, it cost (1, 32768) 0.24 us and k3v4_nc 1.8 % (bench/NOTES.md, v3.23).
+  // subtraction: fewer instructions a tile at two head tiles, whose loop is
+  // bound by its instruction count; the rescale, which then recovers the
+  // scores, costs more, so the other shapes are slower with it.
   static constexpr bool kScoresLessMax = kBulkCopy && HeadTiles == 2;
   // P' = fp16(p) x value scale, one HMUL2 per token and head pair, instead of
-  // two FMULs and a pack: 2 % fewer instructions a tile at two head tiles. In
-  // the bulk-copy shapes only, like the fields' one-offset addressing and the
-  // host's score scale: those two rescheduled the narrow 3-bit loops at the
-  // same instruction count (3bit_nc 7 % slower; bench/NOTES.md, v3.24), so
-  // the narrow shapes keep their SASS as it was measured.
+  // two FMULs and a pack. In the bulk-copy shapes only, like the fields'
+  // one-offset addressing and the host's score scale: in the narrow 3-bit
+  // loops the compiler schedules them worse at the same instruction count.
   static constexpr bool kHalfScaledProbabilities = kBulkCopy;
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
@@ -378,7 +374,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   if constexpr (!kFp8) {
     // The table first: its centroid loads issued behind PiT's 64 KB delayed
     // it, and the CTAs that start last, on the SMs the previous call's
-    // reductions held, pay their prologue on the call's critical path (bench/NOTES.md, v3.19).
+    // reductions held, pay their prologue on the call's critical path.
     table_exponent = build_lookup_table<Shared, kWarps>(shared, p.centroids, warp, lane);
     if (Shape::kPiTBeforeWait && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
   }
@@ -437,7 +433,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     // ---- 1. first tiles in flight, query rotation, lookup table -------------
     // The query first (one element per row and thread, as bits): under a
     // saturated memory system its load waits behind the cache tiles if issued
-    // after them (ncu: 6 % of the time at (128, 4096)).
+    // after them.
     constexpr int kRowsPerThread = Shape::kRowsPerThread;
     std::uint16_t query_values[kRowsPerThread];
 #pragma unroll
@@ -569,7 +565,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         const SplitRotationOperands split = split_rotation_operands(rotation);
 #pragma unroll
         for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
-          // q_rot = bf16(q @ PiT) (FORMAT.md), then times 2^-table_exponent
+          // q_rot = bf16(q @ PiT) (docs/FORMAT.md), then times 2^-table_exponent
           // into fp16: exact from 2^-14 (times the table's scale) up to 65504
           // times it; below, fp16 subnormals keep the absolute error under
           // 2^-25 times that scale.
@@ -1086,7 +1082,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     __syncthreads();
     // Each row's maximum, weights and sum, once per row: one warp per row,
     // lane w holding warp w's (every thread computing them for its own head
-    // dims had made the merge about 40 % of a small grid's loop; bench/NOTES.md, v3.18).
+    // dims makes the merge a large part of a small grid's call).
     // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
     // non-finite query) makes the partition NaN so the reduction keeps it.
     for (int row = warp; row < kCtaRows; row += kWarps) {
@@ -1108,7 +1104,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     for (int row = first_row; row < kCtaRows; row += kRowStep) {
       if (!row_valid(row)) continue;
       // The row's warp weights in 16-byte (8-byte) broadcast loads: a 4-byte
-      // load per warp and head dim had made the merge's loads 64 per thread (bench/NOTES.md, v3.19).
+      // load per warp and head dim would be 64 loads per thread).
       float merged_out = 0.0f;
       const auto add_warp = [&](int w, float weight) {
         merged_out = fmaf(weight, merge.out[w][row][merge_dim(row, dim)], merged_out);

@@ -1,6 +1,6 @@
 // Parameters shared by the decode kernels (internal). Plain structs passed
 // by value as __grid_constant__ kernel arguments; every pointer is device
-// memory and every shape is fixed at graph capture (LAUNCHER.md).
+// memory and every shape is fixed at graph capture (docs/LAUNCHER.md).
 #pragma once
 
 #include <cuda.h>
@@ -108,7 +108,8 @@ struct FusedDecodeParams {
   /// partitions.scale x log2(e), the base-2 score scale, which the bulk-copy
   /// shapes read here (computed in the kernel, it is reloaded and multiplied
   /// again per tile at 168 registers; decode_hopper.cu). Last, so the other
-  /// fields' offsets, and with them the narrow shapes' SASS, are unchanged.
+  /// fields' offsets, which the narrow shapes' loops are scheduled around,
+  /// stay where they were.
   float scale_log2;
 };
 

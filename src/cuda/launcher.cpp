@@ -1,4 +1,4 @@
-// The decode entry point of CUDA builds (LAUNCHER.md).
+// The decode entry point of CUDA builds (docs/LAUNCHER.md).
 #include <cuda_runtime.h>
 
 #include <cstdio>

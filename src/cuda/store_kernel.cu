@@ -1,4 +1,4 @@
-// GPU store path (FORMAT.md section 3): encodes new K/V tokens into the paged
+// GPU store path (docs/FORMAT.md section 3): encodes new K/V tokens into the paged
 // cache with the same bytes as store_cpu.
 //
 // Nothing may be written when any token fails a check, and the checks that
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kDuplicateTile)
 
 __device__ __forceinline__ bool half_bits_finite(std::uint16_t bits) { return (bits & 0x7c00u) != 0x7c00u; }
 
-/// Packed byte `byte` of `count` codes of `bits` bits each (FORMAT.md section
+/// Packed byte `byte` of `count` codes of `bits` bits each (docs/FORMAT.md section
 /// 4: code d occupies bits [bits*d, bits*d + bits), LSB first), the same bytes
 /// pack_codes() writes.
 __device__ __forceinline__ std::uint8_t packed_byte(const std::uint8_t* codes, int count, int bits, int byte) {

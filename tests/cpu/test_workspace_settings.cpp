@@ -98,7 +98,7 @@ TEST(WorkspaceSettings, FirstFailedSequenceIsTheLowestOfBothKinds) {
   EXPECT_EQ(report.first_failed_sequence(), 2);
 }
 
-// LAUNCHER.md: the caller's value, with an environment override, default 512.
+// docs/LAUNCHER.md: the caller's value, with an environment override, default 512.
 TEST(WorkspaceSettings, MaxBatchFromTheArgumentWithTheEnvironmentOverriding) {
   {
     const ScopedVariable unset(kMaxBatch, nullptr);

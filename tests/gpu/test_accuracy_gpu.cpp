@@ -2,7 +2,7 @@
 // flat, moderate, peaked, sharp), every preset and head size: against the CPU
 // reference on the same cache bytes within the spread's tolerance, which a
 // 2 % error on the values of every 16th token exceeds, and against exact
-// attention on the unquantized K/V (FORMAT.md section 6b) within the
+// attention on the unquantized K/V (docs/FORMAT.md section 6b) within the
 // reference's own quantization error plus that tolerance. fp16 queries, so
 // the output's rounding (2^-11) stays below the tolerances; lengths that are
 // not multiples of the tile; random block tables; poisoned outputs.
