@@ -1,6 +1,6 @@
-// The TurboQuant paged KV-cache format (FORMAT.md sections 1, 4 and 4b):
-// presets and the byte layout of one cache block in either order. Usable
-// from host and device code.
+// The TurboQuant paged KV-cache format (docs/FORMAT.md sections 1, 4 and
+// 4b): presets and the byte layout of one cache block in either order.
+// Usable from host and device code.
 #pragma once
 
 #include <array>
@@ -45,8 +45,11 @@ TQ_HOST_DEVICE constexpr PresetInfo preset_info(Preset preset) {
 Preset parse_preset(std::string_view name, std::string_view argument = "preset");
 
 /// Finds the preset with these engine-side parameters (the launcher's
-/// mse_bits / value_quant_bits / key_fp8 / norm_correction arguments).
-Preset preset_from_parameters(int mse_bits, int value_bits, bool key_fp8, bool norm_correction);
+/// mse_bits / value_quant_bits / key_fp8 arguments). The launcher's
+/// norm_correction does not take part: in the blocks layout the correction
+/// is folded into the stored key norm at store time, so decode is the same
+/// function with or without it.
+Preset preset_from_parameters(int mse_bits, int value_bits, bool key_fp8);
 
 /// Supported geometry values (validated by make_layout).
 inline constexpr std::array<int, 3> kHeadDims = {64, 128, 256};
@@ -56,11 +59,11 @@ inline constexpr int kMaxKvHeads = 1024;
 
 /// How a cache block arranges its (slot, kv head) entries.
 enum class CacheOrder : std::uint8_t {
-  /// FORMAT.md section 4: per block, the records (key data then value data)
-  /// of every (slot, head), then the fp16 fields grouped by head and field.
+  /// docs/FORMAT.md section 4: per block, the records (key data then value
+  /// data) of every (slot, head), then the fp16 fields grouped by head and field.
   blocks,
-  /// FORMAT.md section 4b (vLLM's TurboQuant cache on CUDA): one slot per
-  /// (slot, head), [key data | key norm (MSE keys) | value data | value
+  /// docs/FORMAT.md section 4b (vLLM's TurboQuant cache on CUDA): one slot
+  /// per (slot, head), [key data | key norm (MSE keys) | value data | value
   /// scale | value zero], at slot * token_stride + head * head_stride.
   token_slots,
 };
@@ -68,8 +71,8 @@ enum class CacheOrder : std::uint8_t {
 /// Name of a cache order as users write it ("blocks", "token_slots").
 const char* cache_order_name(CacheOrder order);
 
-/// Byte layout of one cache block (FORMAT.md sections 4 and 4b). Offsets
-/// are 64-bit; a cache may exceed 4 GiB. The accessors key_offset,
+/// Byte layout of one cache block (docs/FORMAT.md sections 4 and 4b).
+/// Offsets are 64-bit; a cache may exceed 4 GiB. The accessors key_offset,
 /// value_offset and field_offset serve both orders; record_offset and
 /// metadata_region_offset exist in the blocks order only.
 struct CacheLayout {
@@ -80,8 +83,9 @@ struct CacheLayout {
   std::int64_t block_stride;  ///< bytes between consecutive blocks (>= natural_block_bytes() for blocks)
   CacheOrder order = CacheOrder::blocks;
   /// token_slots: decode divides each token's key by the norm of its
-  /// centroid vector (FORMAT.md 4b, norm correction at decode time); the
-  /// blocks order folds that into the stored norm and ignores this flag.
+  /// centroid vector (docs/FORMAT.md section 4b, norm correction at decode
+  /// time); the blocks order folds that into the stored norm and ignores
+  /// this flag.
   bool renormalize_keys = false;
   std::int64_t token_stride = 0;  ///< token_slots: bytes between the slots of consecutive tokens
   std::int64_t head_stride = 0;   ///< token_slots: bytes between the slots of consecutive kv heads

@@ -1,4 +1,4 @@
-// Scalar pieces of the store-path encoding (FORMAT.md section 3) shared by
+// Scalar pieces of the store-path encoding (docs/FORMAT.md section 3) shared by
 // the CPU store and the GPU store kernel, so that both produce the same cache
 // bytes. Every fp32 operation that feeds a stored byte goes through the
 // *_rn helpers below: on the device they are the round-to-nearest intrinsics,
@@ -134,7 +134,7 @@ TQ_HOST_DEVICE int value_code(float v, const ValueQuantParams& params, int bits)
   return static_cast<int>(code);
 }
 
-/// The token_slots store (FORMAT.md 4b, the engine's rule) buckets each
+/// The token_slots store (docs/FORMAT.md section 4b, the engine's rule) buckets each
 /// rotated coordinate by the midpoints between neighbouring centroids,
 /// midpoint i = (c[i] + c[i+1]) / 2 in fp32.
 TQ_HOST_DEVICE float centroid_midpoint(float lower, float upper) { return mul_rn(add_rn(lower, upper), 0.5f); }

@@ -1,8 +1,9 @@
 // Encoding of one (token, kv head) vector pair into its cache record
-// (FORMAT.md section 3, and section 4b for the token_slots order), shared by the CPU store and anything else that
-// needs the exact cache bytes of a vector. Inputs are fp32 and finite. Built
-// from the scalar pieces of quantize.hpp, which the GPU store kernel uses
-// too, so both write the same bytes.
+// (docs/FORMAT.md section 3, and 4b for the token_slots order), shared by
+// the CPU store and anything else that needs the exact cache bytes of a
+// vector. Inputs are fp32 and finite. Built from the scalar pieces of
+// quantize.hpp, which the GPU store kernel uses too, so both write the same
+// bytes.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,7 @@ inline constexpr int kMaxHeadDim = kHeadDims.back();
 std::uint16_t encode_key_mse(const float* key, int head_dim, const float* Pi, const float* centroids,
                              int bits, bool norm_correction, std::uint8_t* key_data);
 
-/// Encodes an MSE key as the token_slots store does (FORMAT.md 4b): each
+/// Encodes an MSE key as the token_slots store does (docs/FORMAT.md section 4b): each
 /// coordinate of Pi k / ||k|| (0 for a zero key) bucketed by the
 /// `2^bits - 1` centroid midpoints; returns the raw norm ||k|| as fp16 bits.
 std::uint16_t encode_key_mse_slot(const float* key, int head_dim, const float* Pi, const float* midpoints, int bits,
@@ -35,9 +36,9 @@ void encode_key_fp8(const float* key, int head_dim, std::uint8_t* key_data);
 /// zero (fp16 bits in scale_bits / zero_bits).
 ValueQuantParams encode_value(const float* value, int head_dim, int bits, std::uint8_t* value_data);
 
-/// Encodes a value vector as the token_slots store does (FORMAT.md 4b):
-/// codes from the fp32 minimum and scale, rounded half up. Writes
-/// packed_bytes(head_dim, bits) bytes to `value_data`.
+/// Encodes a value vector as the token_slots store does (docs/FORMAT.md
+/// section 4b): codes from the fp32 minimum and scale, rounded half up.
+/// Writes packed_bytes(head_dim, bits) bytes to `value_data`.
 SlotValueQuant encode_value_slot(const float* value, int head_dim, int bits, std::uint8_t* value_data);
 
 }  // namespace tqdecode::cpu

@@ -1,6 +1,6 @@
-// CPU reference of the decode math (FORMAT.md section 5, and 4b for the
-// token_slots order). Accumulates in double so it is an oracle for the fp32
-// GPU paths, and reads the cache only through CacheLayout offsets so it
+// CPU reference of the decode math (docs/FORMAT.md section 5, and 4b for
+// the token_slots order). Accumulates in double so it is an oracle for the
+// fp32 GPU paths, and reads the cache only through CacheLayout offsets so it
 // checks the byte layout too.
 #include "parallel.hpp"
 #include "tqdecode/reference.hpp"

@@ -1,8 +1,8 @@
-// The store path (FORMAT.md section 3): exact bytes of hand-made vectors,
-// placement in the block, skipped slots, input dtypes, determinism, the
-// distortion of real data, and every rejected input (with the cache intact);
-// the token_slots order's store (section 4b) against an encoder written
-// here from its rules.
+// The store path (docs/FORMAT.md section 3): exact bytes of hand-made
+// vectors, placement in the block, skipped slots, input dtypes, determinism,
+// the distortion of real data, and every rejected input (with the cache
+// intact); the token_slots order's store (section 4b) against an encoder
+// written here from its rules.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "random.hpp"
+#include "support/scenario.hpp"
 #include "tqdecode/codebook.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
-#include "tqdecode/random.hpp"
-#include "tqdecode/scenario.hpp"
 #include "tqdecode/store.hpp"
 
 namespace tqdecode::test {
@@ -318,9 +318,9 @@ TEST(Store, DistortionMatchesTheQuantizers) {
   }
 }
 
-// ---------------------------------------------------------------- token_slots order (FORMAT.md 4b)
+// ---------------------------------------------------------------- token_slots order (docs/FORMAT.md 4b)
 
-// An encoder of one (token, head) slot written here from FORMAT.md 4b, for
+// An encoder of one (token, head) slot written here from docs/FORMAT.md 4b, for
 // fp32 inputs: raw norm; rotated unit coordinates bucketed by the centroid
 // midpoints (y >= midpoint goes up); value codes int((v - min) / scale + 0.5)
 // with scale = max((max - min) / (2^b - 1), 1e-8) in fp32; fp16 scale and

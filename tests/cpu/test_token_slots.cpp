@@ -1,4 +1,4 @@
-// The token_slots cache order (FORMAT.md section 4b, the cache vLLM writes
+// The token_slots cache order (docs/FORMAT.md section 4b, the cache vLLM writes
 // on CUDA GPUs): byte positions of every preset, layout validation, and the
 // reference decode against exact attention, against the blocks order on the
 // same K/V and across stride orders and padding. Its store is tested in
@@ -13,20 +13,20 @@
 #include <vector>
 
 #include "expect_error.hpp"
+#include "support/scenario.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/format.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/packing.hpp"
 #include "tqdecode/partition.hpp"
 #include "tqdecode/reference.hpp"
-#include "tqdecode/scenario.hpp"
 
 namespace tqdecode::test {
 namespace {
 
 // ---------------------------------------------------------------- byte positions
 
-// Where the parts of one slot lie, as FORMAT.md 4b and vLLM's TurboQuant
+// Where the parts of one slot lie, as docs/FORMAT.md section 4b and vLLM's TurboQuant
 // config place them: [key data | key norm (MSE) | value data | scale | zero].
 struct SlotPositions {
   Preset preset;
