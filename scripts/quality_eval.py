@@ -200,10 +200,37 @@ def _worker(model, runs, rows, prompt, generate, counter, results) -> None:
         results.put({"error": traceback.format_exc()})
 
 
-def evaluate(model, tokenizer, sizes: dict, jobs: int) -> dict:
-    """Every configuration, split over ``jobs`` forked processes (each one
-    torch thread: the CPU decode is single-threaded), with one progress bar."""
+def run_forked(model, runs, rows, prompt, generate, jobs, bar) -> dict:
+    """``runs`` split over ``jobs`` forked processes (they inherit the loaded
+    model); results by name. ``bar`` follows their steps."""
     import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    counter, queue = context.Value("q", 0), context.SimpleQueue()
+    workers = [context.Process(target=_worker, args=(model, runs[j::jobs], rows, prompt, generate, counter, queue))
+               for j in range(min(jobs, len(runs)))]
+    for worker in workers:
+        worker.start()
+    finished = {}
+    while len(finished) < len(runs):
+        while not queue.empty():
+            result = queue.get()
+            if "error" in result:
+                raise RuntimeError(f"quality_eval: a worker failed:\n{result['error']}")
+            finished[result["name"]] = result
+        if len(finished) < len(runs) and not any(worker.is_alive() for worker in workers) and queue.empty():
+            raise RuntimeError("quality_eval: the workers ended before every configuration finished")
+        bar.update(counter.value - bar.n)
+        time.sleep(0.5)
+    for worker in workers:
+        worker.join()
+    return finished
+
+
+def evaluate(model, tokenizer, sizes: dict, jobs: int) -> dict:
+    """Every configuration, in this process (``jobs`` 1) or over ``jobs``
+    forked processes of one torch thread each (the CPU decode is
+    single-threaded), with one progress bar."""
     from tqdm import tqdm
 
     text = text_tokens(tokenizer, max(sizes["tokens"], sizes["prompt_tokens"]))
@@ -211,27 +238,13 @@ def evaluate(model, tokenizer, sizes: dict, jobs: int) -> dict:
     rows = [with_separator(tokenizer, text[r * per_row: (r + 1) * per_row]) for r in range(sizes["rows"])]
     prompt = with_separator(tokenizer, text[: sizes["prompt_tokens"] - 1])
     runs = configurations()
-    context = multiprocessing.get_context("fork")  # the children inherit the loaded model
-    counter, queue = context.Value("q", 0), context.SimpleQueue()
-    workers = [context.Process(target=_worker, args=(model, runs[j::jobs], rows, prompt, sizes["generate"], counter,
-                                                     queue)) for j in range(min(jobs, len(runs)))]
-    for worker in workers:
-        worker.start()
-    finished = {}
     total = len(runs) * (per_row * sizes["rows"] + sizes["generate"])
     with tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
-        while len(finished) < len(runs):
-            while not queue.empty():
-                result = queue.get()
-                if "error" in result:
-                    raise RuntimeError(f"quality_eval: a worker failed:\n{result['error']}")
-                finished[result["name"]] = result
-            if len(finished) < len(runs) and not any(worker.is_alive() for worker in workers) and queue.empty():
-                raise RuntimeError("quality_eval: the workers ended before every configuration finished")
-            bar.update(counter.value - bar.n)
-            time.sleep(0.5)
-    for worker in workers:
-        worker.join()
+        if jobs == 1:
+            finished = {run["name"]: run_configuration(model, run, rows, prompt, sizes["generate"], bar.update)
+                        for run in runs}
+        else:
+            finished = run_forked(model, runs, rows, prompt, sizes["generate"], jobs, bar)
     results = [finished[run["name"]] for run in runs]
     reference = results[0]
     for result in results:
@@ -293,7 +306,7 @@ def markdown(report: dict) -> str:
     rows = []
     for r in results:
         change = "—" if r["preset"] is None else f"{r['ppl_change_pct']:+.2f} %"
-        vllm = "" if r["vllm_ppl_change_pct"] is None or r["boundary_layers"] else f"{r['vllm_ppl_change_pct']:+.2f} %"
+        vllm = "" if r["vllm_ppl_change_pct"] is None or not r["boundary_layers"] else f"{r['vllm_ppl_change_pct']:+.2f} %"
         rows.append(f"| {r['name']} | {r['perplexity']:.4f} | {change} | {vllm} | {100 * r['top1_agreement']:.1f} % | "
                     f"{r['greedy_matching']} / {n_gen} | {r['greedy_identical_prefix']} | {r['seconds']:.0f} s |")
     return "\n".join([
@@ -325,42 +338,54 @@ def markdown(report: dict) -> str:
         f"- Greedy: {n_gen} tokens from `model.generate(..., past_key_values=cache)` after a prefill of the first "
         f"{report['prompt_tokens']} tokens (separator and text; stored compressed; EOS suppressed). \"matching\" counts positions "
         "equal to bf16's tokens; \"identical prefix\" is the number of tokens before the first difference.",
+        f"- Time: wall-clock seconds of each configuration in its worker ({report['jobs']} at a time), for the "
+        "record only: the CPU reference decode is not a fast path.",
         "",
         "## Results",
         "",
-        "| KV cache | perplexity | change vs bf16 | vLLM's change (other model) | teacher-forced top-1 = bf16 | "
-        "greedy tokens matching | identical prefix | time |",
+        "| KV cache | perplexity | change vs bf16 | vLLM's change (other model, boundary layers in bf16) | "
+        "teacher-forced top-1 = bf16 | greedy tokens matching | identical prefix | time |",
         "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         "## Against vLLM's published numbers",
         "",
-        comparison(results, bf16),
+        comparison(report),
         "",
     ])
 
 
-def comparison(results: list[dict], bf16: dict) -> str:
-    """A paragraph comparing the measured changes with vLLM's, from the numbers."""
-    full = {r["preset"]: r["ppl_change_pct"] for r in results if r["preset"] and r["boundary_layers"] == 0}
-    boundary = {r["preset"]: r["ppl_change_pct"] for r in results if r["preset"] and r["boundary_layers"]}
-    ours_order = sorted(full, key=full.get)
-    vllm_order = sorted(VLLM_PPL_CHANGE_PCT, key=VLLM_PPL_CHANGE_PCT.get)
-    ratios = ", ".join(f"{p.removeprefix('turboquant_')} {full[p]:+.2f} % against {VLLM_PPL_CHANGE_PCT[p]:+.2f} %"
-                       for p in vllm_order)
-    order = ("the same order as vLLM's" if ours_order == vllm_order else
-             "in the order " + " < ".join(p.removeprefix("turboquant_") for p in ours_order) + ", where vLLM's is "
-             + " < ".join(p.removeprefix("turboquant_") for p in vllm_order))
-    helped = sum(boundary[p] < full[p] for p in full)
+def comparison(report: dict) -> str:
+    """A paragraph comparing the measured changes with vLLM's; every claim in it is computed from the numbers."""
+    results, bf16 = report["results"], report["results"][0]
+    context = report["ppl_tokens"] // report["ppl_sequences"]
+
+    def short(preset):
+        return preset.removeprefix("turboquant_")
+
+    full = {r["preset"]: r for r in results if r["preset"] and r["boundary_layers"] == 0}
+    boundary = {r["preset"]: r for r in results if r["preset"] and r["boundary_layers"]}
+    ours = sorted(boundary, key=lambda p: boundary[p]["ppl_change_pct"])
+    vllm = sorted(VLLM_PPL_CHANGE_PCT, key=VLLM_PPL_CHANGE_PCT.get)
+    pairs = "; ".join(f"{short(p)} {boundary[p]['ppl_change_pct']:+.2f} % here, {VLLM_PPL_CHANGE_PCT[p]:+.2f} % there"
+                      for p in vllm)
+    order = ("the same order as vLLM's" if ours == vllm else
+             "the order " + " < ".join(map(short, ours)) + ", where vLLM's is " + " < ".join(map(short, vllm)))
+    ratios = [boundary[p]["ppl_change_pct"] / VLLM_PPL_CHANGE_PCT[p] for p in vllm]
+    helped = [short(p) for p in full if boundary[p]["ppl_change_pct"] < full[p]["ppl_change_pct"]]
+    prefixes = sorted(boundary.values(), key=lambda r: r["greedy_identical_prefix"])
     return (
-        f"Compressing every layer, the presets change perplexity {order}: {ratios}. The bf16 boundary layers "
-        f"lower the change for {helped} of {len(full)} presets here. The two sets of numbers are not a like-for-like "
-        "comparison: vLLM's come from a larger model, a different text and its own GPU kernels, while these come from "
-        f"a 135M model whose weights are themselves 4-bit (perplexity {bf16['perplexity']:.3f} in bf16 on a license "
-        "text it has likely seen in training) with head size 64, where one quantized coordinate carries more of "
-        "each key than at head size 128. What carries over is the direction and the rough size: the 8-bit-key "
-        "preset stays closest to bf16, 3-bit values cost the most, and a perplexity change of a few percent "
-        "comes with greedy text that stays identical for a while and then diverges.")
+        f"vLLM keeps the first and last {BOUNDARY_LAYERS} layers in bf16 by default, so its numbers stand next to the "
+        f"rows with bf16 boundary layers. There the presets change perplexity in {order} ({pairs}): "
+        f"{min(ratios):.2f} to {max(ratios):.2f} times vLLM's changes. Compressing every layer instead gives a larger "
+        f"change for {len(helped)} of {len(full)} presets" + (f" ({', '.join(helped)})" if helped else "") + ". "
+        f"With boundary layers, greedy text stays identical to bf16's for {prefixes[0]['greedy_identical_prefix']} "
+        f"({short(prefixes[0]['preset'])}) to {prefixes[-1]['greedy_identical_prefix']} "
+        f"({short(prefixes[-1]['preset'])}) of {len(prefixes[0]['generated'])} tokens. "
+        "The two sets of numbers are not a like-for-like comparison: vLLM's come from another, larger model on "
+        "other text, through its own GPU kernels; these come from a 135M-parameter model whose weights are "
+        f"themselves 4-bit (perplexity {bf16['perplexity']:.3f} with a bf16 cache), on a license text that is "
+        f"common in training data, with {context}-token contexts.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,21 +393,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="64 tokens of perplexity and generation (a test)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="where QUALITY.md and quality.json go")
-    parser.add_argument("--jobs", type=int, default=2, help="processes running configurations (default 2)")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="processes running configurations (default 2; 1: in this process)")
+    parser.add_argument("--render", action="store_true",
+                        help="rewrite <out>/QUALITY.md from <out>/quality.json, measuring nothing")
     parser.add_argument("--install-only", action="store_true", help="install the packages and stop")
     args = parser.parse_args(argv)
 
+    if args.render:
+        (args.out / "QUALITY.md").write_text(markdown(json.loads((args.out / "quality.json").read_text())))
+        return 0
     ensure_environment()
     if args.install_only:
         return 0
     import_tqdecode()
     import torch
 
-    torch.set_num_threads(1)  # before any parallel region: the workers are forked
+    if args.jobs > 1:
+        torch.set_num_threads(1)  # before any parallel region: the workers are forked
     sizes = QUICK if args.quick else FULL
+    started = environment(argv)  # the commit and files as the measurement starts
     tokenizer, model = load_model()
-    report = evaluate(model, tokenizer, sizes, args.jobs)
-    report["environment"] = environment(argv)
+    report = {**evaluate(model, tokenizer, sizes, args.jobs), "environment": started}
     write_report(report, args.out)
     print(markdown(report))
     return 0

@@ -249,7 +249,7 @@ class RealModelTest(unittest.TestCase):
 
     def test_quick_run_writes_the_table(self):
         with tempfile.TemporaryDirectory() as out:
-            self.assertEqual(quality_eval.main(["--quick", "--out", out]), 0)
+            self.assertEqual(quality_eval.main(["--quick", "--jobs", "1", "--out", out]), 0)
             report = __import__("json").loads((Path(out) / "quality.json").read_text())
             text = (Path(out) / "QUALITY.md").read_text()
         results = report["results"]

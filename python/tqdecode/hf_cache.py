@@ -92,10 +92,11 @@ class TQDecodeLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Hands ``key_states``/``value_states`` ``[B, Hk, q, D]`` to the next
         ``"tqdecode"`` attention call, which stores them; returns them as they are."""
-        if getattr(_pending, "layer", None) is not None:
+        if self.pending is not None:
             raise RuntimeError(
-                "tqdecode: a compressed layer's keys and values were never stored: the model's attention "
-                f"implementation must be {ATTENTION_NAME!r} (call tqdecode.hf_cache.use_tqdecode_attention(model))")
+                "tqdecode: this layer's previous keys and values were never stored: the model's attention "
+                f"implementation must be {ATTENTION_NAME!r} (tqdecode.hf_cache.use_tqdecode_attention(model)), and a "
+                "forward that failed midway leaves the cache inconsistent (start a new one)")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != self.seq_lens.shape[0]:
