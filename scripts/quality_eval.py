@@ -7,7 +7,7 @@ loaded by transformers through gguf) on the GPL-3 text Debian ships
 tqdecode.hf_cache.TQDecodeCache for every preset, with and without bf16
 boundary layers. For each it measures, through the decode path:
 
-- perplexity over 2048 tokens (two sequences of 1024 run as a batch),
+- perplexity over 2048 tokens (four sequences of 512 run as a batch),
   teacher-forced one token per step through the cache (the first token is the
   prefill; every prediction is a decode step);
 - agreement of 256 greedily generated tokens (model.generate after a
@@ -58,7 +58,7 @@ BOUNDARY_LAYERS = 2
 VLLM_PPL_CHANGE_PCT = {"turboquant_k8v4": 1.17, "turboquant_4bit_nc": 2.71, "turboquant_k3v4_nc": 10.63,
                        "turboquant_3bit_nc": 20.59}
 # Perplexity over `tokens` tokens in `rows` sequences of equal length (a batch).
-FULL = {"tokens": 2048, "rows": 2, "prompt_tokens": 512, "generate": 256}
+FULL = {"tokens": 2048, "rows": 4, "prompt_tokens": 512, "generate": 256}
 QUICK = {"tokens": 64, "rows": 2, "prompt_tokens": 32, "generate": 64}
 
 

@@ -94,6 +94,17 @@ def tiny_model(seed=0, layers=4):
     return model
 
 
+def left_padded(prompts):
+    """(input_ids, attention_mask) of ``prompts`` padded on the left, as a tokenizer pads for generation."""
+    width = max(map(len, prompts))
+    batch = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for b, prompt in enumerate(prompts):
+        batch[b, width - len(prompt):] = torch.tensor(prompt)
+        mask[b, width - len(prompt):] = 1
+    return batch, mask
+
+
 def step_logits(model, tokens, cache):
     """Logits [len(tokens) - 1, V]: one token per forward through the cache."""
     out = []
@@ -148,11 +159,7 @@ class TinyModelTest(unittest.TestCase):
         decodes exactly as a fresh store of the same (unpadded) keys and values,
         and close to exact attention over them."""
         lengths = [37, 21]
-        batch = torch.zeros((2, 37), dtype=torch.long)
-        mask = torch.zeros((2, 37), dtype=torch.long)
-        for b, n in enumerate(lengths):
-            batch[b, 37 - n:] = torch.tensor(self.tokens[:n])
-            mask[b, 37 - n:] = 1
+        batch, mask = left_padded([self.tokens[:n] for n in lengths])
         for preset, min_cosine in (("turboquant_4bit_nc", 0.99), ("turboquant_k8v4", 0.99), ("turboquant_3bit_nc", 0.95)):
             with self.subTest(preset=preset):
                 cache = TQDecodeCache(self.model.config, preset=preset, boundary_layers=0, block_size=16)
@@ -191,11 +198,7 @@ class TinyModelTest(unittest.TestCase):
         lengths = [30, 17]
         prompts = [self.tokens[:n] for n in lengths]
         follow = [[5, 6], [7, 8, 9, 10]]  # one decode step, then a 3-token chunk
-        batch = torch.zeros((2, 30), dtype=torch.long)
-        mask = torch.zeros((2, 30), dtype=torch.long)
-        for b, p in enumerate(prompts):
-            batch[b, 30 - len(p):] = torch.tensor(p)
-            mask[b, 30 - len(p):] = 1
+        batch, mask = left_padded(prompts)
         cache = TQDecodeCache(self.model.config, boundary_layers=0, block_size=16)
         backend = ExactBackend(cache)
         with backend.patch(), torch.inference_mode():
