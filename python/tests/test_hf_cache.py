@@ -262,7 +262,9 @@ class RealModelTest(unittest.TestCase):
         self.assertEqual((bf16["ppl_change_pct"], bf16["greedy_matching"], bf16["top1_agreement"]), (0.0, 64, 1.0))
         for result in results[1:]:
             self.assertTrue(math.isfinite(result["perplexity"]))
-            self.assertLess(abs(result["ppl_change_pct"]), 50.0, result["name"])  # 64 tokens: loose
+            # Loose on 64 tokens; a cache that decodes garbage multiplies perplexity many times over.
+            self.assertLess(result["perplexity"], 2 * bf16["perplexity"], result["name"])
+            self.assertGreater(result["top1_agreement"], 0.5, result["name"])
             self.assertEqual(len(result["generated"]), 64)
             self.assertIn(f"| {result['name']} | {result['perplexity']:.4f} |", text)
 
