@@ -3,17 +3,32 @@
 GPU, merge them, evaluate the performance targets, and write DIR/results.json
 and DIR/RESULTS.md (plus each program's JSON and log).
 
-    python3 bench/run_bench.py --build build --out DIR [--quick]
+    python3 bench/run_bench.py --build build --out DIR [--quick] [--shapes A,B]
+    python3 bench/run_bench.py --dry-run [--quick] [--shapes A,B]   (no GPU)
+
+The primary numbers are single steps: one decode per CUDA-graph replay, the
+L2 flushed before each, every layer with its own cache and constants,
+against an empty-op floor timed the same way; back-to-back throughput is a
+secondary column, and the engine-like step (16 layers, a 128 MiB weight GEMM
+before each attention) gives the cost per layer. tqdecode_bench.cu and
+bf16_baseline.py describe the method; results.json records it.
+
+It builds the tqdecode_bench target in --build first (configuring that
+directory if it has no CMakeCache.txt), so the binary measured is the working
+tree's. A program that dies mid-run is started again for the shapes after the
+one it died on (at most --restarts times); the one it died on is recorded as
+an error naming the log. Every number in the outputs comes from the two
+programs; this script only combines them.
+
+--dry-run prints the plan (shapes, instances, bytes, an estimate of the GPU
+time), checks that every target and README row names a shape, and, where
+--build holds a tqdecode_bench binary, that its plan agrees with this one
+(the same lengths, bytes and instance counts) and its --self-check passes.
 
 On a machine that runs a copy of the working tree whose git metadata may be
 stale, pass --commit. A run recorded under the wrong commit is corrected with
 --relabel-commit SHA --out DIR: it merges the programs' JSON already in DIR
 again under SHA, keeping the run's date, command and driver, and says so.
-
-It builds the tqdecode_bench target in --build first (configuring that
-directory if it has no CMakeCache.txt), so the binary measured is the working
-tree's. Every number in the outputs comes from the two programs; this script
-only combines them.
 """
 import argparse
 import datetime
@@ -23,20 +38,77 @@ import subprocess
 import sys
 from pathlib import Path
 
+import shape_plan
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 
-# The performance issue's targets, keyed by (B, L) for the headline config.
-LARGE = {(16, 32768), (64, 8192), (128, 4096), (32, 131072)}
-LATENCY_US = {(1, 4096): 10.0, (1, 32768): 16.0}
-HEADLINE = {"preset": "turboquant_4bit_nc", "Hq": 64, "Hk": 8, "D": 128, "block_size": 16}
-REFERENCE_BL = (16, 32768)
+HEADLINE = "b16_l32768_g8_bs16_4bit_nc"
+
+# The performance targets, evaluated on the single-step numbers of the
+# automatic path (the engine-like ones on the cost per layer).
+# (shape, metric, comparison, threshold, source)
+TARGETS = [
+    *[(name, metric, ">=", value, "issue 29")
+      for name in (HEADLINE, "b64_l8192_g8_bs16_4bit_nc", "b128_l4096_g8_bs16_4bit_nc", "b32_l131072_g8_bs16_4bit_nc")
+      for metric, value in (("frac_of_read", 0.88), ("speedup_vs_bf16", 3.4))],
+    *[(name, metric, ">=", value, "issue 29")
+      for name in ("b16_l32768_hq16_hk2_d128_bs16_4bit_nc", "b16_l32768_hq8_hk1_d128_bs16_4bit_nc",
+                   "b64_l8192_hq16_hk2_d128_bs16_4bit_nc", "b64_l8192_hq8_hk1_d128_bs16_4bit_nc")
+      for metric, value in (("frac_of_read", 0.80), ("speedup_vs_bf16", 3.0))],
+    ("b1_l4096_g8_bs16_4bit_nc", "engine_us_per_layer", "<=", 9.0, "issue 29"),
+    ("b1_l32768_g8_bs16_4bit_nc", "engine_us_per_layer", "<=", 13.0, "issue 29"),
+    ("b16_l4096_g8_bs16_4bit_nc", "engine_us_per_layer", "<=", 19.0, "issue 29"),
+    ("b16_l32768_g8_bs16_k3v4_nc", "frac_of_read", ">=", 0.75, "issue 29"),
+    ("b16_l32768_g8_bs16_3bit_nc", "frac_of_read", ">=", 0.75, "issue 29"),
+    ("b16_l32768_g8_bs16_k8v4", "frac_of_read", ">=", 0.85, "issue 29"),
+    *[(name, metric, ">=", value, "issue 28")
+      for name in ("b16_l32768_hq12_hk2_d256_bs16_4bit_nc", "b16_l16384_hq32_hk4_d256_bs16_4bit_nc",
+                   "b16_l32768_hq32_hk8_d64_bs16_4bit_nc")
+      for metric, value in (("frac_of_read", 0.75), ("speedup_vs_bf16", 2.8))],
+    ("b16_l8192_hq9_hk3_d64_bs16_4bit_nc", "speedup_vs_bf16", ">=", 1.8, "issue 28"),
+    *[(f"b16_l32768_hq12_hk2_d256_bs16_{preset}", "frac_of_read", ">=", 0.65, "issue 28")
+      for preset in ("k3v4_nc", "3bit_nc", "k8v4")],
+    (HEADLINE, "us_vs_reference", "<=", 1.02, "issue 28"),
+]
+METRIC_TEXT = {
+    "frac_of_read": "single step, fraction of the read ceiling",
+    "speedup_vs_bf16": "single step, bf16 / tqdecode",
+    "engine_us_per_layer": "engine-like cost per layer (us)",
+    "us_vs_reference": "single step / the --reference-results run's (D 128 not slower)",
+}
+
+# The README's table: (shape, request, label), single-step numbers.
+README_ROWS = [
+    (HEADLINE, "automatic", "(16, 32768)"),
+    ("b32_l131072_g8_bs16_4bit_nc", "automatic", "(32, 131072)"),
+    ("b64_l8192_g8_bs16_4bit_nc", "automatic", "(64, 8192)"),
+    ("b128_l4096_g8_bs16_4bit_nc", "automatic", "(128, 4096)"),
+    ("b16_l4096_g8_bs16_4bit_nc", "automatic", "(16, 4096)"),
+    ("b4_l8192_g8_bs16_4bit_nc", "automatic", "(4, 8192)"),
+    ("b1_l4096_g8_bs16_4bit_nc", "automatic", "(1, 4096)"),
+    ("b1_l32768_g8_bs16_4bit_nc", "automatic", "(1, 32768)"),
+    ("b16_l32768_g8_bs16_4bit_nc_ragged_mml131072_peaked", "automatic",
+     "(16, 32768) ragged lengths, 131072-token tables, peaked scores"),
+    ("b16_l32768_g16_bs16_4bit_nc", "automatic", "(16, 32768) group 16 (Hq 128)"),
+    ("b16_l32768_g8_bs16_k3v4_nc", "automatic", "(16, 32768) turboquant_k3v4_nc"),
+    ("b16_l32768_g8_bs16_3bit_nc", "automatic", "(16, 32768) turboquant_3bit_nc"),
+    ("b16_l32768_g8_bs16_k8v4", "automatic", "(16, 32768) turboquant_k8v4"),
+    ("b16_l32768_hq12_hk2_d256_bs16_4bit_nc", "automatic", "(16, 32768) Hq 12, Hk 2, D 256"),
+    ("b16_l32768_hq32_hk8_d64_bs16_4bit_nc", "automatic", "(16, 32768) Hq 32, Hk 8, D 64"),
+    (HEADLINE, "cuda_generic", "(16, 32768), generic path (tensor-core kernel)"),
+    (HEADLINE, "cuda_generic_scalar", "(16, 32768), generic path (scalar kernel)"),
+]
+
+PROGRAM_STARTUP_S = {"tqdecode_bench": 3.0, "bf16_baseline": 15.0}  # context, ceilings / torch import, cuDNN load
 
 
-def run_logged(command, log_path, echo=True):
+# ------------------------------------------------------------ processes ----
+
+def run_logged(command, log_path, echo=True, mode="w"):
     """Runs `command`, saving its output to `log_path` (and echoing it); returns the exit code."""
     print("+", shlex.join(str(c) for c in command), f"  (log: {log_path})", flush=True)
-    with open(log_path, "w") as log:
+    with open(log_path, mode) as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         for line in process.stdout:
             if echo:
@@ -85,91 +157,204 @@ def build(build_dir, out_dir):
 
 def load_json(path):
     try:
-        return json.loads(path.read_text())
+        return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
 
 
-def config_key(record):
-    return tuple(record[k] for k in ("preset", "B", "L", "Hq", "Hk", "D", "block_size", "request"))
+def run_program(label, command, names, out_dir, restarts):
+    """Runs `command --json PART --shapes ...` until every shape in `names` ran, starting it again after a crash
+    for the shapes after the one it died on. Returns (parts, failures, crashed): the JSON documents, the
+    (label, log) of failed runs, and {shape: error} for shapes a process died on without recording them."""
+    log = out_dir / f"{label}.log"
+    log.unlink(missing_ok=True)
+    parts, failures, crashed = [], [], {}
+    remaining = list(names)
+    for attempt in range(restarts + 1):
+        part = out_dir / (f"{label}.json" if attempt == 0 else f"{label}.part{attempt}.json")
+        part.unlink(missing_ok=True)  # never merge a previous run's numbers
+        code = run_logged([*command, "--json", part, "--shapes", ",".join(remaining)], log, mode="a")
+        document = load_json(part)
+        if document:
+            parts.append(document)
+        if code != 0:
+            failures.append((f"{label} (exit status {code}, attempt {attempt + 1})", str(log)))
+        if code in (0, 1) or not document:
+            break  # finished (1: some shapes failed, each recorded), or died before it wrote anything
+        done = {r["name"] for r in document.get("records", [])}
+        stopped_at = document.get("in_progress")
+        if stopped_at and stopped_at not in done:
+            crashed[stopped_at] = f"{label} died (exit status {code}) while measuring this shape; see {log}"
+        remaining = [n for n in remaining if n not in done and n != stopped_at]
+        if not remaining:
+            break
+        print(f"run_bench: {label} stopped at {stopped_at} (exit status {code}); starting it again for the "
+              f"{len(remaining)} shapes after it", flush=True)
+    return parts, failures, crashed
 
 
-def is_headline(record, **overrides):
-    want = {**HEADLINE, **overrides}
-    return all(record[k] == v for k, v in want.items())
+# ---------------------------------------------------------------- merge ----
+
+def first_of(parts, key):
+    return next((p[key] for p in parts if p.get(key) is not None), None)
 
 
-def evaluate(record, by_key):
-    """The issue's targets that apply to this record: [(target text, met: bool or None)].
-    Ratios print with three decimals, so a miss never shows as its threshold."""
-    bl = (record["B"], record["L"])
-    automatic = record["request"] == "automatic"
-    targets = []
-    if record.get("tq_us") is None:
-        return targets
-    frac = record["tq_tbps"] / record["read_tbps"]
-    if automatic and is_headline(record) and bl in LARGE:
-        targets.append((f"tq_tbps >= 0.8 x read ({frac:.3f})", frac >= 0.8))
-        speedup = record.get("speedup_vs_bf16")
-        targets.append((f"speedup >= 3.0 ({speedup:.3f})" if speedup else "speedup >= 3.0 (no bf16 time)",
-                        speedup >= 3.0 if speedup else None))
-    if automatic and is_headline(record) and bl in LATENCY_US:
-        limit = LATENCY_US[bl]
-        targets.append((f"tq_us <= {limit:g} ({record['tq_us']:.2f})", record["tq_us"] <= limit))
-    if automatic and bl == REFERENCE_BL and record["preset"] == HEADLINE["preset"] and not is_headline(record):
-        reference = by_key.get(config_key({**record, **HEADLINE}))
-        if reference and reference.get("tq_tbps"):
-            ratio = record["tq_tbps"] / reference["tq_tbps"]
-            targets.append((f"tq_tbps >= 0.9 x g8/bs16 ({ratio:.3f})", ratio >= 0.9))
-        else:
-            targets.append(("tq_tbps >= 0.9 x g8/bs16 (no reference)", None))
-    generic_headline = record["request"] == "cuda_generic" and is_headline(record)
-    other_preset = automatic and record["preset"] != HEADLINE["preset"] and is_headline(record, preset=record["preset"])
-    if bl == REFERENCE_BL and (generic_headline or other_preset):
-        targets.append((f"tq_tbps >= 0.6 x read ({frac:.3f})", frac >= 0.6))
-    return targets
+def single_us(record):
+    return (record.get("single") or {}).get("median_us")
 
 
-def merge(tq, bf16, commit):
-    bf16_by_name = {r["name"]: r for r in (bf16 or {}).get("records", [])}
+def merge(tq_parts, bf16_parts, shapes, crashed, commit):
+    """One record per (shape, request) with the bf16 numbers beside, and one engine row per engine-like shape."""
+    ceilings = first_of(tq_parts, "ceilings") or {}
+    read = ceilings.get("read_tbps")
+    bf16_by_name = {r["name"]: r for p in bf16_parts for r in p.get("records", [])}
+    by_name = {s["name"]: s for s in shapes}
+    tq_records = [r for p in tq_parts for r in p.get("records", [])]
+    for name, error in crashed.get("tqdecode_bench", {}).items():
+        tq_records.append({"name": name, "status": "error", "request": "", "error": error})
     records = []
-    for r in (tq or {}).get("records", []):
+    for r in tq_records:
+        shape = by_name.get(r["name"], {})
+        plan = shape_plan.tq_plan(shape) if shape else {}
         b = bf16_by_name.get(r["name"], {})
-        bf16_us = b.get("best_us")
-        merged = {
-            "name": r["name"], "preset": r["preset"], "B": r["B"], "L": r["L"], "Hq": r["Hq"], "Hk": r["Hk"],
-            "D": r["D"], "block_size": r["block_size"], "request": r["request"], "path": r["path"],
-            "kernel": r.get("kernel", ""),
-            "instances": r["instances"], "partitions": r["partitions"],
-            "tq_us": r["tq_us"], "bf16_us": bf16_us, "bf16_impl": b.get("best_impl"),
-            "copy_tbps": r["copy_tbps"], "read_tbps": r["read_tbps"], "tq_tbps": r["tq_tbps"],
-            "frac_of_read": r["frac_of_read"], "bf16_tbps": b.get("best_tbps"),
-            "speedup_vs_bf16": bf16_us / r["tq_us"] if bf16_us and r["tq_us"] else None,
-            "bytes": r["bytes"], "bf16_bytes": b.get("bytes"),
-            "nonfinite_outputs": r["nonfinite_outputs"], "max_abs_diff_vs_automatic": r["max_abs_diff_vs_automatic"],
-            "commit": commit, "gpu": r["gpu"], "driver": r["driver"], "error": r["error"],
-        }
-        records.append(merged)
-    by_key = {config_key(r): r for r in records}
-    for r in records:
-        r["targets"] = [{"target": text, "met": met} for text, met in evaluate(r, by_key)]
-    return records
+        if r["name"] in crashed.get("bf16_baseline", {}):
+            b = {"status": "error", "error": crashed["bf16_baseline"][r["name"]]}
+        tq_us = single_us(r) if r.get("status") == "ok" else None
+        bf16_us = b.get("best_us") if b.get("status") == "ok" else None
+        error = r.get("error")
+        if bf16_us is not None and r.get("tokens") is not None and b.get("tokens") != r.get("tokens"):
+            error = (error + "; " if error else "") + (f"the programs' lengths differ ({r['tokens']} tokens against "
+                                                       f"{b.get('tokens')}): no bf16 comparison")
+            bf16_us = None
+        bf16_b2b = b.get("back_to_back_us") if bf16_us is not None else None
+        records.append({
+            **{k: shape.get(k) for k in ("preset", "B", "L", "Hq", "Hk", "D", "block_size", "lengths", "max_model_len",
+                                         "scores", "q_len", "tp")},
+            "name": r["name"], "status": r.get("status"), "request": r.get("request", ""), "path": r.get("path", ""),
+            "kernel": r.get("kernel", ""), "reason": r.get("reason", ""), "partitions": r.get("partitions"),
+            "tokens": r.get("tokens", plan.get("tokens")), "bytes": r.get("bytes", plan.get("bytes")),
+            "layers": r.get("layers"), "back_to_back_instances": r.get("back_to_back_instances"),
+            "tq_us": tq_us, "tq_us_min": (r.get("single") or {}).get("min_us"), "tq_us_max": (r.get("single") or {}).get("max_us"),
+            "tq_tbps": r.get("tq_tbps"), "frac_of_read": r.get("frac_of_read"), "read_tbps": read,
+            "back_to_back_us": r.get("back_to_back_us"),
+            "bf16_us": bf16_us, "bf16_impl": b.get("best_impl") if bf16_us is not None else None,
+            "bf16_bytes": b.get("bytes"),
+            "bf16_frac_of_read": b["bytes"] / (bf16_us * 1e-6) / 1e12 / read if bf16_us and read else None,
+            "bf16_back_to_back_us": bf16_b2b,
+            "speedup_vs_bf16": bf16_us / tq_us if bf16_us and tq_us else None,
+            "back_to_back_speedup": bf16_b2b / r["back_to_back_us"] if bf16_b2b and r.get("back_to_back_us") else None,
+            "nonfinite_outputs": r.get("nonfinite_outputs"), "max_abs_diff_vs_automatic": r.get("max_abs_diff_vs_automatic"),
+            "bf16_error": b.get("error") if b.get("status") != "ok" else None,
+            "commit": commit, "error": error,
+        })
+    engine = []
+    for e in (e for p in tq_parts for e in p.get("engine", [])):
+        shape = by_name.get(e["name"], {})
+        be = (bf16_by_name.get(e["name"]) or {}).get("engine") or {}
+        tq_layer = e.get("per_layer_us") if e.get("status") == "ok" else None
+        bf16_layer = be.get("per_layer_us") if be.get("status") == "ok" else None
+        engine.append({
+            "name": e["name"], "B": shape.get("B"), "L": shape.get("L"), "layers": e.get("layers"),
+            "tq_per_layer_us": tq_layer, "tq_floor_per_layer_us": e.get("floor_per_layer_us"),
+            "tq_gemms_us": (e.get("gemms") or {}).get("median_us"), "tq_step_us": (e.get("step") or {}).get("median_us"),
+            "bf16_per_layer_us": bf16_layer, "bf16_floor_per_layer_us": be.get("floor_per_layer_us"),
+            "bf16_gemms_us": (be.get("gemms") or {}).get("median_us"), "bf16_step_us": (be.get("step") or {}).get("median_us"),
+            "bf16_impl": (bf16_by_name.get(e["name"]) or {}).get("best_impl"),
+            "speedup_vs_bf16": bf16_layer / tq_layer if bf16_layer and tq_layer else None,
+            "error": "; ".join(filter(None, (e.get("error"), be.get("error") if be.get("status") == "error" else None))) or None,
+        })
+    return records, engine
 
 
-def fmt(value, spec):
-    return "-" if value is None else format(value, spec)
+def automatic(records, name):
+    return next((r for r in records if r["name"] == name and r["request"] == "automatic" and r["status"] == "ok"), None)
 
 
-def targets_cell(record):
-    parts = []
-    for t in record["targets"]:
-        word = {True: "met", False: "MISSED", None: "unknown"}[t["met"]]
-        parts.append(f"{word}: {t['target']}")
-    return "; ".join(parts) if parts else "-"
+def evaluate(records, engine, selected, reference):
+    """One row per target whose shape ran: measured value and met (True / False / None: unknown)."""
+    rows = []
+    for name, metric, comparison, threshold, source in TARGETS:
+        if name not in selected:
+            continue
+        record, note = automatic(records, name), None
+        measured = None
+        if metric == "engine_us_per_layer":
+            row = next((e for e in engine if e["name"] == name), None)
+            measured = row and row["tq_per_layer_us"]
+        elif metric == "us_vs_reference":
+            earlier = automatic(reference["records"], name) if reference else None
+            if earlier and record and earlier.get("tq_us"):
+                measured = record["tq_us"] / earlier["tq_us"]
+                note = f"reference {earlier['tq_us']:.2f} us at {reference.get('commit', '?')}"
+            else:
+                note = "needs --reference-results (a single-step results.json of the earlier commit)"
+        elif record:
+            measured = record.get(metric)
+        met = None if measured is None else (measured >= threshold if comparison == ">=" else measured <= threshold)
+        rows.append({"shape": name, "metric": metric, "comparison": comparison, "threshold": threshold,
+                     "measured": measured, "met": met, "source": source, "note": note})
+    return rows
 
 
-def write_markdown(path, meta, tq, bf16, records):
-    ceilings = (tq or {}).get("ceilings", {})
+def load_reference(path):
+    if not path:
+        return None
+    document = load_json(path)
+    if not document or (document.get("method") or {}).get("primary") != "single step":
+        sys.exit(f"run_bench: --reference-results {path} is not a single-step results.json of this benchmark")
+    return document
+
+
+# ------------------------------------------------------------- markdown ----
+
+def fmt(value, spec, suffix=""):
+    return "-" if value is None else format(value, spec) + suffix
+
+
+def percent(value):
+    return fmt(None if value is None else 100 * value, ".1f", " %")
+
+
+# metric: (scale, unit, threshold format, measured format)
+METRIC_FORMAT = {"frac_of_read": (100, " %", ".0f", ".2f"), "speedup_vs_bf16": (1, "x", ".1f", ".3f"),
+                 "engine_us_per_layer": (1, " us", "g", ".2f"), "us_vs_reference": (1, "", "g", ".3f")}
+
+
+def metric_text(metric, value, which):
+    """A threshold (which=2) or a measured value (which=3) of `metric`, with its unit."""
+    if value is None:
+        return "-"
+    scale, unit = METRIC_FORMAT[metric][:2]
+    return format(scale * value, METRIC_FORMAT[metric][which]) + unit
+
+
+def method_lines(meta):
+    tq_method, bf16_method = meta.get("tq_method") or {}, meta.get("bf16_method") or {}
+    flush = tq_method.get("l2_flush") or {}
+    tq_floor, bf16_floor = meta.get("tq_floor") or {}, meta.get("bf16_floor") or {}
+    return [
+        "Method. **Single step** (the primary numbers): every shape has several layers, each with its own cache "
+        "region, block table, query, output, PiT and centroids (distinct constants; fp8 keys have none); each "
+        "layer's decode is its own CUDA graph holding one decode call (programmatic dependent launch as the "
+        f"library configures it); before every timed replay the L2 is flushed on the same stream ({flush.get('kind', '?')} "
+        f"of {fmt((flush.get('bytes') or 0) / 2**20 or None, '.0f')} MiB, outside the timed events); replays cycle "
+        "through the layers; median of at least 30. **Floor**: one empty op per replay timed the same way: "
+        f"{fmt(tq_floor.get('median_us'), '.2f')} us (tqdecode_bench, an empty kernel), "
+        f"{fmt(bf16_floor.get('median_us'), '.2f')} us (bf16_baseline, an op on a one-element tensor). "
+        "**bf16**: the fastest PyTorch implementation on the same logical K/V (contiguous; SDPA backends for uniform "
+        "lengths, FlashAttention varlen for ragged ones), measured the same way. **Back-to-back (throughput)**, "
+        "secondary: R decodes in one graph over >= 1 GiB of layers, median replay / R, no flush. **Engine-like**: "
+        "16 layers in one graph, each a cuBLAS bf16 GEMM [B, 8192] x [8192, 8192] over its own 128 MiB of weights "
+        "then its attention; cost per layer = (step - GEMMs alone) / 16; floor = (GEMMs with an empty op - GEMMs "
+        "alone) / 16. % read: (cache + query + output bytes) / time, of the measured read ceiling. Ragged lengths: "
+        "L/4 + a seeded draw from [0, 3L/2]; peaked scores: 8 planted keys per (sequence, kv head) scoring 3, 6, "
+        "..., 24 for the group's first query head (bench/bench_inputs.hpp).",
+        "",
+    ]
+
+
+def write_markdown(path, meta, records, engine, targets, bf16_parts):
+    ceilings = meta.get("ceilings") or {}
     lines = [
         "# tqdecode benchmark results",
         "",
@@ -183,97 +368,296 @@ def write_markdown(path, meta, tq, bf16, records):
         f"- ceilings: device-to-device copy {fmt(ceilings.get('copy_tbps'), '.3f')} TB/s (read+write bytes), "
         f"read-only stream {fmt(ceilings.get('read_tbps'), '.3f')} TB/s (median of {ceilings.get('reps', '-')} reps)",
         "",
-        "tq_us: one whole decode step (rotation + partitions + reduce), median of CUDA-graph replays / R "
-        "instances rotated over >= 1 GiB; tq TB/s: (cache + query + output bytes) / tq_us; bf16_us: fastest "
-        "PyTorch bf16 implementation on the same logical shape (contiguous K/V), timed the same way.",
-        "",
-        "| shape | request | path | R | N | tq_us | tq TB/s | % read | bf16_us | bf16 impl | speedup | targets |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *method_lines(meta),
     ]
+    met = sum(t["met"] is True for t in targets)
+    missed = sum(t["met"] is False for t in targets)
+    unknown = sum(t["met"] is None for t in targets)
+    lines += [f"## Targets: {met} met, {missed} MISSED, {unknown} unknown (of {len(targets)})", "",
+              "| shape | metric | threshold | measured | result | source |", "|---|---|---|---|---|---|"]
+    for t in targets:
+        word = {True: "met", False: "MISSED", None: "unknown"}[t["met"]]
+        lines.append(f"| {t['shape']} | {METRIC_TEXT[t['metric']]} | {t['comparison']} {metric_text(t['metric'], t['threshold'], 2)} | "
+                     f"{metric_text(t['metric'], t['measured'], 3)} | "
+                     f"{word}{' (' + t['note'] + ')' if t['note'] else ''} | {t['source']} |")
+    lines.append("")
+
+    by_key = {(r["name"], r["request"]): r for r in records}
+    readme = [(label, by_key.get((name, request))) for name, request, label in README_ROWS]
+    readme = [(label, r) for label, r in readme if r and r["status"] == "ok"]
+    if readme:
+        lines += ["## README table (single step)", "",
+                  "| (B, context) | tqdecode | bf16 | speedup | % of read bandwidth | back-to-back (throughput) |",
+                  "|---|---|---|---|---|---|"]
+        for label, r in readme:
+            lines.append(f"| {label} | {fmt(r['tq_us'], '.1f', ' us')} | {fmt(r['bf16_us'], '.1f', ' us')} | "
+                         f"{fmt(r['speedup_vs_bf16'], '.2f', 'x')} | {percent(r['frac_of_read'])} | "
+                         f"{fmt(r['back_to_back_us'], '.1f', ' us')} |")
+        lines.append("")
+
+    if engine:
+        lines += ["## Engine-like step (16 layers, a 128 MiB weight GEMM before each attention)", "",
+                  "| (B, L) | GEMMs alone | tqdecode per layer | bf16 per layer | speedup | empty op per layer "
+                  "(tqdecode_bench / bf16_baseline) | bf16 impl |", "|---|---|---|---|---|---|---|"]
+        for e in engine:
+            lines.append(f"| ({e['B']}, {e['L']}) | {fmt(e['tq_gemms_us'], '.1f', ' us')} | "
+                         f"{fmt(e['tq_per_layer_us'], '.2f', ' us')} | {fmt(e['bf16_per_layer_us'], '.2f', ' us')} | "
+                         f"{fmt(e['speedup_vs_bf16'], '.2f', 'x')} | {fmt(e['tq_floor_per_layer_us'], '.2f', ' us')} / "
+                         f"{fmt(e['bf16_floor_per_layer_us'], '.2f', ' us')} | {e['bf16_impl'] or '-'} |"
+                         + (f" {e['error']}" if e["error"] else ""))
+        lines.append("")
+
+    shards = sorted((r for r in records if r["tp"] and r["request"] == "automatic"),
+                    key=lambda r: (r["tp"], -r["B"] * r["L"], r["B"]))
+    if shards:
+        lines += ["## Tensor-parallel shards of the 64/8-head model (per GPU)", "",
+                  "| per GPU (B, L, Hq, Hk) | TP | single step | % of read ceiling | bf16 | speedup |",
+                  "|---|---|---|---|---|---|"]
+        for r in shards:
+            lines.append(f"| {r['B']}, {r['L']}, {r['Hq']}, {r['Hk']} | {r['tp']} | {fmt(r['tq_us'], '.1f', ' us')} | "
+                         f"{percent(r['frac_of_read'])} | {fmt(r['bf16_us'], '.1f', ' us')} | "
+                         f"{fmt(r['speedup_vs_bf16'], '.2f', 'x')} |")
+        lines.append("")
+
+    lines += ["## Every shape (single step; back-to-back as the secondary column)", "",
+              "| shape | request | path | N | layers | tq us (min-max) | % read | bf16 us | bf16 impl | speedup | "
+              "back-to-back (throughput) tq us | back-to-back bf16 us |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-        if r["error"]:
+        if r["status"] == "not supported yet":
+            lines.append(f"| {r['name']} | - | not supported yet (q_len {r['q_len']}: the varlen entry) | | | | | | | | | |")
+            continue
+        if r["status"] != "ok":
             lines.append(f"| {r['name']} | {r['request'] or '-'} | ERROR | | | | | | | | | {r['error']} |")
             continue
         lines.append(
-            f"| {r['name']} | {r['request']} | {' '.join(filter(None, (r['path'], r['kernel'])))} | {r['instances']} | {r['partitions']} | "
-            f"{fmt(r['tq_us'], '.2f')} | {fmt(r['tq_tbps'], '.3f')} | {fmt(r['frac_of_read'] and 100 * r['frac_of_read'], '.1f')} | "
-            f"{fmt(r['bf16_us'], '.2f')} | {r['bf16_impl'] or '-'} | {fmt(r['speedup_vs_bf16'], '.2f')} | "
-            f"{targets_cell(r)} |")
-    all_targets = [t for r in records for t in r["targets"]]
-    met = sum(t["met"] is True for t in all_targets)
-    missed = sum(t["met"] is False for t in all_targets)
-    unknown = sum(t["met"] is None for t in all_targets)
-    lines += ["", f"Targets: {met} met, {missed} missed, {unknown} unknown (of {len(all_targets)}).", ""]
-    lines += [
-        "Targets (from the performance issue; evaluated on the automatic path unless stated): "
-        "(16,32768), (64,8192), (128,4096), (32,131072): tq TB/s >= 0.8 x read ceiling and speedup >= 3.0; "
-        "(1,4096): tq_us <= 10; (1,32768): tq_us <= 16; group 4 / 16 and block 32 at (16,32768): tq TB/s >= 0.9 x "
-        "the group-8 / block-16 record; other presets (automatic) and the 4bit_nc generic path (request cuda_generic, "
-        "its best kernel for the device) at (16,32768): tq TB/s >= 0.6 x read ceiling. cuda_generic_scalar: the "
-        "generic path's scalar kernel, for comparison.",
-        "",
-    ]
-    checks = [r for r in records if not r["error"] and (r["nonfinite_outputs"] or r["max_abs_diff_vs_automatic"])]
+            f"| {r['name']} | {r['request']} | {' '.join(filter(None, (r['path'], r['kernel'])))} | {r['partitions']} | "
+            f"{r['layers']} | {fmt(r['tq_us'], '.2f')} ({fmt(r['tq_us_min'], '.1f')}-{fmt(r['tq_us_max'], '.1f')}) | "
+            f"{percent(r['frac_of_read'])} | {fmt(r['bf16_us'], '.2f')} | {r['bf16_impl'] or '-'} | "
+            f"{fmt(r['speedup_vs_bf16'], '.2f', 'x')} | {fmt(r['back_to_back_us'], '.2f')} | "
+            f"{fmt(r['bf16_back_to_back_us'], '.2f')} |")
+    lines.append("")
+
+    checks = [r for r in records if r["status"] == "ok" and (r["nonfinite_outputs"] or r["max_abs_diff_vs_automatic"])]
     if checks:
-        lines += ["Output checks (instance 0; the paths differ by bf16 rounding and summation order):", ""]
+        lines += ["Output checks (layer 0; the paths differ by bf16 rounding and summation order):", ""]
         for r in checks:
             lines.append(f"- {r['name']} {r['request']}: non-finite outputs {r['nonfinite_outputs']}, max |diff| vs "
                          f"automatic path {fmt(r['max_abs_diff_vs_automatic'], '.3g')}")
         lines.append("")
-    if bf16:
-        names = list(next(iter(bf16["records"]), {}).get("impls", {}))
-        lines += ["## bf16 implementations (us per call; - = refused or failed; * = eager, not graph-captured)", "",
+
+    bf16_records = [b for p in bf16_parts for b in p.get("records", []) if b.get("impls") and not b.get("same_as")]
+    if bf16_records:
+        names = sorted({name for b in bf16_records for name in b["impls"]})
+        lines += ["## bf16 implementations (single step, us; - = refused or failed)", "",
                   "| shape | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-        for b in bf16["records"]:
-            cells = []
-            for name in names:
-                impl = b["impls"].get(name, {})
-                cells.append("-" if impl.get("us") is None else f"{impl['us']:.2f}{'' if impl['graph'] else '*'}")
+        for b in bf16_records:
+            cells = [fmt((b["impls"].get(name) or {}).get("us"), ".2f") for name in names]
             lines.append(f"| {b['name']} | " + " | ".join(cells) + " |")
-        refused = {(name, impl["error"]) for b in bf16["records"] for name, impl in b["impls"].items() if impl.get("error")}
+        refused = sorted({(name, impl["error"]) for b in bf16_records for name, impl in b["impls"].items()
+                          if impl.get("error")})
         if refused:
-            lines += ["", "Refusals and failures:", ""] + [f"- {name}: {error}" for name, error in sorted(refused)]
+            lines += ["", "Refusals and failures:", ""] + [f"- {name}: {error}" for name, error in refused]
         lines.append("")
     for label, log in meta["failures"]:
         lines.append(f"**{label} failed**: see `{log}`.")
     path.write_text("\n".join(lines) + "\n")
 
 
-def write_results(out_dir, meta, tq, bf16, records):
+def write_results(out_dir, meta, tq_parts, bf16_parts, records, engine, targets):
     """results.json and RESULTS.md of one run."""
-    results = {**{k: v for k, v in meta.items() if k != "failures"}, "failures": meta["failures"],
-               "ceilings": (tq or {}).get("ceilings"), "records": records, "bf16": (bf16 or {}).get("records")}
+    results = {**meta, "method": {"primary": "single step", "tqdecode_bench": meta.get("tq_method"),
+                                  "bf16_baseline": meta.get("bf16_method"),
+                                  "floor_us": {"tqdecode_bench": meta.get("tq_floor"), "bf16_baseline": meta.get("bf16_floor")}},
+               "targets": targets, "records": records, "engine": engine,
+               "bf16": [b for p in bf16_parts for b in p.get("records", [])]}
+    for key in ("tq_method", "bf16_method", "tq_floor", "bf16_floor"):
+        results.pop(key, None)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    write_markdown(out_dir / "RESULTS.md", meta, tq, bf16, records)
+    write_markdown(out_dir / "RESULTS.md", meta, records, engine, targets, bf16_parts)
 
 
-def relabel(out_dir, commit):
+def parts_in(out_dir, label):
+    files = [out_dir / f"{label}.json"] + sorted(out_dir.glob(f"{label}.part*.json"))
+    return [d for d in (load_json(f) for f in files if f.exists()) if d]
+
+
+def combine(out_dir, meta, tq_parts, bf16_parts, shapes, crashed, reference):
+    records, engine = merge(tq_parts, bf16_parts, shapes, crashed, meta["commit"])
+    targets = evaluate(records, engine, {s["name"] for s in shapes}, reference)
+    meta.update(ceilings=first_of(tq_parts, "ceilings"), tq_method=first_of(tq_parts, "method"),
+                bf16_method=first_of(bf16_parts, "method"), tq_floor=first_of(tq_parts, "floor"),
+                bf16_floor=first_of(bf16_parts, "floor"), crashed=crashed)
+    write_results(out_dir, meta, tq_parts, bf16_parts, records, engine, targets)
+    return records, targets
+
+
+def relabel(out_dir, commit, reference):
     """Rewrites results.json and RESULTS.md of the run in `out_dir` under `commit`; every number is the run's."""
-    tq, bf16, earlier = (load_json(out_dir / name) for name in ("tqdecode_bench.json", "bf16_baseline.json", "results.json"))
-    if not (tq and bf16 and earlier):
+    earlier = load_json(out_dir / "results.json")
+    tq_parts, bf16_parts = parts_in(out_dir, "tqdecode_bench"), parts_in(out_dir, "bf16_baseline")
+    if not (tq_parts and bf16_parts and earlier):
         sys.exit(f"run_bench: --relabel-commit needs tqdecode_bench.json, bf16_baseline.json and results.json in {out_dir}")
-    records = merge(tq, bf16, commit)
-    meta = {key: earlier[key] for key in ("date", "command", "gpu", "driver", "runtime", "driver_release", "torch", "torch_cuda")}
-    meta.update(commit=commit, failures=earlier["failures"],
+    meta = {key: earlier.get(key, "unknown") for key in ("date", "command", "gpu", "driver", "runtime", "driver_release",
+                                                         "torch", "torch_cuda")}
+    meta["shapes"] = earlier.get("shapes") or list(dict.fromkeys(r["name"] for p in tq_parts for r in p.get("records", [])))
+    meta.update(commit=commit, failures=earlier.get("failures", []),
                 relabelled=f"recorded as {earlier['commit']}, relabelled by `{shlex.join(['python3', *sys.argv])}`")
-    write_results(out_dir, meta, tq, bf16, records)
+    all_shapes = {s["name"]: s for s in shape_plan.load_shapes(BENCH / "shapes.json")}
+    shapes = [all_shapes[n] for n in meta["shapes"] if n in all_shapes]
+    combine(out_dir, meta, tq_parts, bf16_parts, shapes, earlier.get("crashed") or {}, reference)
     print(f"relabelled {out_dir / 'results.json'} and {out_dir / 'RESULTS.md'} as {commit}")
     return 0
 
 
+# -------------------------------------------------------------- dry run ----
+
+READ_TBPS = 4.5  # the H200's measured read ceiling, for the estimate only
+
+
+def estimate_seconds(shape, tq, bf16, flush_bytes=256 << 20):
+    """Rough device seconds of one shape in each program (the bf16 one 0 when an earlier shape shares its problem)."""
+    flush_us = flush_bytes / (READ_TBPS * 1e6)
+    if shape["q_len"] > 1:
+        return 0.0, 0.0
+
+    def call_us(nbytes, efficiency):
+        return nbytes / (efficiency * READ_TBPS * 1e6) + 10
+
+    efficiency = {"automatic": 0.8 if shape["D"] == 128 else 0.1, "hopper": 0.8, "cuda_generic": 0.7,
+                  "cuda_generic_scalar": 0.12}
+    gemm_us = shape_plan.gemm_weight_bytes() / (0.85 * READ_TBPS * 1e6)
+    tq_s = 0.3 + tq["instance_bytes"] * tq["instances"] / 2e11  # allocation, fills, tables, constants, plans
+    for request in shape["requests"]:
+        t = call_us(tq["bytes"], efficiency[request])
+        us = tq["instances"] * (t + 20) + tq["layers"] * 2000
+        us += shape_plan.single_step_replays(tq["layers"]) * (flush_us + t + 10)
+        if tq["back_to_back_instances"]:
+            us += tq["back_to_back_instances"] * 80 + 32 * tq["back_to_back_instances"] * t
+        tq_s += us * 1e-6
+    if tq["engine_layers"]:
+        step = tq["engine_layers"] * (gemm_us + call_us(tq["bytes"], efficiency["automatic"]) + 5)
+        tq_s += 0.2 + 93 * (flush_us + step) * 1e-6
+    bf16_s = 0.0
+    if bf16 is not None:
+        impls = 1 if shape["lengths"] == "ragged" else 3
+        t = call_us(bf16["bytes"], 0.9)
+        # Each capture synchronises and collects garbage (torch.cuda.graph): ~30 ms.
+        bf16_s = 0.5 + bf16["instance_bytes"] * bf16["instances"] / 2e11 + impls * (
+            0.3 + 0.03 * bf16["layers"] + shape_plan.single_step_replays(bf16["layers"]) * (flush_us + t + 10) * 1e-6)
+        if bf16["back_to_back_instances"]:
+            bf16_s += 0.2 + 32 * bf16["back_to_back_instances"] * t * 1e-6
+        if bf16["engine_layers"]:
+            bf16_s += 0.5 + 93 * (flush_us + bf16["engine_layers"] * (gemm_us + t + 5)) * 1e-6
+    return tq_s, bf16_s
+
+
+def compare_with_binary(binary, shapes, plans):
+    """Differences between tqdecode_bench's own plan and shape_plan's, as text lines (empty: they agree)."""
+    command = [binary, "--dry-run", "--shapes-file", BENCH / "shapes.json", "--shapes", ",".join(s["name"] for s in shapes)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if result.returncode != 0:
+        return [f"{binary} --dry-run failed: {result.stderr.strip() or result.stdout.strip()}"]
+    theirs = {s["name"]: s for s in json.loads(result.stdout)["shapes"]}
+    problems = []
+    for shape, plan in zip(shapes, plans):
+        other = theirs.get(shape["name"])
+        if other is None:
+            problems.append(f"{shape['name']}: missing from the binary's plan")
+            continue
+        for key, value in plan.items():
+            if other.get(key) != value:
+                problems.append(f"{shape['name']}: {key} is {other.get(key)} in tqdecode_bench, {value} here")
+    return problems
+
+
+def dry_run(args, shapes):
+    problems = []
+    names = {s["name"] for s in shape_plan.load_shapes(BENCH / "shapes.json")}
+    for name, _, _, _, _ in TARGETS:
+        if name not in names:
+            problems.append(f"a target names {name}, which is not in shapes.json")
+    for name, _, _ in README_ROWS:
+        if name not in names:
+            problems.append(f"a README row names {name}, which is not in shapes.json")
+    print(f"{'shape':52s} {'tokens':>8s} {'width':>6s} {'MB/call':>9s} {'L':>2s} {'R':>4s} {'N':>3s} "
+          f"{'tq GB':>6s} {'bf16 MB':>9s} {'bL':>3s} {'bR':>4s} {'bf16 GB':>7s} {'tq s':>5s} {'bf16 s':>6s}  options")
+    plans, seen, totals = [], set(), [PROGRAM_STARTUP_S["tqdecode_bench"], PROGRAM_STARTUP_S["bf16_baseline"]]
+    for shape in shapes:
+        tq = shape_plan.tq_plan(shape)
+        plans.append(tq)
+        key = shape_plan.bf16_key(shape)
+        bf16 = None if key in seen or shape["q_len"] > 1 else shape_plan.bf16_plan(
+            {**shape, "back_to_back": any(s["back_to_back"] for s in shapes if shape_plan.bf16_key(s) == key),
+             "engine": any(s["engine"] for s in shapes if shape_plan.bf16_key(s) == key)})
+        seen.add(key)
+        tq_s, bf16_s = estimate_seconds(shape, tq, bf16)
+        totals[0] += tq_s
+        totals[1] += bf16_s
+        options = [shape["preset"].replace("turboquant_", ""), f"Hq {shape['Hq']} Hk {shape['Hk']} D {shape['D']} "
+                   f"bs {shape['block_size']}", shape["lengths"], shape["scores"]]
+        options += [f"max_model_len {shape['max_model_len']}"] if shape["max_model_len"] else []
+        options += [f"q_len {shape['q_len']}: not supported yet"] if shape["q_len"] > 1 else []
+        options += [f"tp {shape['tp']}"] if shape["tp"] else []
+        options += ["requests " + "/".join(shape["requests"])] if len(shape["requests"]) > 1 else []
+        bf16_text = (f"{bf16['bytes'] / 1e6:9.1f} {bf16['layers']:3d} {bf16['back_to_back_instances']:4d} "
+                     f"{bf16['instance_bytes'] * bf16['instances'] / 1e9:7.2f}") if bf16 else \
+            f"{'(none)' if shape['q_len'] > 1 else '(shared)':>9s} {'':3s} {'':4s} {'':7s}"
+        print(f"{shape['name']:52s} {tq['tokens']:8d} {tq['table_width']:6d} {tq['bytes'] / 1e6:9.1f} {tq['layers']:2d} "
+              f"{tq['back_to_back_instances']:4d} {tq['engine_layers']:3d} {tq['instance_bytes'] * tq['instances'] / 1e9:6.2f} "
+              f"{bf16_text} {tq_s:5.1f} {bf16_s:6.1f}  {', '.join(options)}")
+    print(f"\n{len(shapes)} shapes; L: single-step layers, R: back-to-back instances, N: engine-like layers (bL, bR: "
+          f"the bf16 program's). Estimated device time: tqdecode_bench {totals[0]:.0f} s, bf16_baseline "
+          f"{totals[1]:.0f} s, together {(totals[0] + totals[1]) / 60:.1f} min (a rough model: H200 read ceiling "
+          f"{READ_TBPS} TB/s, startup {PROGRAM_STARTUP_S}, fills at 0.2 TB/s with allocation; building "
+          "tqdecode_bench not included).")
+    binary = Path(args.build).resolve() / "tqdecode_bench"
+    if binary.exists():
+        mismatches = compare_with_binary(binary, shapes, plans)
+        problems += mismatches
+        print(f"{binary} --dry-run: " + ("the same plan (lengths, bytes, instance counts) as shape_plan.py"
+                                          if not mismatches else f"{len(mismatches)} differences"))
+        check = subprocess.run([binary, "--self-check"], capture_output=True, text=True, cwd=ROOT)
+        print(check.stdout.rstrip())
+        if check.returncode != 0:
+            problems.append(f"{binary} --self-check failed: {check.stderr.strip()}")
+    else:
+        print(f"(no {binary}: the C++ plan and --self-check were not checked)")
+    for problem in problems:
+        print(f"PROBLEM: {problem}")
+    return 1 if problems else 0
+
+
+# ----------------------------------------------------------------- main ----
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build", help="CMake build directory [build]")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--quick", action="store_true", help="only the first two shapes (smoke test)")
+    parser.add_argument("--out", help="output directory (required unless --dry-run)")
+    parser.add_argument("--quick", action="store_true", help="only the shapes marked quick (smoke test)")
     parser.add_argument("--shapes", help="comma list of shape names (both programs)")
     parser.add_argument("--commit", help="commit to record [git rev-parse HEAD, else unknown]")
     parser.add_argument("--no-build", action="store_true", help="use the tqdecode_bench binary as it is")
+    parser.add_argument("--l2-flush", choices=("read", "write"), default="read",
+                        help="how the L2 is flushed before each single step [read]")
+    parser.add_argument("--reference-results", metavar="FILE",
+                        help="an earlier run's results.json, for the target that D 128 does not get slower")
+    parser.add_argument("--restarts", type=int, default=3, help="times a program that died is started again [3]")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and check it; run nothing on a GPU")
     parser.add_argument("--relabel-commit", metavar="SHA",
                         help="run nothing: merge the JSON of an earlier run in --out again, recorded under SHA")
     args = parser.parse_args()
+    try:
+        shapes = shape_plan.select(shape_plan.load_shapes(BENCH / "shapes.json"), args.quick,
+                                   [s for s in (args.shapes or "").split(",") if s])
+    except (shape_plan.ShapeError, OSError, ValueError) as error:
+        sys.exit(f"run_bench: {error}")
+    if args.dry_run:
+        return dry_run(args, shapes)
+    if not args.out:
+        sys.exit("run_bench: --out DIR is required (unless --dry-run)")
+    reference = load_reference(args.reference_results)
     if args.relabel_commit:
-        return relabel(Path(args.out).resolve(), args.relabel_commit)
+        return relabel(Path(args.out).resolve(), args.relabel_commit, reference)
 
     build_dir = Path(args.build).resolve()
     out_dir = Path(args.out).resolve()
@@ -281,42 +665,33 @@ def main():
     commit = args.commit or git_commit()
     command = shlex.join(["python3", *sys.argv])
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
     if not args.no_build:
         build(build_dir, out_dir)
+    for stale in [*out_dir.glob("tqdecode_bench*.json"), *out_dir.glob("bf16_baseline*.json")]:
+        stale.unlink()  # never merge a previous run's numbers
     # The shape list is passed explicitly: the path baked into the binary is
     # where it was configured, which need not be this copy of the tree.
-    selection = ["--shapes-file", BENCH / "shapes.json"]
-    selection += (["--quick"] if args.quick else []) + (["--shapes", args.shapes] if args.shapes else [])
+    common = ["--shapes-file", BENCH / "shapes.json", "--l2-flush", args.l2_flush]
+    names = [s["name"] for s in shapes]
+    tq_parts, tq_failures, tq_crashed = run_program(
+        "tqdecode_bench", [build_dir / "tqdecode_bench", "--commit", commit, *common], names, out_dir, args.restarts)
+    bf16_parts, bf16_failures, bf16_crashed = run_program(
+        "bf16_baseline", [sys.executable, BENCH / "bf16_baseline.py", *common], names, out_dir, args.restarts)
 
-    failures = []
-    tq_json, bf16_json = out_dir / "tqdecode_bench.json", out_dir / "bf16_baseline.json"
-    for path in (tq_json, bf16_json):
-        path.unlink(missing_ok=True)  # never merge a previous run's numbers
-    if run_logged([build_dir / "tqdecode_bench", "--json", tq_json, "--commit", commit, *selection],
-                  out_dir / "tqdecode_bench.log"):
-        failures.append(("tqdecode_bench", out_dir / "tqdecode_bench.log"))
-    if run_logged([sys.executable, BENCH / "bf16_baseline.py", "--json", bf16_json, *selection],
-                  out_dir / "bf16_baseline.log"):
-        failures.append(("bf16_baseline", out_dir / "bf16_baseline.log"))
-
-    tq, bf16 = load_json(tq_json), load_json(bf16_json)
-    records = merge(tq, bf16, commit)
     meta = {
-        "date": date, "command": command, "commit": commit,
-        "gpu": (tq or bf16 or {}).get("gpu", "unknown"), "driver": (tq or {}).get("driver", "unknown"),
-        "runtime": (tq or {}).get("runtime", "unknown"), "driver_release": driver_release(),
-        "torch": (bf16 or {}).get("torch", "unknown"), "torch_cuda": (bf16 or {}).get("cuda", "unknown"),
-        "failures": [(label, str(log)) for label, log in failures],
+        "date": date, "command": command, "commit": commit, "shapes": names,
+        "gpu": first_of(tq_parts, "gpu") or first_of(bf16_parts, "gpu") or "unknown",
+        "driver": first_of(tq_parts, "driver") or "unknown", "runtime": first_of(tq_parts, "runtime") or "unknown",
+        "driver_release": driver_release(), "torch": first_of(bf16_parts, "torch") or "unknown",
+        "torch_cuda": first_of(bf16_parts, "cuda") or "unknown",
+        "failures": [[label, log] for label, log in tq_failures + bf16_failures],
     }
-    write_results(out_dir, meta, tq, bf16, records)
+    crashed = {"tqdecode_bench": tq_crashed, "bf16_baseline": bf16_crashed}
+    records, targets = combine(out_dir, meta, tq_parts, bf16_parts, shapes, crashed, reference)
     print(f"\nwrote {out_dir / 'results.json'} and {out_dir / 'RESULTS.md'}")
-    if records:
-        all_targets = [t for r in records for t in r["targets"]]
-        print(f"targets: {sum(t['met'] is True for t in all_targets)} met, "
-              f"{sum(t['met'] is False for t in all_targets)} missed, "
-              f"{sum(t['met'] is None for t in all_targets)} unknown")
-    return 1 if failures or not records else 0
+    print(f"targets: {sum(t['met'] is True for t in targets)} met, {sum(t['met'] is False for t in targets)} missed, "
+          f"{sum(t['met'] is None for t in targets)} unknown")
+    return 1 if meta["failures"] or not records else 0
 
 
 if __name__ == "__main__":

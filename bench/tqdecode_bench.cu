@@ -1,58 +1,73 @@
-// tqdecode_bench: times the whole decode step (query rotation, split-KV
-// partitions, reduce) against the device's own memory ceilings, for the
-// shapes in bench/shapes.json. bench/run_bench.py runs it together with the
-// bf16 baseline; bench/NOTES.md has the roofline predictions.
+// tqdecode_bench: times the decode step as an engine sees it, for the shapes
+// in bench/shapes.json, against the device's own memory ceilings.
+// bench/run_bench.py runs it together with the bf16 baseline.
 //
 // Method, and why:
 // - Ceilings: a ~2 GiB device-to-device copy and a ~4 GiB read-only streaming
 //   kernel, each the median of 20 event-timed reps. Decode attention only
 //   reads the cache, so the read ceiling is what it is compared to.
-// - Inputs: each shape's cache is filled on the GPU (random code bytes, sane
-//   finite fp16 metadata at the byte offsets of CacheLayout): the CPU store
-//   path would take minutes for a 4M-token cache, and the kernels' speed
-//   does not depend on the values.
-// - Cold caches: R instances (own block tables over disjoint physical-block
-//   regions of one cache, own query, seq_lens and output) with R * bytes per
-//   instance >= 1 GiB, so no instance is still in the 60 MB L2 when it is
-//   read again: every call pays for HBM, as in an engine where the other
-//   layers' caches pass through L2 between two calls of a layer.
-// - Timing: one CUDA graph holds R decode() calls; each of 30 replays sits
-//   between its own pair of events on the launch stream, and one call costs
-//   the median replay / R. Graphs are how engines run decode, and they take
-//   host launch overhead out of the measurement.
+// - Instances: every shape has several "layers", each with its own cache
+//   region, block table, lengths, query, output, PiT and centroids (distinct
+//   constants: an engine's layers never share them), filled on the GPU
+//   (bench_inputs.hpp says with what; the kernels' speed does not depend on
+//   the values except through the softmax's rescales, which "peaked" shapes
+//   exercise).
+// - Single step (the primary number): each layer's decode is captured as a
+//   CUDA graph of its own holding exactly that one decode() call (programmatic
+//   dependent launch as the library configures it). Before every timed
+//   replay the L2 is flushed on the same stream, outside the timed events,
+//   by a kernel that reads a buffer of 4x the L2 (at least 256 MiB): reads,
+//   so the L2 holds clean lines as after an engine's weight GEMM, and the
+//   decode pays no write-back of a flush's dirty lines (--l2-flush write
+//   uses cudaMemsetAsync instead). The replays cycle through the layers;
+//   the number is the median of at least 30. An empty kernel timed the
+//   same way is the floor any single step pays.
+// - Back-to-back (throughput, a secondary column, shapes with
+//   "back_to_back"): one graph of R decodes over R layers with R * bytes >=
+//   1 GiB, no flush, median replay / R: each decode's prologue overlaps the
+//   previous one, as engines never run attention.
+// - Engine-like step (shapes with "engine"): 16 layers in one graph, each
+//   a bf16 GEMM streaming its own 128 MiB of weights (cuBLAS, [B, 8192] x
+//   [8192, 8192]) then that layer's decode; the cost per layer is (step -
+//   the same graph with the GEMMs alone) / 16, and the floor the same with
+//   an empty kernel in place of the decode. The three graphs' replays are
+//   interleaved, each after an L2 flush.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <fstream>
-#include <iterator>
-#include <limits>
-#include <numeric>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include "tqdecode/constants.hpp"
+#include "bench_cuda.hpp"
+#include "bench_gemm.hpp"
+#include "bench_instances.hpp"
+#include "bench_json.hpp"
+#include "bench_self_check.hpp"
+#include "bench_shapes.hpp"
 #include "tqdecode/decode.hpp"
-#include "tqdecode/format.hpp"
-#include "tqdecode/numeric.hpp"
-#include "tqdecode/random.hpp"
 
 #ifndef TQDECODE_BENCH_SHAPES_FILE
 #error "TQDECODE_BENCH_SHAPES_FILE (the default --shapes-file) is defined by bench/CMakeLists.txt"
 #endif
 
+namespace tqbench {
 namespace {
 
-using namespace tqdecode;
+using tqdecode::DecodeArgs;
+using tqdecode::DecodePath;
+using tqdecode::DecodeWorkspace;
+using tqdecode::GenericKernel;
+using tqdecode::PathRequest;
 
 constexpr std::int64_t kGiB = std::int64_t{1} << 30;
 constexpr std::int64_t kCopyBytes = 2 * kGiB;  // copied per rep (read and written once each)
@@ -60,145 +75,28 @@ constexpr std::int64_t kReadBytes = 4 * kGiB;  // read per rep by the streaming 
 constexpr int kCeilingWarmups = 3;
 constexpr int kCeilingReps = 20;
 constexpr int kReadThreads = 1024;  // measured on H200: 1024 x 2 blocks/SM edges out 256 x 8
-constexpr int kFillThreads = 256;
-constexpr std::int64_t kRotationBytes = kGiB;  // working set one graph replay sweeps (>> 60 MB L2)
-constexpr int kMinInstances = 2;
-constexpr int kGraphWarmups = 2;
-constexpr int kGraphReplays = 30;
-constexpr std::uint64_t kSeed = 0x7d3c0de5eedULL;
+constexpr std::int64_t kMinFlushBytes = std::int64_t{256} << 20;
+constexpr int kMinReplays = 30;      // single steps (rounded up to whole cycles of the layers) and the floor
+constexpr int kBackToBackWarmups = 2;
+constexpr int kBackToBackReplays = 30;
+constexpr int kEngineReplays = 30;  // per graph of the engine-like step
 
 const char* const kUsage =
     "usage: tqdecode_bench [options]\n"
-    "  --json FILE         write the ceilings and one record per (shape, path) as JSON\n"
+    "  --json FILE         write the run as JSON (rewritten after every shape, so a crash keeps the shapes before)\n"
     "  --commit STR        commit recorded in the JSON [unknown]\n"
-    "  --quick             only the first two shapes of the shape list (smoke test)\n"
-    "  --automatic-only    only the automatic path (A/B runs of the fast path)\n"
+    "  --quick             only the shapes marked \"quick\" (smoke test)\n"
     "  --shapes A,B        only these shape names\n"
     "  --shapes-file FILE  the shape list [" TQDECODE_BENCH_SHAPES_FILE "]\n"
-    "  --help              this text\n";
+    "  --automatic-only    only the automatic path request of each shape\n"
+    "  --l2-flush KIND     read (a kernel reads 4x the L2; default) or write (cudaMemsetAsync of it)\n"
+    "  --dry-run           print the plan of the selected shapes as JSON (no GPU needed)\n"
+    "  --self-check        check the input generators on the CPU (no GPU needed): lengths, block tables,\n"
+    "                      planted scores against the CPU reference's rotation, finite reference output\n"
+    "  --help              this text\n"
+    "Exit status: 0 all measured, 1 a shape failed, 3 the CUDA context was lost (the JSON names the shape).\n";
 
-void check_cuda(cudaError_t status, const char* what, int line) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string("CUDA error in ") + what + " (tqdecode_bench.cu:" + std::to_string(line) +
-                             "): " + cudaGetErrorString(status));
-  }
-}
-#define BENCH_CHECK(call) check_cuda((call), #call, __LINE__)
-#define BENCH_CHECK_LAUNCH() check_cuda(cudaGetLastError(), "kernel launch", __LINE__)
-
-// ---------------------------------------------------------------- RAII ----
-
-/// Device memory for `count` elements; count 0 holds nothing (null).
-template <class T>
-class DeviceArray {
- public:
-  explicit DeviceArray(std::int64_t count) : count_(count) {
-    if (count_ > 0) BENCH_CHECK(cudaMalloc(&data_, bytes()));
-  }
-  // Unchecked: this may run while unwinding from a CUDA error.
-  ~DeviceArray() { cudaFree(data_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-
-  T* get() const { return data_; }
-  std::int64_t bytes() const { return count_ * static_cast<std::int64_t>(sizeof(T)); }
-
- private:
-  T* data_ = nullptr;
-  std::int64_t count_;
-};
-
-class Stream {
- public:
-  // Non-blocking: no implicit ordering with the legacy default stream, which
-  // a capture would otherwise reject.
-  Stream() { BENCH_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(stream_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
-class Event {
- public:
-  Event() { BENCH_CHECK(cudaEventCreate(&event_)); }
-  ~Event() { cudaEventDestroy(event_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
-/// A graph captured from everything `body` enqueues on `stream`, instantiated.
-class CapturedGraph {
- public:
-  template <class Body>
-  CapturedGraph(cudaStream_t stream, const Body& body) {
-    // ThreadLocal: only this thread's CUDA calls are checked against the capture.
-    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    try {
-      body();
-    } catch (...) {
-      cudaGraph_t partial = nullptr;
-      cudaStreamEndCapture(stream, &partial);  // leave the stream usable; the first error is the one reported
-      if (partial != nullptr) cudaGraphDestroy(partial);
-      throw;
-    }
-    BENCH_CHECK(cudaStreamEndCapture(stream, &graph_));
-    const cudaError_t status = cudaGraphInstantiate(&exec_, graph_, 0);
-    if (status != cudaSuccess) {
-      cudaGraphDestroy(graph_);
-      check_cuda(status, "cudaGraphInstantiate", __LINE__);
-    }
-  }
-  ~CapturedGraph() {
-    cudaGraphExecDestroy(exec_);
-    cudaGraphDestroy(graph_);
-  }
-  CapturedGraph(const CapturedGraph&) = delete;
-  CapturedGraph& operator=(const CapturedGraph&) = delete;
-
-  void launch(cudaStream_t stream) const { BENCH_CHECK(cudaGraphLaunch(exec_, stream)); }
-
- private:
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
-};
-
-// -------------------------------------------------------------- timing ----
-
-/// Milliseconds of each of `reps` runs of `work` (after `warmups` untimed
-/// ones). Every rep has its own pair of events recorded on `stream` around
-/// the work it enqueues, so a slow rep (clock ramp, preemption) is one
-/// outlier the median ignores rather than part of an average.
-template <class Work>
-std::vector<float> time_reps(cudaStream_t stream, int warmups, int reps, const Work& work) {
-  for (int i = 0; i < warmups; ++i) work();
-  std::vector<Event> start(reps);
-  std::vector<Event> stop(reps);
-  for (int i = 0; i < reps; ++i) {
-    BENCH_CHECK(cudaEventRecord(start[i].get(), stream));
-    work();
-    BENCH_CHECK(cudaEventRecord(stop[i].get(), stream));
-  }
-  BENCH_CHECK(cudaStreamSynchronize(stream));
-  std::vector<float> milliseconds(reps);
-  for (int i = 0; i < reps; ++i) BENCH_CHECK(cudaEventElapsedTime(&milliseconds[i], start[i].get(), stop[i].get()));
-  return milliseconds;
-}
-
-double median(std::vector<float> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : 0.5 * (double(values[mid - 1]) + values[mid]);
-}
-
-double terabytes_per_second(double bytes, double milliseconds) { return bytes / (milliseconds * 1e-3) / 1e12; }
+double terabytes_per_second(double bytes, double microseconds) { return bytes / (microseconds * 1e-6) / 1e12; }
 
 // ------------------------------------------------------------ ceilings ----
 
@@ -228,6 +126,15 @@ __global__ void __launch_bounds__(kReadThreads, 2048 / kReadThreads)
   if (threadIdx.x % 32 == 0) atomicXor(sink, fold);
 }
 
+/// The floor: a kernel that does nothing.
+__global__ void empty_kernel() {}
+
+int read_stream_grid(int sm_count) {
+  int blocks_per_sm = 0;
+  BENCH_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, read_stream_kernel, kReadThreads, 0));
+  return sm_count * std::max(1, blocks_per_sm);
+}
+
 struct Ceilings {
   double copy_tbps;
   double read_tbps;
@@ -238,546 +145,345 @@ Ceilings measure_ceilings(cudaStream_t stream, int sm_count) {
   DeviceArray<unsigned> sink(1);
   // Touch every page first so no rep pays for first-use mapping.
   BENCH_CHECK(cudaMemsetAsync(buffer.get(), 1, kReadBytes, stream));
-
+  const auto nothing = [](int) {};
   // The copy moves the first half of the buffer onto the second.
-  const std::vector<float> copy_ms = time_reps(stream, kCeilingWarmups, kCeilingReps, [&] {
+  const Spread copy = spread_of(time_reps(stream, kCeilingWarmups, kCeilingReps, nothing, [&](int) {
     BENCH_CHECK(cudaMemcpyAsync(buffer.get() + kCopyBytes, buffer.get(), kCopyBytes, cudaMemcpyDeviceToDevice, stream));
-  });
-
-  int blocks_per_sm = 0;
-  BENCH_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, read_stream_kernel, kReadThreads, 0));
-  const int grid = sm_count * std::max(1, blocks_per_sm);
+  }));
+  const int grid = read_stream_grid(sm_count);
   const auto* words = reinterpret_cast<const uint4*>(buffer.get());
-  const std::vector<float> read_ms = time_reps(stream, kCeilingWarmups, kCeilingReps, [&] {
+  const Spread read = spread_of(time_reps(stream, kCeilingWarmups, kCeilingReps, nothing, [&](int) {
     read_stream_kernel<<<grid, kReadThreads, 0, stream>>>(words, kReadBytes / 16, sink.get());
-    BENCH_CHECK_LAUNCH();
-  });
-  return {terabytes_per_second(2.0 * kCopyBytes, median(copy_ms)),
-          terabytes_per_second(double(kReadBytes), median(read_ms))};
+    BENCH_CHECK_LAUNCH("read_stream_kernel");
+  }));
+  return {terabytes_per_second(2.0 * kCopyBytes, copy.median_us), terabytes_per_second(double(kReadBytes), read.median_us)};
 }
 
-// ---------------------------------------------------------- shape list ----
+// ------------------------------------------------------------ L2 flush ----
 
-/// A minimal JSON reader, enough for bench/shapes.json: objects, arrays,
-/// strings (no \u escapes), numbers, true, false, null.
-struct Json {
-  enum class Kind { null, boolean, number, string, array, object };
-  Kind kind = Kind::null;
-  bool boolean = false;
-  double number = 0;
-  std::string string;
-  std::vector<Json> items;                            // array elements
-  std::vector<std::pair<std::string, Json>> members;  // object members, in file order
+enum class FlushKind { read, write };
 
-  const Json* member(std::string_view key) const {
-    for (const auto& [name, value] : members) {
-      if (name == key) return &value;
-    }
-    return nullptr;
-  }
-};
-
-class JsonReader {
+/// Evicts whatever the L2 holds: 4x its size (at least 256 MiB) read by
+/// read_stream_kernel, or written by cudaMemsetAsync.
+class L2Flush {
  public:
-  JsonReader(std::string text, std::string source) : text_(std::move(text)), source_(std::move(source)) {}
-
-  Json document() {
-    Json root = value();
-    skip_space();
-    if (pos_ != text_.size()) error("unexpected text after the document");
-    return root;
+  L2Flush(FlushKind kind, int l2_bytes, int sm_count, cudaStream_t stream)
+      : kind_(kind), buffer_(std::max<std::int64_t>(kMinFlushBytes, 4 * std::int64_t(l2_bytes))), sink_(1),
+        grid_(read_stream_grid(sm_count)) {
+    BENCH_CHECK(cudaMemsetAsync(buffer_.get(), 0, buffer_.bytes(), stream));
   }
-
- private:
-  [[noreturn]] void error(const std::string& what) const {
-    throw std::runtime_error(source_ + ": byte " + std::to_string(pos_) + ": " + what);
-  }
-  void skip_space() {
-    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
-  }
-  char peek() {
-    skip_space();
-    if (pos_ == text_.size()) error("unexpected end of the document");
-    return text_[pos_];
-  }
-  bool consume(char c) {
-    if (peek() != c) return false;
-    ++pos_;
-    return true;
-  }
-  void expect(char c) {
-    if (!consume(c)) error(std::string("expected '") + c + "'");
-  }
-  bool literal(std::string_view word) {
-    if (text_.compare(pos_, word.size(), word) != 0) return false;
-    pos_ += word.size();
-    return true;
-  }
-
-  std::string string_literal() {
-    expect('"');
-    std::string out;
-    while (true) {
-      if (pos_ == text_.size()) error("unterminated string");
-      const char c = text_[pos_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) error("control character in a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos_ == text_.size()) error("unterminated string");
-      const char escaped = text_[pos_++];
-      const std::string_view from = "\"\\/bfnrt";
-      const std::string_view to = "\"\\/\b\f\n\r\t";
-      const std::size_t which = from.find(escaped);
-      if (which == std::string_view::npos) error(std::string("unsupported escape \\") + escaped);
-      out += to[which];
-    }
-  }
-
-  Json value() {
-    Json v;
-    const char c = peek();
-    if (c == '{') {
-      ++pos_;
-      v.kind = Json::Kind::object;
-      if (consume('}')) return v;
-      do {
-        std::string key = string_literal();
-        expect(':');
-        v.members.emplace_back(std::move(key), value());
-      } while (consume(','));
-      expect('}');
-    } else if (c == '[') {
-      ++pos_;
-      v.kind = Json::Kind::array;
-      if (consume(']')) return v;
-      do v.items.push_back(value());
-      while (consume(','));
-      expect(']');
-    } else if (c == '"') {
-      v.kind = Json::Kind::string;
-      v.string = string_literal();
-    } else if (literal("true") || literal("false")) {
-      v.kind = Json::Kind::boolean;
-      v.boolean = c == 't';
-    } else if (literal("null")) {
-      v.kind = Json::Kind::null;
+  void enqueue(cudaStream_t stream) const {
+    if (kind_ == FlushKind::write) {
+      BENCH_CHECK(cudaMemsetAsync(buffer_.get(), 0, buffer_.bytes(), stream));
     } else {
-      const char* begin = text_.c_str() + pos_;
-      char* end = nullptr;
-      v.number = std::strtod(begin, &end);
-      if (end == begin) error("expected a JSON value");
-      v.kind = Json::Kind::number;
-      pos_ += static_cast<std::size_t>(end - begin);
-    }
-    return v;
-  }
-
-  std::string text_;
-  std::string source_;
-  std::size_t pos_ = 0;
-};
-
-struct Shape {
-  std::string name;
-  Preset preset;
-  int batch;         // B
-  int context;       // L: every sequence of the batch has this length
-  int num_q_heads;   // Hq
-  int num_kv_heads;  // Hk
-  int head_dim;      // D
-  int block_size;
-};
-
-int positive_int(const Json& object, std::string_view key, const std::string& where) {
-  const Json* value = object.member(key);
-  if (value == nullptr || value->kind != Json::Kind::number || value->number != std::floor(value->number) ||
-      value->number < 1 || value->number > (1 << 30)) {
-    throw std::runtime_error(where + ": \"" + std::string(key) + "\" must be a positive integer");
-  }
-  return static_cast<int>(value->number);
-}
-
-std::string string_member(const Json& object, std::string_view key, const std::string& where) {
-  const Json* value = object.member(key);
-  if (value == nullptr || value->kind != Json::Kind::string) {
-    throw std::runtime_error(where + ": \"" + std::string(key) + "\" must be a string");
-  }
-  return value->string;
-}
-
-std::vector<Shape> load_shapes(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw std::runtime_error("cannot read the shape list " + path + " (see --shapes-file)");
-  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  const Json root = JsonReader(std::move(text), path).document();
-  const Json* list = root.member("shapes");
-  if (list == nullptr || list->kind != Json::Kind::array || list->items.empty()) {
-    throw std::runtime_error(path + ": expected {\"shapes\": [ ... ]} with at least one shape");
-  }
-  std::vector<Shape> shapes;
-  for (std::size_t i = 0; i < list->items.size(); ++i) {
-    const Json& item = list->items[i];
-    const std::string where = path + ": shapes[" + std::to_string(i) + "]";
-    Shape shape{string_member(item, "name", where),
-                parse_preset(string_member(item, "preset", where), where + ".preset"),
-                positive_int(item, "B", where),
-                positive_int(item, "L", where),
-                positive_int(item, "Hq", where),
-                positive_int(item, "Hk", where),
-                positive_int(item, "D", where),
-                positive_int(item, "block_size", where)};
-    // The library's own checks: supported head dim, block size, group size.
-    make_layout(shape.preset, shape.head_dim, shape.block_size, shape.num_kv_heads);
-    validate_group_size(shape.num_q_heads, shape.num_kv_heads);
-    shapes.push_back(std::move(shape));
-  }
-  return shapes;
-}
-
-// -------------------------------------------------------------- inputs ----
-
-__device__ __forceinline__ std::uint64_t mix64(std::uint64_t x) {  // SplitMix64 finalizer
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-/// Uniform in [0, 1), a pure function of (seed, index).
-__device__ __forceinline__ float uniform01(std::uint64_t seed, std::uint64_t index) {
-  return static_cast<float>(mix64(seed ^ mix64(index + 0x9e3779b97f4a7c15ULL)) >> 40) * 0x1.0p-24f;
-}
-
-/// Random bytes over the whole cache, 16 at a time (block_stride is a
-/// multiple of 16). fp8 e4m3 key bytes get bit 6 cleared: |value| < 2 and
-/// never the NaN pattern S.1111.111.
-__global__ void fill_cache_codes_kernel(uint4* cache, std::int64_t words, CacheLayout layout, std::uint64_t seed) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t word = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; word < words; word += stride) {
-    const std::uint64_t halves[2] = {mix64(seed + 2 * word), mix64(seed + 2 * word + 1)};
-    std::uint8_t bytes[16];
-    std::memcpy(bytes, halves, sizeof bytes);
-    if (layout.key_fp8()) {
-      const std::int64_t in_block = (word * 16) % layout.block_stride;
-      for (int j = 0; j < 16; ++j) {
-        const std::int64_t offset = in_block + j;
-        if (offset < layout.metadata_region_offset() && offset % layout.record_bytes() < layout.key_bytes()) {
-          bytes[j] &= 0xbf;
-        }
-      }
-    }
-    uint4 out;
-    std::memcpy(&out, bytes, sizeof out);
-    cache[word] = out;
-  }
-}
-
-/// Every fp16 metadata field of every (block, slot, head), at
-/// CacheLayout::field_offset: key norm ~U(5, 15), value scale ~U(0.05, 0.2),
-/// value zero ~U(-1.5, -0.5). Index order follows the metadata region, so
-/// consecutive threads write consecutive halves.
-__global__ void fill_cache_metadata_kernel(std::uint8_t* cache, std::int64_t num_blocks, CacheLayout layout,
-                                           std::uint64_t seed) {
-  const int per_block = layout.num_kv_heads * layout.fields() * layout.block_size;
-  const std::int64_t total = num_blocks * per_block;
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const std::int64_t block = i / per_block;
-    const int within = static_cast<int>(i % per_block);  // (head * F + field) * block_size + slot
-    const int slot = within % layout.block_size;
-    const int field = (within / layout.block_size) % layout.fields();
-    const int head = within / (layout.block_size * layout.fields());
-    const float u = uniform01(seed, static_cast<std::uint64_t>(i));
-    float value = -1.5f + u;  // value zero
-    if (!layout.key_fp8() && field == layout.key_norm_field()) {
-      value = 5.0f + 10.0f * u;
-    } else if (field == layout.value_scale_field()) {
-      value = 0.05f + 0.15f * u;
-    }
-    auto* half = reinterpret_cast<std::uint16_t*>(cache + layout.block_offset(block) + layout.field_offset(slot, head, field));
-    *half = float_to_half_bits(value);
-  }
-}
-
-/// bf16 values ~U(-1, 1).
-__global__ void fill_bf16_kernel(std::uint16_t* data, std::int64_t count, std::uint64_t seed) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-    data[i] = float_to_bf16_bits(2.0f * uniform01(seed, static_cast<std::uint64_t>(i)) - 1.0f);
-  }
-}
-
-/// Copies `host` into `device` (same element count); nothing for an empty array.
-template <class T>
-void upload(const DeviceArray<T>& device, const std::vector<T>& host, cudaStream_t stream) {
-  if (host.empty()) return;
-  BENCH_CHECK(cudaMemcpyAsync(device.get(), host.data(), device.bytes(), cudaMemcpyHostToDevice, stream));
-}
-
-/// Sizes of one instance of a shape, and how many instances rotate.
-struct InstancePlan {
-  CacheLayout layout;
-  int blocks_per_seq;
-  std::int64_t blocks;          // physical blocks of one instance
-  std::int64_t query_elements;  // B * Hq * D (also the output's)
-  std::int64_t bytes;           // one instance's memory: cache region, query, output, block table, seq_lens
-  int instances;                // R
-};
-
-InstancePlan plan_instances(const Shape& shape) {
-  InstancePlan plan;
-  plan.layout = make_layout(shape.preset, shape.head_dim, shape.block_size, shape.num_kv_heads);
-  plan.blocks_per_seq = (shape.context + shape.block_size - 1) / shape.block_size;
-  plan.blocks = std::int64_t(shape.batch) * plan.blocks_per_seq;
-  plan.query_elements = std::int64_t(shape.batch) * shape.num_q_heads * shape.head_dim;
-  plan.bytes = plan.blocks * plan.layout.block_stride + 2 * plan.query_elements * 2 + plan.blocks * 4 + shape.batch * 4;
-  plan.instances = static_cast<int>(std::max<std::int64_t>(kMinInstances, (kRotationBytes + plan.bytes - 1) / plan.bytes));
-  if (plan.layout.block_stride % 16 != 0) throw std::runtime_error(shape.name + ": block stride is not a multiple of 16 bytes");
-  if (plan.blocks * plan.instances > std::numeric_limits<std::int32_t>::max()) {
-    throw std::runtime_error(shape.name + ": more physical blocks than an int32 block table can address");
-  }
-  return plan;
-}
-
-/// R instances of one shape in device memory, and their decode arguments.
-class Problem {
- public:
-  Problem(const Shape& shape, const InstancePlan& plan, cudaStream_t stream, int sm_count)
-      : plan_(plan),
-        cache_(plan.blocks * plan.instances * plan.layout.block_stride),
-        block_tables_(plan.blocks * plan.instances),
-        seq_lens_(std::int64_t(shape.batch) * plan.instances),
-        queries_(plan.query_elements * plan.instances),
-        outputs_(plan.query_elements * plan.instances),
-        constants_(make_model_constants(shape.preset, shape.head_dim, kSeed)),
-        centroids_(static_cast<std::int64_t>(constants_.centroids.size())),
-        PiT_(static_cast<std::int64_t>(constants_.PiT.size())) {
-    const int instances = plan.instances;
-    const std::int64_t total_blocks = plan.blocks * instances;
-    const int fill_grid = sm_count * 8;
-    fill_cache_codes_kernel<<<fill_grid, kFillThreads, 0, stream>>>(reinterpret_cast<uint4*>(cache_.get()),
-                                                                   cache_.bytes() / 16, plan.layout, kSeed);
-    BENCH_CHECK_LAUNCH();
-    fill_cache_metadata_kernel<<<fill_grid, kFillThreads, 0, stream>>>(cache_.get(), total_blocks, plan.layout, kSeed + 1);
-    BENCH_CHECK_LAUNCH();
-    fill_bf16_kernel<<<fill_grid, kFillThreads, 0, stream>>>(queries_.get(), plan.query_elements * instances, kSeed + 2);
-    BENCH_CHECK_LAUNCH();
-
-    // Block tables: instance r owns physical blocks [r * blocks, (r + 1) * blocks),
-    // shuffled so consecutive logical blocks are scattered, as in a real pool.
-    Rng rng(kSeed + 3);
-    std::vector<std::int32_t> tables(static_cast<std::size_t>(total_blocks));
-    for (int r = 0; r < instances; ++r) {
-      std::int32_t* region = tables.data() + r * plan.blocks;
-      std::iota(region, region + plan.blocks, static_cast<std::int32_t>(r * plan.blocks));
-      for (std::int64_t i = plan.blocks - 1; i > 0; --i) {
-        std::swap(region[i], region[rng.below(static_cast<std::uint64_t>(i) + 1)]);
-      }
-    }
-    const std::vector<std::int32_t> lengths(static_cast<std::size_t>(shape.batch) * instances, shape.context);
-    upload(block_tables_, tables, stream);
-    upload(seq_lens_, lengths, stream);
-    upload(centroids_, constants_.centroids, stream);
-    upload(PiT_, constants_.PiT, stream);
-    BENCH_CHECK(cudaStreamSynchronize(stream));  // the host vectors above die at the end of this scope
-
-    for (int r = 0; r < instances; ++r) {
-      DecodeArgs args;
-      args.query = queries_.get() + r * plan.query_elements;
-      args.query_dtype = DType::bf16;
-      args.batch = shape.batch;
-      args.num_q_heads = shape.num_q_heads;
-      args.layout = plan.layout;
-      args.num_blocks = total_blocks;
-      args.cache = cache_.get();
-      args.block_table = block_tables_.get() + r * plan.blocks;
-      args.max_blocks_per_seq = plan.blocks_per_seq;
-      args.seq_lens = seq_lens_.get() + std::int64_t(r) * shape.batch;
-      args.centroids = centroids_.get();
-      args.num_centroids = static_cast<int>(constants_.centroids.size());
-      args.PiT = PiT_.get();
-      args.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
-      args.output = outputs_.get() + r * plan.query_elements;
-      args_.push_back(args);
+      read_stream_kernel<<<grid_, kReadThreads, 0, stream>>>(reinterpret_cast<const uint4*>(buffer_.get()), buffer_.bytes() / 16,
+                                                             sink_.get());
+      BENCH_CHECK_LAUNCH("read_stream_kernel (L2 flush)");
     }
   }
-
-  const std::vector<DecodeArgs>& args() const { return args_; }
-
-  /// Instance 0's output as fp32 (synchronises).
-  std::vector<float> first_output(cudaStream_t stream) const {
-    std::vector<std::uint16_t> bits(static_cast<std::size_t>(plan_.query_elements));
-    BENCH_CHECK(cudaMemcpyAsync(bits.data(), outputs_.get(), bits.size() * 2, cudaMemcpyDeviceToHost, stream));
-    BENCH_CHECK(cudaStreamSynchronize(stream));
-    std::vector<float> values(bits.size());
-    std::transform(bits.begin(), bits.end(), values.begin(), bf16_bits_to_float);
-    return values;
-  }
+  std::int64_t bytes() const { return buffer_.bytes(); }
 
  private:
-  InstancePlan plan_;
-  DeviceArray<std::uint8_t> cache_;
-  DeviceArray<std::int32_t> block_tables_;
-  DeviceArray<std::int32_t> seq_lens_;
-  DeviceArray<std::uint16_t> queries_;
-  DeviceArray<std::uint16_t> outputs_;
-  ModelConstants constants_;
-  DeviceArray<float> centroids_;  // empty (null) for fp8 keys
-  DeviceArray<float> PiT_;        // empty (null) for fp8 keys
-  std::vector<DecodeArgs> args_;
+  FlushKind kind_;
+  DeviceArray<std::uint8_t> buffer_;
+  DeviceArray<unsigned> sink_;
+  int grid_;
 };
+
+/// Replays graphs[i % G] for i < replays * G after an L2 flush each, every
+/// replay between its own events (one untimed warm-up replay per graph
+/// first); the timings of each graph, in microseconds.
+std::vector<Spread> time_cycled(const std::vector<const CapturedGraph*>& graphs, const L2Flush& flush, cudaStream_t stream,
+                                int replays_per_graph) {
+  const int count = static_cast<int>(graphs.size());
+  const std::vector<float> milliseconds =
+      time_reps(stream, count, count * replays_per_graph, [&](int) { flush.enqueue(stream); },
+                [&](int i) { graphs[i % count]->launch(stream); });
+  std::vector<Spread> spreads;
+  for (int g = 0; g < count; ++g) {
+    std::vector<float> mine;
+    for (int i = g; i < count * replays_per_graph; i += count) mine.push_back(milliseconds[i]);
+    spreads.push_back(spread_of(std::move(mine)));
+  }
+  return spreads;
+}
+
+/// The single-step timing of a set of one-call graphs: replays cycled
+/// through them, at least kMinReplays in whole cycles, pooled.
+Spread time_single_steps(const std::vector<const CapturedGraph*>& graphs, const L2Flush& flush, cudaStream_t stream) {
+  const int count = static_cast<int>(graphs.size());
+  const int cycles = (kMinReplays + count - 1) / count;
+  const std::vector<float> milliseconds =
+      time_reps(stream, count, cycles * count, [&](int) { flush.enqueue(stream); }, [&](int i) { graphs[i % count]->launch(stream); });
+  return spread_of(milliseconds);
+}
+
+Spread measure_floor(const L2Flush& flush, cudaStream_t stream) {
+  const CapturedGraph graph(stream, [&] {
+    empty_kernel<<<1, 1, 0, stream>>>();
+    BENCH_CHECK_LAUNCH("empty_kernel");
+  });
+  return time_single_steps({&graph}, flush, stream);
+}
 
 // ------------------------------------------------------------- records ----
 
+/// One (shape, path request) measurement.
 struct Record {
   Shape shape;
-  std::string request;  // automatic, cuda_generic or cuda_generic_scalar
-  std::string path;     // the path that ran
-  std::string kernel;   // the generic path's kernel (tensor_core or scalar); empty on the Hopper path
-  std::string reason;   // why the launcher chose it
-  int instances = 0;
+  InstancePlan plan;
+  std::string status = "error";  // ok, error, or "not supported yet"
+  std::string request;           // automatic, cuda_generic or cuda_generic_scalar
+  std::string path;              // the path that ran
+  std::string kernel;            // the generic path's kernel (tensor_core or scalar); empty on the Hopper path
+  std::string reason;            // why the launcher chose it
   int partitions = 0;
-  double tq_us = NAN;      // median replay / R
-  double tq_us_min = NAN;  // fastest replay / R
-  std::int64_t cache_bytes = 0;
-  std::int64_t bytes = 0;  // cache + query + output
-  double flops = 0;
-  double tq_tbps = NAN;
-  double frac_of_read = NAN;
+  Spread single;                  // one decode per replay, L2 flushed, layers cycled
+  double back_to_back_us = NAN;   // median replay / R
+  double back_to_back_min_us = NAN;
   std::int64_t nonfinite_outputs = -1;
-  double max_abs_diff_vs_automatic = NAN;  // generic-path records: instance 0's output against the automatic path's
+  double max_abs_diff_vs_automatic = NAN;  // other requests: layer 0's output against the automatic path's
   std::string error;
 };
 
-/// Times decode() over every instance as graph replays (see the header).
-std::vector<float> time_decode(const std::vector<DecodeArgs>& args, PathRequest request, DecodeWorkspace& workspace,
-                               cudaStream_t stream) {
-  // Eager calls first: the first one allocates the workspace pool, caches the
-  // launch plan and loads the kernels (lazy loading); none of that may happen
-  // inside a capture.
-  for (const DecodeArgs& call : args) decode(call, workspace, stream, request);
-  BENCH_CHECK(cudaStreamSynchronize(stream));
-  const CapturedGraph graph(stream, [&] {
-    for (const DecodeArgs& call : args) decode(call, workspace, stream, request);
-  });
-  return time_reps(stream, kGraphWarmups, kGraphReplays, [&] { graph.launch(stream); });
+/// The engine-like step of one shape (automatic path).
+struct EngineRecord {
+  Shape shape;
+  int layers = 0;
+  std::string status = "error";
+  Spread gemms;        // the GEMMs alone
+  Spread gemms_empty;  // each GEMM followed by an empty kernel
+  Spread step;         // each GEMM followed by its layer's decode
+  double per_layer_us = NAN;
+  double floor_per_layer_us = NAN;
+  std::string error;
+};
+
+/// Layer 0's output checked: non-finite values, and the largest difference from `reference` (when given).
+void check_output(const Instances& instances, cudaStream_t stream, const std::vector<float>* reference, Record& record,
+                  std::vector<float>* keep) {
+  const std::vector<float> output = instances.output(0, stream);
+  record.nonfinite_outputs = std::count_if(output.begin(), output.end(), [](float x) { return !std::isfinite(x); });
+  if (reference != nullptr && reference->size() == output.size()) {
+    double diff = 0;
+    for (std::size_t i = 0; i < output.size(); ++i) diff = std::max(diff, double(std::fabs(output[i] - (*reference)[i])));
+    record.max_abs_diff_vs_automatic = diff;
+  }
+  if (keep != nullptr) *keep = output;
 }
 
-void run_shape(const Shape& shape, const Ceilings& ceilings, cudaStream_t stream, int sm_count, bool automatic_only,
-               std::vector<Record>& records) {
-  Record base;
-  base.shape = shape;
-  try {
-    const InstancePlan plan = plan_instances(shape);
-    base.instances = plan.instances;
-    base.cache_bytes = std::int64_t(shape.batch) * shape.context * shape.num_kv_heads * plan.layout.bytes_per_token_head();
-    base.bytes = base.cache_bytes + 2 * plan.query_elements * 2;
-    base.flops = 4.0 * shape.batch * shape.context * shape.num_q_heads * shape.head_dim;
-    std::fprintf(stderr, "%s: filling %d instances (%.2f GB)...\n", shape.name.c_str(), plan.instances,
-                 plan.bytes * double(plan.instances) / 1e9);
-    const Problem problem(shape, plan, stream, sm_count);
-    DecodeWorkspace workspace(shape.batch);  // pool sized for this batch; freed with the shape
+void measure_request(const Instances& instances, const InstancePlan& plan, PathRequest request,
+                     DecodeWorkspace& workspace, const L2Flush& flush, cudaStream_t stream, Record& record) {
+  const std::vector<DecodeArgs>& args = instances.args();
+  const auto decode_layer = [&](int layer) { tqdecode::decode(args[layer], workspace, stream, request); };
+  // Eager calls first: the first allocates the workspace pool, caches the
+  // launch plan and loads the kernels (lazy loading); none of that may
+  // happen inside a capture.
+  for (int layer = 0; layer < plan.instances; ++layer) decode_layer(layer);
+  BENCH_SYNC(stream, "the eager decode() of every layer");
 
-    std::vector<float> automatic_output;
-    std::vector<std::pair<DecodePath, GenericKernel>> kernels_run;
-    const std::pair<PathRequest, const char*> requests[] = {{PathRequest::automatic, "automatic"},
-                                                            {PathRequest::cuda_generic, "cuda_generic"},
-                                                            {PathRequest::cuda_generic_scalar, "cuda_generic_scalar"}};
-    for (const auto& [request, request_name] : requests) {
-      if (automatic_only && request != PathRequest::automatic) break;
-      Record record = base;
-      record.request = request_name;
-      try {
-        const LaunchPlan launch = plan_decode(problem.args().front(), request);
-        // A kernel an earlier request already ran measures nothing new.
-        const std::pair<DecodePath, GenericKernel> kernel{launch.path, launch.path == DecodePath::cuda_generic
-                                                                           ? launch.generic_kernel
-                                                                           : GenericKernel::scalar};
-        if (std::find(kernels_run.begin(), kernels_run.end(), kernel) != kernels_run.end()) continue;
-        kernels_run.push_back(kernel);
-        record.path = decode_path_name(launch.path);
-        if (launch.path == DecodePath::cuda_generic) record.kernel = generic_kernel_name(launch.generic_kernel);
-        record.reason = launch.reason;
-        record.partitions = launch.num_partitions;
-        const std::vector<float> replay_ms = time_decode(problem.args(), request, workspace, stream);
-        record.tq_us = median(replay_ms) * 1e3 / plan.instances;
-        record.tq_us_min = *std::min_element(replay_ms.begin(), replay_ms.end()) * 1e3 / plan.instances;
-        record.tq_tbps = terabytes_per_second(double(record.bytes), record.tq_us * 1e-3);
-        record.frac_of_read = record.tq_tbps / ceilings.read_tbps;
+  std::vector<std::unique_ptr<CapturedGraph>> layers;
+  std::vector<const CapturedGraph*> graphs;
+  for (int layer = 0; layer < plan.layers; ++layer) {
+    layers.push_back(std::make_unique<CapturedGraph>(stream, [&] { decode_layer(layer); }));
+    graphs.push_back(layers.back().get());
+  }
+  record.single = time_single_steps(graphs, flush, stream);
 
-        // Sanity checks on instance 0, so a broken kernel cannot pass as a fast one.
-        const std::vector<float> output = problem.first_output(stream);
-        record.nonfinite_outputs = std::count_if(output.begin(), output.end(), [](float x) { return !std::isfinite(x); });
-        if (request == PathRequest::automatic) {
-          automatic_output = output;
-        } else if (!automatic_output.empty()) {
-          double diff = 0;
-          for (std::size_t i = 0; i < output.size(); ++i) diff = std::max(diff, double(std::fabs(output[i] - automatic_output[i])));
-          record.max_abs_diff_vs_automatic = diff;
-        }
-      } catch (const std::exception& error) {
-        record.error = error.what();
-      }
-      records.push_back(std::move(record));
-    }
-  } catch (const std::exception& error) {
-    base.error = error.what();
-    records.push_back(std::move(base));
+  if (plan.back_to_back > 0) {
+    const CapturedGraph graph(stream, [&] {
+      for (int layer = 0; layer < plan.back_to_back; ++layer) decode_layer(layer);
+    });
+    const Spread replay = spread_of(time_reps(stream, kBackToBackWarmups, kBackToBackReplays, [](int) {},
+                                              [&](int) { graph.launch(stream); }));
+    record.back_to_back_us = replay.median_us / plan.back_to_back;
+    record.back_to_back_min_us = replay.min_us / plan.back_to_back;
   }
 }
 
-void print_record(const Record& r) {
-  if (!r.error.empty()) {
-    std::printf("%-30s %-19s ERROR: %s\n", r.shape.name.c_str(), r.request.empty() ? "-" : r.request.c_str(), r.error.c_str());
+void run_requests(const Shape& shape, const InstancePlan& plan, const Instances& instances, DecodeWorkspace& workspace,
+                  const L2Flush& flush, cudaStream_t stream, bool automatic_only, std::vector<Record>& records) {
+  std::vector<float> automatic_output;
+  std::vector<std::pair<DecodePath, GenericKernel>> kernels_run;
+  for (const PathRequest request : shape.requests) {
+    if (automatic_only && request != PathRequest::automatic) continue;
+    Record record;
+    record.shape = shape;
+    record.plan = plan;
+    record.request = request_name(request);
+    try {
+      const tqdecode::LaunchPlan launch = tqdecode::plan_decode(instances.args().front(), request);
+      // A kernel an earlier request already ran measures nothing new.
+      const std::pair<DecodePath, GenericKernel> kernel{
+          launch.path, launch.path == DecodePath::cuda_generic ? launch.generic_kernel : GenericKernel::scalar};
+      if (std::find(kernels_run.begin(), kernels_run.end(), kernel) != kernels_run.end()) continue;
+      kernels_run.push_back(kernel);
+      record.path = tqdecode::decode_path_name(launch.path);
+      if (launch.path == DecodePath::cuda_generic) record.kernel = tqdecode::generic_kernel_name(launch.generic_kernel);
+      record.reason = launch.reason;
+      record.partitions = launch.num_partitions;
+      measure_request(instances, plan, request, workspace, flush, stream, record);
+      const bool automatic = request == PathRequest::automatic;
+      check_output(instances, stream, automatic ? nullptr : &automatic_output, record, automatic ? &automatic_output : nullptr);
+      record.status = "ok";
+    } catch (const std::exception& error) {
+      record.error = std::string(record.request) + ": " + error.what();
+    }
+    records.push_back(std::move(record));
+  }
+}
+
+EngineRecord run_engine(const Shape& shape, const InstancePlan& plan, const Instances& instances, DecodeWorkspace& workspace,
+                        const WeightGemms& gemms, const L2Flush& flush, cudaStream_t stream) {
+  EngineRecord record;
+  record.shape = shape;
+  record.layers = plan.engine_layers;
+  try {
+    const std::vector<DecodeArgs>& args = instances.args();
+    const int layers = plan.engine_layers;
+    const auto gemm = [&](int layer) { gemms.enqueue(layer, shape.batch, stream); };
+    for (int layer = 0; layer < layers; ++layer) {  // eager: cuBLAS picks and loads its kernel outside the capture
+      gemm(layer);
+      tqdecode::decode(args[layer], workspace, stream);
+    }
+    BENCH_SYNC(stream, "the eager GEMMs and decodes of the engine-like step");
+    const CapturedGraph gemms_only(stream, [&] {
+      for (int layer = 0; layer < layers; ++layer) gemm(layer);
+    });
+    const CapturedGraph gemms_empty(stream, [&] {
+      for (int layer = 0; layer < layers; ++layer) {
+        gemm(layer);
+        empty_kernel<<<1, 1, 0, stream>>>();
+        BENCH_CHECK_LAUNCH("empty_kernel (engine-like floor)");
+      }
+    });
+    const CapturedGraph step(stream, [&] {
+      for (int layer = 0; layer < layers; ++layer) {
+        gemm(layer);
+        tqdecode::decode(args[layer], workspace, stream);
+      }
+    });
+    const std::vector<Spread> spreads = time_cycled({&gemms_only, &gemms_empty, &step}, flush, stream, kEngineReplays);
+    record.gemms = spreads[0];
+    record.gemms_empty = spreads[1];
+    record.step = spreads[2];
+    record.per_layer_us = (record.step.median_us - record.gemms.median_us) / layers;
+    record.floor_per_layer_us = (record.gemms_empty.median_us - record.gemms.median_us) / layers;
+    record.status = "ok";
+  } catch (const std::exception& error) {
+    record.error = std::string("engine-like step: ") + error.what();
+  }
+  return record;
+}
+
+void print_record(const Record& r, double read_tbps) {
+  const std::string& name = r.shape.name;
+  if (r.status == "not supported yet") {
+    std::printf("%-52s %-19s not supported yet (q_len %d needs the varlen entry)\n", name.c_str(), "-", r.shape.q_len);
+  } else if (r.status != "ok") {
+    std::printf("%-52s %-19s ERROR: %s\n", name.c_str(), r.request.empty() ? "-" : r.request.c_str(), r.error.c_str());
   } else {
-    std::printf("%-30s %-19s %-24s %4d %3d %10.2f %10.2f %7.3f %6.1f%% %8lld\n", r.shape.name.c_str(), r.request.c_str(),
-                (r.kernel.empty() ? r.path : r.path + " " + r.kernel).c_str(), r.instances, r.partitions, r.tq_us, r.bytes / 1e6, r.tq_tbps, 100 * r.frac_of_read,
-                static_cast<long long>(r.nonfinite_outputs));
+    const double tbps = terabytes_per_second(double(r.plan.bytes), r.single.median_us);
+    std::printf("%-52s %-19s %-24s %3d %2d %9.2f %6.1f%% %9.2f %9.2f %6lld\n", name.c_str(), r.request.c_str(),
+                (r.kernel.empty() ? r.path : r.path + " " + r.kernel).c_str(), r.partitions, r.plan.layers, r.single.median_us,
+                100 * tbps / read_tbps, r.single.min_us, r.back_to_back_us, static_cast<long long>(r.nonfinite_outputs));
+    if (r.nonfinite_outputs > 0) {
+      std::printf("WARNING: %s %s: %lld non-finite outputs in layer 0\n", name.c_str(), r.request.c_str(),
+                  static_cast<long long>(r.nonfinite_outputs));
+    }
+  }
+  std::fflush(stdout);
+}
+
+void print_engine(const EngineRecord& e) {
+  if (e.status != "ok") {
+    std::printf("%-52s engine-like ERROR: %s\n", e.shape.name.c_str(), e.error.c_str());
+  } else {
+    std::printf("%-52s engine-like, %d layers: GEMMs alone %.1f us, with decodes %.1f us, with empty kernels %.1f us: "
+                "%.2f us per layer (floor %.2f)\n",
+                e.shape.name.c_str(), e.layers, e.gemms.median_us, e.step.median_us, e.gemms_empty.median_us, e.per_layer_us,
+                e.floor_per_layer_us);
   }
   std::fflush(stdout);
 }
 
 // ---------------------------------------------------------------- JSON ----
 
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-/// A number, or null where there is none (NaN: not measured).
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";
-  char text[32];
-  std::snprintf(text, sizeof text, "%.6g", value);
-  return text;
-}
-
 struct RunInfo {
   std::string gpu;
-  int driver;
-  int runtime;
-  int sm_count;
-  int l2_bytes;
+  int driver = 0;
+  int runtime = 0;
+  int sm_count = 0;
+  int l2_bytes = 0;
   std::string commit;
 };
 
 std::string version_text(int version) { return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10); }
 
-void write_json(const std::string& path, const RunInfo& info, const Ceilings& ceilings, const std::vector<Record>& records) {
+std::string spread_json(const Spread& s) {
+  if (s.count == 0) return "null";
+  return "{\"median_us\": " + json_number(s.median_us) + ", \"min_us\": " + json_number(s.min_us) + ", \"max_us\": " +
+         json_number(s.max_us) + ", \"replays\": " + std::to_string(s.count) + "}";
+}
+
+/// The shape's fields and its plan's sizes, as members of an object (no braces).
+std::string shape_json(const Shape& s, const InstancePlan& p) {
+  std::string out = "\"name\": " + json_string(s.name);
+  out += ", \"preset\": " + json_string(tqdecode::preset_info(s.preset).name);
+  out += ", \"B\": " + std::to_string(s.batch) + ", \"L\": " + std::to_string(s.context);
+  out += ", \"Hq\": " + std::to_string(s.num_q_heads) + ", \"Hk\": " + std::to_string(s.num_kv_heads);
+  out += ", \"D\": " + std::to_string(s.head_dim) + ", \"block_size\": " + std::to_string(s.block_size);
+  out += ", \"lengths\": " + json_string(lengths_name(s.lengths));
+  out += ", \"max_model_len\": " + (s.max_model_len > 0 ? std::to_string(s.max_model_len) : std::string("null"));
+  out += ", \"scores\": " + json_string(scores_name(s.scores)) + ", \"q_len\": " + std::to_string(s.q_len);
+  out += ", \"tp\": " + (s.tp > 0 ? std::to_string(s.tp) : std::string("null"));
+  out += ", \"tokens\": " + std::to_string(p.tokens) + ", \"max_len\": " + std::to_string(p.max_len);
+  out += ", \"table_width\": " + std::to_string(p.table_width) + ", \"blocks\": " + std::to_string(p.blocks);
+  out += ", \"cache_bytes\": " + std::to_string(p.cache_bytes) + ", \"bytes\": " + std::to_string(p.bytes);
+  out += ", \"instance_bytes\": " + std::to_string(p.instance_bytes) + ", \"layers\": " + std::to_string(p.layers);
+  out += ", \"back_to_back_instances\": " + std::to_string(p.back_to_back);
+  out += ", \"engine_layers\": " + std::to_string(p.engine_layers) + ", \"instances\": " + std::to_string(p.instances);
+  return out;
+}
+
+struct Run {
+  RunInfo info;
+  Ceilings ceilings{NAN, NAN};
+  FlushKind flush_kind = FlushKind::read;
+  std::int64_t flush_bytes = 0;
+  Spread floor;
+  std::vector<Record> records;
+  std::vector<EngineRecord> engine;
+  std::string in_progress;  // the shape being measured when the file was written
+  std::string aborted;      // why the run stopped early
+};
+
+std::string method_json(const Run& run) {
+  const char* flush = run.flush_kind == FlushKind::read ? "read" : "write";
+  std::string out = "{\"primary\": \"single step\"";
+  out += ", \"single_step\": " + json_string(
+      "one decode() per CUDA-graph replay, each layer its own graph; before every replay the L2 is flushed on the same "
+      "stream outside the timed events; replays cycle through the layers; median of at least " + std::to_string(kMinReplays));
+  out += ", \"l2_flush\": {\"kind\": " + json_string(flush) + ", \"bytes\": " + std::to_string(run.flush_bytes) + "}";
+  out += ", \"distinct_constants\": true, \"layers\": " +
+         json_string("each its own cache region, block table, lengths, query, output, PiT and centroids (fp8 keys have none)");
+  out += ", \"floor\": " + json_string("one empty kernel per graph replay, timed as the single step");
+  out += ", \"back_to_back\": " + json_string("throughput, secondary: one graph of R decodes over R layers with R * bytes >= 1 GiB, no "
+                                              "flush, median replay / R (" + std::to_string(kBackToBackReplays) + " replays)");
+  out += ", \"engine\": " + json_string("16 layers in one graph, each a cuBLAS bf16 GEMM [B, 8192] x [8192, 8192] over its own "
+                                        "128 MiB of weights then its decode; per layer = (step - GEMMs alone) / 16, floor = "
+                                        "(GEMMs with empty kernels - GEMMs alone) / 16; the three graphs interleaved, L2 "
+                                        "flushed before each replay, medians of " + std::to_string(kEngineReplays));
+  out += ", \"peaked_scores\": " + json_string("8 planted tokens per (sequence, kv head) whose keys match the group's first "
+                                               "query head, scores 3, 6, ..., 24 for that head (bench/bench_inputs.hpp)");
+  out += ", \"ragged_lengths\": " + json_string("L/4 + a draw from [0, 3L/2] per sequence, SplitMix64 seed " +
+                                                std::to_string(kLengthsSeed));
+  return out + "}";
+}
+
+void write_json(const std::string& path, const Run& run) {
+  if (path.empty()) return;
+  const RunInfo& info = run.info;
   std::string out = "{\n";
   out += "  \"gpu\": " + json_string(info.gpu) + ",\n";
   out += "  \"driver\": " + json_string(version_text(info.driver)) + ",\n";
@@ -785,38 +491,52 @@ void write_json(const std::string& path, const RunInfo& info, const Ceilings& ce
   out += "  \"sm_count\": " + std::to_string(info.sm_count) + ",\n";
   out += "  \"l2_bytes\": " + std::to_string(info.l2_bytes) + ",\n";
   out += "  \"commit\": " + json_string(info.commit) + ",\n";
-  out += "  \"ceilings\": {\"copy_tbps\": " + json_number(ceilings.copy_tbps) + ", \"read_tbps\": " +
-         json_number(ceilings.read_tbps) + ", \"copy_bytes\": " + std::to_string(kCopyBytes) +
+  out += "  \"method\": " + method_json(run) + ",\n";
+  out += "  \"ceilings\": {\"copy_tbps\": " + json_number(run.ceilings.copy_tbps) + ", \"read_tbps\": " +
+         json_number(run.ceilings.read_tbps) + ", \"copy_bytes\": " + std::to_string(kCopyBytes) +
          ", \"read_bytes\": " + std::to_string(kReadBytes) + ", \"reps\": " + std::to_string(kCeilingReps) + "},\n";
-  out += "  \"graph_replays\": " + std::to_string(kGraphReplays) + ",\n";
+  out += "  \"floor\": " + spread_json(run.floor) + ",\n";
+  out += "  \"in_progress\": " + (run.in_progress.empty() ? std::string("null") : json_string(run.in_progress)) + ",\n";
+  out += "  \"aborted\": " + (run.aborted.empty() ? std::string("null") : json_string(run.aborted)) + ",\n";
   out += "  \"records\": [";
-  for (std::size_t i = 0; i < records.size(); ++i) {
-    const Record& r = records[i];
+  for (std::size_t i = 0; i < run.records.size(); ++i) {
+    const Record& r = run.records[i];
     out += i ? ",\n    {" : "\n    {";
-    out += "\"name\": " + json_string(r.shape.name);
-    out += ", \"preset\": " + json_string(preset_info(r.shape.preset).name);
-    out += ", \"B\": " + std::to_string(r.shape.batch) + ", \"L\": " + std::to_string(r.shape.context);
-    out += ", \"Hq\": " + std::to_string(r.shape.num_q_heads) + ", \"Hk\": " + std::to_string(r.shape.num_kv_heads);
-    out += ", \"D\": " + std::to_string(r.shape.head_dim) + ", \"block_size\": " + std::to_string(r.shape.block_size);
+    out += shape_json(r.shape, r.plan);
+    out += ", \"status\": " + json_string(r.status);
     out += ", \"request\": " + json_string(r.request) + ", \"path\": " + json_string(r.path);
-    out += ", \"kernel\": " + json_string(r.kernel);
-    out += ", \"reason\": " + json_string(r.reason);
-    out += ", \"instances\": " + std::to_string(r.instances) + ", \"partitions\": " + std::to_string(r.partitions);
-    out += ", \"tq_us\": " + json_number(r.tq_us) + ", \"tq_us_min\": " + json_number(r.tq_us_min);
-    out += ", \"cache_bytes\": " + std::to_string(r.cache_bytes) + ", \"bytes\": " + std::to_string(r.bytes);
-    out += ", \"flops\": " + json_number(r.flops);
-    out += ", \"tq_tbps\": " + json_number(r.tq_tbps) + ", \"read_tbps\": " + json_number(ceilings.read_tbps);
-    out += ", \"copy_tbps\": " + json_number(ceilings.copy_tbps) + ", \"frac_of_read\": " + json_number(r.frac_of_read);
+    out += ", \"kernel\": " + json_string(r.kernel) + ", \"reason\": " + json_string(r.reason);
+    out += ", \"partitions\": " + std::to_string(r.partitions);
+    out += ", \"single\": " + spread_json(r.single);
+    const double tbps = r.single.count ? terabytes_per_second(double(r.plan.bytes), r.single.median_us) : NAN;
+    out += ", \"tq_us\": " + json_number(r.single.count ? r.single.median_us : NAN);
+    out += ", \"tq_tbps\": " + json_number(tbps) + ", \"frac_of_read\": " + json_number(tbps / run.ceilings.read_tbps);
+    out += ", \"back_to_back_us\": " + json_number(r.back_to_back_us);
+    out += ", \"back_to_back_min_us\": " + json_number(r.back_to_back_min_us);
     out += ", \"nonfinite_outputs\": " + (r.nonfinite_outputs < 0 ? std::string("null") : std::to_string(r.nonfinite_outputs));
     out += ", \"max_abs_diff_vs_automatic\": " + json_number(r.max_abs_diff_vs_automatic);
-    out += ", \"gpu\": " + json_string(info.gpu) + ", \"driver\": " + json_string(version_text(info.driver));
-    out += ", \"commit\": " + json_string(info.commit);
     out += ", \"error\": " + (r.error.empty() ? std::string("null") : json_string(r.error)) + "}";
   }
+  out += "\n  ],\n  \"engine\": [";
+  for (std::size_t i = 0; i < run.engine.size(); ++i) {
+    const EngineRecord& e = run.engine[i];
+    out += i ? ",\n    {" : "\n    {";
+    out += "\"name\": " + json_string(e.shape.name) + ", \"layers\": " + std::to_string(e.layers);
+    out += ", \"status\": " + json_string(e.status);
+    out += ", \"gemms\": " + spread_json(e.gemms) + ", \"gemms_empty\": " + spread_json(e.gemms_empty);
+    out += ", \"step\": " + spread_json(e.step);
+    out += ", \"per_layer_us\": " + json_number(e.per_layer_us) + ", \"floor_per_layer_us\": " + json_number(e.floor_per_layer_us);
+    out += ", \"error\": " + (e.error.empty() ? std::string("null") : json_string(e.error)) + "}";
+  }
   out += "\n  ]\n}\n";
-  std::ofstream file(path, std::ios::binary);
-  file << out;
-  if (!file.flush()) throw std::runtime_error("cannot write " + path);
+  // Written beside and renamed, so a crash mid-write never leaves half a file.
+  const std::string temporary = path + ".partial";
+  {
+    std::ofstream file(temporary, std::ios::binary);
+    file << out;
+    if (!file.flush()) throw std::runtime_error("cannot write " + temporary);
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot rename " + temporary + " to " + path);
 }
 
 // ---------------------------------------------------------------- main ----
@@ -827,6 +547,9 @@ struct Options {
   std::string shapes_file = TQDECODE_BENCH_SHAPES_FILE;
   bool quick = false;
   bool automatic_only = false;
+  bool dry_run = false;
+  bool self_check = false;
+  FlushKind flush = FlushKind::read;
   std::vector<std::string> only;  // --shapes
 };
 
@@ -838,10 +561,10 @@ Options parse_options(int argc, char** argv) {
       std::printf("%s", kUsage);
       std::exit(0);
     }
-    if (flag == "--quick" || flag == "--automatic-only") {
-      (flag == "--quick" ? options.quick : options.automatic_only) = true;
-      continue;
-    }
+    if (flag == "--quick") { options.quick = true; continue; }
+    if (flag == "--automatic-only") { options.automatic_only = true; continue; }
+    if (flag == "--dry-run") { options.dry_run = true; continue; }
+    if (flag == "--self-check") { options.self_check = true; continue; }
     if (i + 1 >= argc) throw std::runtime_error(std::string(flag) + " needs a value\n" + kUsage);
     const std::string value = argv[++i];
     if (flag == "--json") {
@@ -850,6 +573,9 @@ Options parse_options(int argc, char** argv) {
       options.commit = value;
     } else if (flag == "--shapes-file") {
       options.shapes_file = value;
+    } else if (flag == "--l2-flush") {
+      if (value != "read" && value != "write") throw std::runtime_error("--l2-flush: \"" + value + "\"; accepted: read, write");
+      options.flush = value == "read" ? FlushKind::read : FlushKind::write;
     } else if (flag == "--shapes") {
       for (std::size_t begin = 0; begin <= value.size();) {
         const std::size_t end = std::min(value.find(',', begin), value.size());
@@ -873,18 +599,41 @@ std::vector<Shape> select_shapes(std::vector<Shape> shapes, const Options& optio
     }
     shapes = std::move(chosen);
   }
-  if (options.quick && shapes.size() > 2) shapes.resize(2);
+  if (options.quick) shapes.erase(std::remove_if(shapes.begin(), shapes.end(), [](const Shape& s) { return !s.quick; }), shapes.end());
+  if (shapes.empty()) throw std::runtime_error("no shape selected");
   return shapes;
+}
+
+int print_plan(const std::vector<Shape>& shapes) {
+  std::printf("{\"shapes\": [");
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    std::printf("%s\n  {%s}", i ? "," : "", shape_json(shapes[i], plan_instances(shapes[i])).c_str());
+  }
+  std::printf("\n]}\n");
+  return 0;
+}
+
+/// True when the CUDA context is unusable (a sticky error such as an illegal address).
+bool context_lost(std::string& why) {
+  const cudaError_t status = cudaDeviceSynchronize();
+  if (status == cudaSuccess) return false;
+  why = std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")";
+  return true;
 }
 
 int run(const Options& options) {
   const std::vector<Shape> shapes = select_shapes(load_shapes(options.shapes_file), options);
+  if (options.dry_run) return print_plan(shapes);
+  if (options.self_check) return run_self_check();
 
+  Run run;
+  run.flush_kind = options.flush;
   int device = 0;
   BENCH_CHECK(cudaGetDevice(&device));
   cudaDeviceProp properties;
   BENCH_CHECK(cudaGetDeviceProperties(&properties, device));
-  RunInfo info{properties.name, 0, 0, properties.multiProcessorCount, properties.l2CacheSize, options.commit};
+  RunInfo& info = run.info;
+  info = {properties.name, 0, 0, properties.multiProcessorCount, properties.l2CacheSize, options.commit};
   BENCH_CHECK(cudaDriverGetVersion(&info.driver));
   BENCH_CHECK(cudaRuntimeGetVersion(&info.runtime));
   std::printf("tqdecode_bench: %s (sm_%d%d, %d SMs, L2 %.0f MB), driver %s, runtime %s, commit %s\n", info.gpu.c_str(),
@@ -892,37 +641,87 @@ int run(const Options& options) {
               version_text(info.runtime).c_str(), info.commit.c_str());
 
   const Stream stream;
-  const Ceilings ceilings = measure_ceilings(stream.get(), info.sm_count);
-  std::printf("ceilings (median of %d): device-to-device copy %.3f TB/s (read+write), read-only stream %.3f TB/s\n\n",
-              kCeilingReps, ceilings.copy_tbps, ceilings.read_tbps);
-  std::printf("%-30s %-19s %-24s %4s %3s %10s %10s %7s %7s %8s\n", "shape", "request", "path", "R", "N", "tq_us",
-              "MB/call", "TB/s", "%read", "nonfin");
+  run.ceilings = measure_ceilings(stream.get(), info.sm_count);
+  std::printf("ceilings (median of %d): device-to-device copy %.3f TB/s (read+write), read-only stream %.3f TB/s\n", kCeilingReps,
+              run.ceilings.copy_tbps, run.ceilings.read_tbps);
+  const L2Flush flush(options.flush, info.l2_bytes, info.sm_count, stream.get());
+  run.flush_bytes = flush.bytes();
+  run.floor = measure_floor(flush, stream.get());
+  std::printf("L2 flush before every timed replay: %s %.0f MiB; floor (one empty kernel per replay, timed the same way): "
+              "median %.2f us (min %.2f, max %.2f)\n\n",
+              options.flush == FlushKind::read ? "read of" : "write of", flush.bytes() / 1048576.0, run.floor.median_us,
+              run.floor.min_us, run.floor.max_us);
+  std::printf("%-52s %-19s %-24s %3s %2s %9s %7s %9s %9s %6s\n", "shape", "request", "path", "N", "L", "single_us", "%read",
+              "min_us", "b2b_us", "nonfin");
+  write_json(options.json_path, run);
 
-  std::vector<Record> records;
+  std::unique_ptr<WeightGemms> gemms;  // made for the first engine-like shape, for the largest batch of them
+  int gemm_batch = 0;
   for (const Shape& shape : shapes) {
-    const std::size_t first = records.size();
-    run_shape(shape, ceilings, stream.get(), info.sm_count, options.automatic_only, records);
-    for (std::size_t i = first; i < records.size(); ++i) print_record(records[i]);
+    if (shape.engine) gemm_batch = std::max(gemm_batch, shape.batch);
   }
-  std::printf("\nR: instances rotated per graph replay; N: split-KV partitions; tq_us: median of %d graph replays / R;\n"
-              "MB/call: cache + query + output bytes; %%read: of the read-only ceiling; nonfin: non-finite outputs.\n",
-              kGraphReplays);
 
-  if (!options.json_path.empty()) {
-    write_json(options.json_path, info, ceilings, records);
-    std::printf("wrote %s\n", options.json_path.c_str());
+  for (const Shape& shape : shapes) {
+    run.in_progress = shape.name;
+    write_json(options.json_path, run);
+    std::fprintf(stderr, "%s: starting\n", shape.name.c_str());
+    const std::size_t first = run.records.size();
+    const std::size_t first_engine = run.engine.size();
+    try {
+      const InstancePlan plan = plan_instances(shape);
+      if (shape.q_len > 1) {
+        Record record;
+        record.shape = shape;
+        record.plan = plan;
+        record.status = "not supported yet";
+        run.records.push_back(std::move(record));
+      } else {
+        std::fprintf(stderr, "%s: filling %d instances (%.2f GB; %d single-step layers, back-to-back R %d, engine-like %d)\n",
+                     shape.name.c_str(), plan.instances, plan.instance_bytes * double(plan.instances) / 1e9, plan.layers,
+                     plan.back_to_back, plan.engine_layers);
+        const Instances instances(shape, plan, stream.get(), info.sm_count);
+        DecodeWorkspace workspace(shape.batch);  // pool sized for this batch; freed with the shape
+        run_requests(shape, plan, instances, workspace, flush, stream.get(), options.automatic_only, run.records);
+        if (shape.engine) {
+          if (!gemms) gemms = std::make_unique<WeightGemms>(kEngineLayers, gemm_batch, stream.get(), info.sm_count);
+          run.engine.push_back(run_engine(shape, plan, instances, workspace, *gemms, flush, stream.get()));
+        }
+      }
+    } catch (const std::exception& error) {
+      Record record;
+      record.shape = shape;
+      record.error = error.what();
+      run.records.push_back(std::move(record));
+    }
+    for (std::size_t i = first; i < run.records.size(); ++i) print_record(run.records[i], run.ceilings.read_tbps);
+    for (std::size_t i = first_engine; i < run.engine.size(); ++i) print_engine(run.engine[i]);
+    std::string why;
+    if (context_lost(why)) {
+      run.aborted = "the CUDA context was lost while measuring " + shape.name + ": " + why;
+      write_json(options.json_path, run);
+      std::fprintf(stderr, "tqdecode_bench: %s; stopping (the shapes after it need a new process)\n", run.aborted.c_str());
+      return 3;
+    }
   }
-  const bool failed = std::any_of(records.begin(), records.end(), [](const Record& r) { return !r.error.empty(); });
+  run.in_progress.clear();
+  write_json(options.json_path, run);
+  std::printf("\nN: split-KV partitions; L: layers the single steps cycle through; single_us: median of the single-step replays\n"
+              "(one decode per replay, L2 flushed before each); %%read: (cache + query + output bytes) / single_us of the\n"
+              "read ceiling; b2b_us: back-to-back throughput (median replay of R decodes / R); nonfin: non-finite outputs.\n");
+  if (!options.json_path.empty()) std::printf("wrote %s\n", options.json_path.c_str());
+  const bool failed = std::any_of(run.records.begin(), run.records.end(), [](const Record& r) { return r.status == "error"; }) ||
+                      std::any_of(run.engine.begin(), run.engine.end(), [](const EngineRecord& e) { return e.status != "ok"; });
   return failed ? 1 : 0;
 }
 
 }  // namespace
+}  // namespace tqbench
 
 int main(int argc, char** argv) {
   // Line-buffered even into a pipe, so the table and the progress lines on stderr stay in order.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
-    return run(parse_options(argc, argv));
+    return tqbench::run(tqbench::parse_options(argc, argv));
   } catch (const std::exception& error) {
     std::fprintf(stderr, "tqdecode_bench: %s\n", error.what());
     return 1;

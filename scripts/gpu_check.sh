@@ -3,7 +3,7 @@
 # importable) on a GPU machine and runs every GPU check, writing one log per
 # step into LOG_DIR (default ./gpu-logs):
 #   gpu_tests.log   all GoogleTest suites (GPU tests run for real)
-#   sanitizer.log   compute-sanitizer memcheck + racecheck on a small grid
+#   sanitizer.log   compute-sanitizer memcheck + racecheck on every CTA shape (split grids)
 #   pytest.log      the PyTorch binding tests
 #   demo.txt        tqdecode demo
 # Set GTEST_SOURCE to a GoogleTest source tree on machines without libgtest-dev.
@@ -23,7 +23,9 @@ status=0
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; ./build/tqdecode demo; } >"$LOG_DIR/demo.txt" 2>&1 || status=1
 ./build/tests/tqdecode_cpu_tests --gtest_brief=1 >"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
 ./build/tests/tqdecode_gpu_tests >>"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
-small='Grid/DecodeGpu.*/q4_g3_short:Grid/DecodeGpu.*/q4_g6_b48_paired_split_sinks_f16:Grid/DecodeGpu.*/q4_g6_b38_quad_split_sinks_f16:Grid/DecodeGpu.*/q4_d64:Grid/DecodeGpu.*/k8v4_d128:DecodeGpuGraph.*:StoreGpu*'
+# Every CTA shape on a split grid (CtaShapes), lengths past the block table,
+# graph replay, the stores.
+small='Split/CtaShapes.*:DecodeGpuArguments.LengthsPast*:Grid/DecodeGpu.*/q4_d64:DecodeGpuGraph.*:StoreGpu*'
 for tool in memcheck racecheck; do
   compute-sanitizer --tool $tool --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \
     >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1

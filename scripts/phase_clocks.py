@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-CTA phase clocks of the Hopper decode kernel (a tuning tool; bench/NOTES.md, v3.19).
+"""Per-CTA phase clocks of the Hopper decode kernel (a tuning tool; docs/PERFORMANCE.md quotes them).
 
 Copies this tree to DEST (without build directories) and patches the copy:
 thread 0 of every CTA records clock64 at eleven points of the kernel
@@ -123,9 +123,9 @@ void dump_phase_times(int ctas) {
 open(p, 'w').write(s)
 b = root + '/bench/tqdecode_bench.cu'
 s = open(b).read()
-rep("        record.tq_us = median(replay_ms) * 1e3 / plan.instances;\n",
-    "        record.tq_us = median(replay_ms) * 1e3 / plan.instances;\n        std::printf(\"%s %s: %.2f us\\n\", shape.name.c_str(), request_name, record.tq_us);\n        tqdecode::cuda::dump_phase_times(4096);\n")
-i = s.index('namespace {')
+rep("  record.single = time_single_steps(graphs, flush, stream);\n",
+    "  record.single = time_single_steps(graphs, flush, stream);\n  std::printf(\"%s: %.2f us\\n\", record.request.c_str(), record.single.median_us);\n  tqdecode::cuda::dump_phase_times(4096);\n")
+i = s.index('namespace tqbench {')
 s = s[:i] + 'namespace tqdecode::cuda { void dump_phase_times(int ctas); }\n' + s[i:]
 open(b, 'w').write(s)
 print(f"patched copy in {root}")

@@ -31,17 +31,15 @@ Preset parse_preset(std::string_view name, std::string_view argument) {
   fail(argument, "'" + std::string(name) + "' is not a preset; accepted: " + preset_names());
 }
 
-Preset preset_from_parameters(int mse_bits, int value_bits, bool key_fp8, bool norm_correction) {
+Preset preset_from_parameters(int mse_bits, int value_bits, bool key_fp8) {
   for (Preset preset : kAllPresets) {
     const PresetInfo info = preset_info(preset);
     const bool same_keys = key_fp8 ? info.key_fp8 : (!info.key_fp8 && info.key_bits == mse_bits);
-    if (same_keys && info.value_bits == value_bits && info.norm_correction == norm_correction) return preset;
+    if (same_keys && info.value_bits == value_bits) return preset;
   }
-  fail("mse_bits/value_quant_bits/key_fp8/norm_correction",
-       "(" + std::to_string(mse_bits) + ", " + std::to_string(value_bits) + ", " +
-           (key_fp8 ? "true" : "false") + ", " + (norm_correction ? "true" : "false") +
-           ") names no preset; accepted: (4, 4, false, true), (3, 4, false, true), "
-           "(3, 3, false, true), (any, 4, true, false)");
+  fail("mse_bits/value_quant_bits/key_fp8",
+       "(" + std::to_string(mse_bits) + ", " + std::to_string(value_bits) + ", " + (key_fp8 ? "true" : "false") +
+           ") names no preset; accepted: (4, 4, false), (3, 4, false), (3, 3, false), (any, 4, true)");
 }
 
 namespace {

@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <string>
 
+#include "random.hpp"
 #include "tqdecode/error.hpp"
-#include "tqdecode/random.hpp"
 
 namespace tqdecode {
 

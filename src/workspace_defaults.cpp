@@ -14,15 +14,19 @@ constexpr int kDefaultMaxBatch = 512;
 }  // namespace
 
 int resolve_max_batch(int requested) {
-  TQ_REQUIRE(requested >= 0, "max_batch", std::to_string(requested) + " is negative; accepted: 0 (default) or >= 1");
-  if (requested > 0) return requested;
+  TQ_REQUIRE(requested >= 0 && requested <= kMaxBatchLimit, "max_batch",
+             std::to_string(requested) + " is out of range; accepted: 0 (default) or 1 to " +
+                 std::to_string(kMaxBatchLimit));
+  // docs/LAUNCHER.md: the caller's value, with an environment override, default 512.
   const char* text = std::getenv("TQDECODE_MAX_BATCH");
-  if (text == nullptr || *text == '\0') return kDefaultMaxBatch;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  TQ_REQUIRE(*end == '\0' && value >= 1 && value <= (1 << 20), "TQDECODE_MAX_BATCH",
-             "'" + std::string(text) + "' is not an integer in 1..1048576");
-  return static_cast<int>(value);
+  if (text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    TQ_REQUIRE(*end == '\0' && value >= 1 && value <= kMaxBatchLimit, "TQDECODE_MAX_BATCH",
+               "'" + std::string(text) + "' is not an integer in 1.." + std::to_string(kMaxBatchLimit));
+    return static_cast<int>(value);
+  }
+  return requested > 0 ? requested : kDefaultMaxBatch;
 }
 
 bool switch_from_environment(const char* variable, bool unset_value) {

@@ -11,14 +11,14 @@
 #include <string_view>
 #include <vector>
 
+#include "support/scenario.hpp"
 #include "tqdecode/decode.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
-#include "tqdecode/scenario.hpp"
 #if defined(TQDECODE_WITH_CUDA)
 #include <cuda_runtime.h>
 
-#include "tqdecode/device_scenario.hpp"
+#include "support/device_scenario.hpp"
 #endif
 
 namespace {

@@ -1,5 +1,5 @@
 // Lloyd-Max scalar codebooks for one coordinate of a rotated unit vector
-// (FORMAT.md section 2).
+// (docs/FORMAT.md section 2).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The decode launcher (LAUNCHER.md): one entry point per decode step that
+// The decode launcher (docs/LAUNCHER.md): one entry point per decode step that
 // picks the Hopper kernel, the generic CUDA kernel or the CPU reference,
 // with buffers from a pool so the call is allocation-free and safe inside
 // CUDA graphs in steady state.
@@ -70,7 +70,7 @@ struct LaunchPlan {
   /// Without wide_table, Hopper path, the other presets up to group 8: 2
   /// (one CTA of 16 warps per SM, 8 per kv head, even Hk) where that grid
   /// takes at most two waves, instead of two CTAs of 8 warps per SM, which
-  /// do not share an SM evenly (bench/NOTES.md, v3.22); else 1.
+  /// do not share an SM evenly; else 1.
   /// The 16-warp CTAs (wide_table with one head tile, or two kv heads per
   /// CTA) of the MSE presets load their share of PiT before anything else,
   /// while the previous kernel may still run, rather than after issuing
@@ -116,15 +116,23 @@ struct DeviceCheckReport {
   }
 };
 
-/// Buffer pool (LAUNCHER.md "Workspace / buffer pool"): per shape signature
+/// Buffer pool (docs/LAUNCHER.md "Workspace / buffer pool"): per shape signature
 /// one device allocation sized for `max_batch` rows, of which a call with
 /// batch B uses the first rows, so pointers are the same for every B and
-/// across capture and replay. Thread-safe (one mutex around the map; the
+/// across capture and replay. A batch larger than the bucket grows it to the
+/// next power of two (at least B, at most 2^20 rows), once, with a warning on
+/// stderr naming the pool and its new size: graphs captured earlier then hold
+/// stale pointers. The first allocation of a signature and every growth
+/// synchronise the device, so they cannot happen while the stream captures a
+/// CUDA graph: decode() then throws Error naming max_batch (run one decode of
+/// each shape before capture, with max_batch at least the largest batch
+/// captured). Thread-safe (one mutex around the map; the
 /// returned buffers of a signature must not be used by two streams at once:
 /// give each concurrent stream its own workspace).
 class DecodeWorkspace {
  public:
-  /// max_batch 0 means: the TQDECODE_MAX_BATCH environment variable, else 512.
+  /// Rows of every pool: the TQDECODE_MAX_BATCH environment variable when it
+  /// is set (an override, docs/LAUNCHER.md), else `max_batch`, else (0) 512.
   explicit DecodeWorkspace(int max_batch = 0);
   ~DecodeWorkspace();
   DecodeWorkspace(const DecodeWorkspace&) = delete;

@@ -1,4 +1,4 @@
-// Inputs of one decode step (FORMAT.md section 5), shared by the CPU
+// Inputs of one decode step (docs/FORMAT.md section 5), shared by the CPU
 // reference, the CUDA launcher and the bindings.
 #pragma once
 

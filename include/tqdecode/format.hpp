@@ -1,4 +1,4 @@
-// The TurboQuant paged KV-cache format (FORMAT.md sections 1 and 4): presets
+// The TurboQuant paged KV-cache format (docs/FORMAT.md sections 1 and 4): presets
 // and the byte layout of one cache block. Usable from host and device code.
 #pragma once
 
@@ -44,8 +44,11 @@ TQ_HOST_DEVICE constexpr PresetInfo preset_info(Preset preset) {
 Preset parse_preset(std::string_view name, std::string_view argument = "preset");
 
 /// Finds the preset with these engine-side parameters (the launcher's
-/// mse_bits / value_quant_bits / key_fp8 / norm_correction arguments).
-Preset preset_from_parameters(int mse_bits, int value_bits, bool key_fp8, bool norm_correction);
+/// mse_bits / value_quant_bits / key_fp8 arguments). The launcher's
+/// norm_correction does not take part: in the blocks layout the correction
+/// is folded into the stored key norm at store time, so decode is the same
+/// function with or without it.
+Preset preset_from_parameters(int mse_bits, int value_bits, bool key_fp8);
 
 /// Supported geometry values (validated by make_layout).
 inline constexpr std::array<int, 3> kHeadDims = {64, 128, 256};
@@ -53,7 +56,7 @@ inline constexpr std::array<int, 4> kBlockSizes = {16, 32, 64, 128};
 inline constexpr int kMaxGroupSize = 16;
 inline constexpr int kMaxKvHeads = 1024;
 
-/// Byte layout of one cache block: [data region][metadata region] (FORMAT.md
+/// Byte layout of one cache block: [data region][metadata region] (docs/FORMAT.md
 /// section 4). Offsets are 64-bit; a cache may exceed 4 GiB.
 struct CacheLayout {
   Preset preset;

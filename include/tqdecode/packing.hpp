@@ -1,4 +1,4 @@
-// Bit packing of codes, LSB first within little-endian bytes (FORMAT.md
+// Bit packing of codes, LSB first within little-endian bytes (docs/FORMAT.md
 // section 4): element d of a b-bit string occupies bits [b*d, b*d + b).
 #pragma once
 

@@ -1,4 +1,4 @@
-// Split-KV partitioning (FORMAT.md section 5, LAUNCHER.md): the grid has a
+// Split-KV partitioning (docs/FORMAT.md section 5, docs/LAUNCHER.md): the grid has a
 // fixed partition count N chosen from shapes only; each sequence splits its
 // actual length into N ranges on the device, aligned to `align` tokens.
 #pragma once

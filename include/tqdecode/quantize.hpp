@@ -1,4 +1,4 @@
-// Scalar pieces of the store-path encoding (FORMAT.md section 3) shared by
+// Scalar pieces of the store-path encoding (docs/FORMAT.md section 3) shared by
 // the CPU store and the GPU store kernel, so that both produce the same cache
 // bytes. Every fp32 operation that feeds a stored byte goes through the
 // *_rn helpers below: on the device they are the round-to-nearest intrinsics,

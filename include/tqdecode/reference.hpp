@@ -1,4 +1,4 @@
-// CPU reference of the decode math (FORMAT.md section 5): the oracle every
+// CPU reference of the decode math (docs/FORMAT.md section 5): the oracle every
 // GPU result is checked against, and the path used when there is no GPU.
 #pragma once
 

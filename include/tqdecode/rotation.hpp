@@ -1,4 +1,4 @@
-// Orthogonal rotations Pi (FORMAT.md section 2), row-major D x D fp32.
+// Orthogonal rotations Pi (docs/FORMAT.md section 2), row-major D x D fp32.
 #pragma once
 
 #include <cstdint>

@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -151,11 +152,8 @@ struct DecodeInputs {
   const OptionalTensor& PiT;
   double scale;
   int64_t mse_bits;
-  int64_t key_packed_size;
   int64_t value_quant_bits;
-  int64_t value_packed_size;
   bool key_fp8;
-  bool norm_correction;
   const OptionalTensor& sinks;
   bool constants_stable;
 };
@@ -170,16 +168,10 @@ tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
   TQ_REQUIRE(query.stride(2) == 1, "query", "the head_dim dimension must have stride 1");
   check_device(in.kv_cache, "kv_cache", device);
 
-  const tqdecode::Preset preset = tqdecode::preset_from_parameters(
-      static_cast<int>(in.mse_bits), static_cast<int>(in.value_quant_bits), in.key_fp8, in.norm_correction);
+  const tqdecode::Preset preset = tqdecode::preset_from_parameters(static_cast<int>(in.mse_bits),
+                                                                   static_cast<int>(in.value_quant_bits), in.key_fp8);
   const int head_dim = static_cast<int>(query.size(2));
   const tqdecode::CacheLayout layout = cache_layout_of(in.kv_cache, preset, head_dim);
-  TQ_REQUIRE(in.key_packed_size == layout.key_bytes(), "key_packed_size",
-          std::to_string(in.key_packed_size) + " does not match " + layout.info().name + " with head_dim " +
-              std::to_string(head_dim) + "; accepted: " + std::to_string(layout.key_bytes()));
-  TQ_REQUIRE(in.value_packed_size == layout.value_bytes(), "value_packed_size",
-          std::to_string(in.value_packed_size) + " does not match " + layout.info().name + " with head_dim " +
-              std::to_string(head_dim) + "; accepted: " + std::to_string(layout.value_bytes()));
 
   const int64_t batch = query.size(0);
   check_device(in.block_table, "block_table", device);
@@ -248,30 +240,27 @@ void* const kPlanningOutput = reinterpret_cast<void*>(std::uintptr_t{1});
 #define TQ_DECODE_PARAMS                                                                                          \
   const Tensor &query, const Tensor &kv_cache, const Tensor &block_table, const Tensor &seq_lens,                 \
       const OptionalTensor &centroids, const OptionalTensor &PiT, double scale, int64_t mse_bits,                 \
-      int64_t key_packed_size, int64_t value_quant_bits, int64_t value_packed_size, bool key_fp8,                 \
-      bool norm_correction, const OptionalTensor &sinks, bool constants_stable
+      int64_t value_quant_bits, bool key_fp8, const OptionalTensor &sinks, bool constants_stable
 #define TQ_DECODE_INPUTS                                                                                          \
   DecodeInputs {                                                                                                  \
-    query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, key_packed_size, value_quant_bits,   \
-        value_packed_size, key_fp8, norm_correction, sinks, constants_stable                                      \
+    query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits, key_fp8, sinks,    \
+        constants_stable                                                                                          \
   }
-
-Tensor decode_cpu(TQ_DECODE_PARAMS) {
-  return translating_errors([&] {
-    tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
-    Tensor out = at::empty(query.sizes(), query.options());
-    set_output(args, out, query);
-    tqdecode::decode_cpu(args);  // validates seq_lens and block_table contents first
-    return out;
-  });
-}
+#define TQ_DECODE_INPUTS_FORWARDED \
+  query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits, key_fp8, sinks, constants_stable
 
 void decode_out_cpu(TQ_DECODE_PARAMS, Tensor& out) {
   translating_errors([&] {
     tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
     set_output(args, out, query);
-    tqdecode::decode_cpu(args);
+    tqdecode::decode_cpu(args);  // validates seq_lens and block_table contents first
   });
+}
+
+Tensor decode_cpu(TQ_DECODE_PARAMS) {
+  Tensor out = at::empty(query.sizes(), query.options());
+  decode_out_cpu(TQ_DECODE_INPUTS_FORWARDED, out);
+  return out;
 }
 
 std::tuple<std::string, std::string> decode_path_cpu(TQ_DECODE_PARAMS) {
@@ -402,12 +391,13 @@ class Workspaces {
     for (const auto& [device, workspace] : by_device_) workspace->set_device_checks(enabled);
   }
 
-  // New pools get `max_batch` rows (0: TQDECODE_MAX_BATCH, else 512). Existing
-  // pools are released (once no call uses them), like a pool growth: pooled
-  // outputs returned earlier and CUDA graphs captured earlier become invalid.
+  // New pools get `max_batch` rows (DecodeWorkspace: TQDECODE_MAX_BATCH
+  // overrides it; 0 means 512). Existing pools are released (once no call
+  // uses them), like a pool growth: CUDA graphs captured earlier become invalid.
   void set_max_batch(int64_t max_batch) {
-    TQ_REQUIRE(max_batch >= 0 && max_batch <= (1 << 20), "max_batch",
-            std::to_string(max_batch) + " is out of range; accepted: 0 (TQDECODE_MAX_BATCH, else 512) to 1048576");
+    TQ_REQUIRE(max_batch >= 0 && max_batch <= std::numeric_limits<int>::max(), "max_batch",
+               std::to_string(max_batch) + " is out of range; accepted: 0 (default) or 1 to 1048576");
+    tqdecode::DecodeWorkspace{static_cast<int>(max_batch)};  // validates it (and TQDECODE_MAX_BATCH), allocates nothing
     std::lock_guard<std::mutex> lock(mutex_);
     if (max_batch == max_batch_) return;
     max_batch_ = static_cast<int>(max_batch);
@@ -469,21 +459,6 @@ CUstream_st* current_stream(const at::Device& device) {
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
 }
 
-// Returns a view of the pooled output ([B, Hq, D] rows of the workspace of
-// query's device): the same data pointer for every B and across CUDA-graph
-// capture and replay, overwritten by the next decode of the same (device, Hk,
-// Hq, D, dtype) signature.
-Tensor decode_cuda(TQ_DECODE_PARAMS) {
-  return translating_errors([&] {
-    const c10::cuda::CUDAGuard guard(query.device());
-    const tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
-    const auto workspace = workspaces().for_device(query.device().index());
-    void* output = tqdecode::decode(args, *workspace, current_stream(query.device()));
-    if (args.batch == 0) return at::empty(query.sizes(), query.options());  // nothing pooled for no rows
-    return at::from_blob(output, query.sizes(), query.options());
-  });
-}
-
 void decode_out_cuda(TQ_DECODE_PARAMS, Tensor& out) {
   translating_errors([&] {
     const c10::cuda::CUDAGuard guard(query.device());
@@ -492,6 +467,15 @@ void decode_out_cuda(TQ_DECODE_PARAMS, Tensor& out) {
     const auto workspace = workspaces().for_device(query.device().index());
     tqdecode::decode(args, *workspace, current_stream(query.device()));
   });
+}
+
+// A new output tensor from torch's allocator (the graph's pool under CUDA-graph
+// capture), so results own their memory: the workspace pools only the
+// intermediate buffers (rotated queries, partitions).
+Tensor decode_cuda(TQ_DECODE_PARAMS) {
+  Tensor out = at::empty(query.sizes(), query.options());
+  decode_out_cuda(TQ_DECODE_INPUTS_FORWARDED, out);
+  return out;
 }
 
 std::tuple<std::string, std::string> decode_path_cuda(TQ_DECODE_PARAMS) {
@@ -504,23 +488,20 @@ std::tuple<std::string, std::string> decode_path_cuda(TQ_DECODE_PARAMS) {
   });
 }
 
-// With check=True an eager store validates slots and finiteness on the
-// device and raises ValueError when a check fails, which synchronises the
-// stream. During CUDA-graph capture it cannot synchronise: a failing check
-// then leaves the cache unwritten and is not reported (the same as check=False).
+// Without check (the default) the store synchronises nothing and works in
+// CUDA graphs: a failed device-side check writes nothing and is counted in
+// the device's report (store_check_report). With check it synchronises and
+// raises ValueError. The call's status word comes from torch's allocator, so
+// stores on several streams do not share one.
 void store_cuda(const Tensor& key, const Tensor& value, Tensor& kv_cache, const Tensor& slot_mapping,
                 const OptionalTensor& Pi, const OptionalTensor& centroids, std::string_view preset, bool check) {
   translating_errors([&] {
     const c10::cuda::CUDAGuard guard(key.device());
     const tqdecode::StoreArgs args = store_args(key, value, kv_cache, slot_mapping, Pi, centroids, preset);
-    CUstream_st* stream = current_stream(key.device());
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    TORCH_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess, "tqdecode: cudaStreamIsCapturing failed");
-    // The status word comes from torch's allocator, which serves graph
-    // capture from the graph's pool (the library's own word would be a
-    // cudaMalloc on first use); the store zeroes it itself.
     Tensor status = at::empty({1}, key.options().dtype(at::kInt));
-    tqdecode::store_cuda(args, stream, status.data_ptr<int>(), check && capture == cudaStreamCaptureStatusNone);
+    tqdecode::store_cuda(args, current_stream(key.device()),
+                         check ? tqdecode::StoreChecking::raise : tqdecode::StoreChecking::record,
+                         status.data_ptr<int>());
   });
 }
 
@@ -555,28 +536,50 @@ CheckReportTuple device_check_report([[maybe_unused]] int64_t device) {
   });
 }
 
+// (checked_calls, failed_calls, slot_out_of_range, duplicate_slot,
+//  non_finite_key, non_finite_value, first failure's StoreStatus) of the GPU
+// stores on `device`, read and cleared on its current stream; zeros without
+// a CUDA device or in a build without CUDA (the CPU store raises instead).
+using StoreReportTuple = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+StoreReportTuple store_check_report([[maybe_unused]] int64_t device) {
+  return translating_errors([&] {
+    tqdecode::StoreCheckReport report;
+#if defined(TQDECODE_WITH_CUDA)
+    if (tqdecode::cuda_available()) {
+      const at::Device cuda_device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+      const c10::cuda::CUDAGuard guard(cuda_device);
+      report = tqdecode::store_check_report(current_stream(cuda_device));
+    }
+#endif
+    using tqdecode::StoreStatus;
+    const auto failures = [&](StoreStatus status) { return report.failures[static_cast<int>(status)]; };
+    return StoreReportTuple{report.checked_calls,
+                            report.failed_calls,
+                            failures(StoreStatus::slot_out_of_range),
+                            failures(StoreStatus::duplicate_slot),
+                            failures(StoreStatus::non_finite_key),
+                            failures(StoreStatus::non_finite_value),
+                            static_cast<int64_t>(report.first_failure)};
+  });
+}
+
 }  // namespace tqdecode_torch
 
 // Schemas. Mutated arguments are annotated (a!) so functionalization and
-// torch.compile see the writes. `decode` returns the pooled output on CUDA
-// (see decode_cuda); `decode_out` writes a caller's tensor and is what
-// compiled graphs and output_buf use.
+// torch.compile see the writes. `decode` returns a new tensor; `decode_out`
+// writes a caller's tensor (output_buf).
+#define TQ_DECODE_SCHEMA_ARGS                                                                                   \
+  "Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, Tensor? PiT, "       \
+  "float scale, int mse_bits, int value_quant_bits, bool key_fp8=False, Tensor? sinks=None, "                  \
+  "bool constants_stable=True"
 TORCH_LIBRARY(tqdecode, m) {
   m.def(
       "store(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping, Tensor? Pi, Tensor? centroids, "
-      "str preset, bool check=True) -> ()");
-  m.def(
-      "decode(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, Tensor? PiT, "
-      "float scale, int mse_bits, int key_packed_size, int value_quant_bits, int value_packed_size, "
-      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None, bool constants_stable=True) -> Tensor");
-  m.def(
-      "decode_out(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, "
-      "Tensor? PiT, float scale, int mse_bits, int key_packed_size, int value_quant_bits, int value_packed_size, "
-      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None, bool constants_stable=True, *, Tensor(a!) out) -> ()");
-  m.def(
-      "decode_path(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, "
-      "Tensor? PiT, float scale, int mse_bits, int key_packed_size, int value_quant_bits, int value_packed_size, "
-      "bool key_fp8=False, bool norm_correction=False, Tensor? sinks=None, bool constants_stable=True) -> (str path, str reason)");
+      "str preset, bool check=False) -> ()");
+  m.def("decode(" TQ_DECODE_SCHEMA_ARGS ") -> Tensor");
+  m.def("decode_out(" TQ_DECODE_SCHEMA_ARGS ", *, Tensor(a!) out) -> ()");
+  m.def("decode_path(" TQ_DECODE_SCHEMA_ARGS ") -> (str path, str reason)");
   m.def(
       "make_model_constants(str preset, int head_dim, int seed=0, str rotation=\"hadamard\") "
       "-> (Tensor centroids, Tensor Pi, Tensor PiT)");
@@ -589,6 +592,9 @@ TORCH_LIBRARY(tqdecode, m) {
       "device_check_report(int device) -> (int checked_calls, int failed_sequences, int bad_seq_lens, "
       "int bad_block_entries, int bad_seq_len_sequence, int bad_seq_len_value, int bad_block_entry_sequence, "
       "int bad_block_entry_column, int bad_block_entry_value)");
+  m.def(
+      "store_check_report(int device) -> (int checked_calls, int failed_calls, int slot_out_of_range, "
+      "int duplicate_slot, int non_finite_key, int non_finite_value, int first_failure)");
 }
 
 TORCH_LIBRARY_IMPL(tqdecode, CPU, m) {
@@ -617,4 +623,5 @@ TORCH_LIBRARY_IMPL(tqdecode, CompositeExplicitAutograd, m) {
   m.impl("pool_stats", &tqdecode_torch::pool_stats);
   m.impl("set_device_checks", &tqdecode_torch::set_device_checks);
   m.impl("device_check_report", &tqdecode_torch::device_check_report);
+  m.impl("store_check_report", &tqdecode_torch::store_check_report);
 }

@@ -8,7 +8,7 @@ they are the C++ reference path). Needs the binding built
 
 Oracles: the CPU op (the C++ reference decode) and, independently, torch SDPA
 in fp32 over the cache as dequantized by the small Python reader of
-FORMAT.md below.
+docs/FORMAT.md below.
 """
 
 import math
@@ -27,7 +27,7 @@ import tqdecode  # an ImportError here means the binding is not built: a failure
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = unittest.skipUnless(HAS_CUDA, "no CUDA device: GPU test of the PyTorch binding skipped")
 
-# FORMAT.md section 1: key bits, value bits, fp8 keys, norm correction.
+# docs/FORMAT.md section 1: key bits, value bits, fp8 keys, norm correction.
 SPEC_PRESETS = {
     "turboquant_4bit_nc": (4, 4, False, True),
     "turboquant_k3v4_nc": (3, 4, False, True),
@@ -36,10 +36,10 @@ SPEC_PRESETS = {
 }
 
 
-# ---- a reader of the cache format, written from FORMAT.md alone -------------
+# ---- a reader of the cache format, written from docs/FORMAT.md alone -------------
 
 def spec_sizes(preset, head_dim):
-    """(KD, VD, F) of FORMAT.md section 4."""
+    """(KD, VD, F) of docs/FORMAT.md section 4."""
     key_bits, value_bits, key_fp8, _ = SPEC_PRESETS[preset]
     key_bytes = head_dim if key_fp8 else math.ceil(head_dim * key_bits / 8)
     return key_bytes, math.ceil(head_dim * value_bits / 8), 2 if key_fp8 else 3
@@ -54,7 +54,7 @@ def unpack_codes(packed, bits, count):
 
 def dequantize(cache, preset, head_dim, centroids):
     """(khat, vhat) fp32 [num_blocks, block_size, Hk, D]: keys in the rotated
-    space for MSE presets (FORMAT.md section 5 steps 2 and 4)."""
+    space for MSE presets (docs/FORMAT.md section 5 steps 2 and 4)."""
     key_bits, value_bits, key_fp8, _ = SPEC_PRESETS[preset]
     key_bytes, value_bytes, fields = spec_sizes(preset, head_dim)
     num_blocks, block_size, num_kv_heads, _ = cache.shape
@@ -180,7 +180,7 @@ def make_case(config: Config, seed: int = 0) -> Case:
 
 def sdpa_reference(case: Case) -> torch.Tensor:
     """fp32 [B, Hq, D]: torch SDPA over the dequantized cache, sinks applied
-    as out * sigmoid(logsumexp(scores) - sink) (FORMAT.md section 5 step 5)."""
+    as out * sigmoid(logsumexp(scores) - sink) (docs/FORMAT.md section 5 step 5)."""
     c = case.config
     khat, vhat = dequantize(case.kv_cache, c.preset, c.head_dim, case.centroids)
     query = case.query.cpu().float()
@@ -232,7 +232,8 @@ class AccuracyTest(unittest.TestCase):
         self.assertEqual((out.shape, out.dtype, out.device.type), (case.query.shape, config.dtype, "cpu"))
         self.assertTrue(bool(torch.all(out[1] == 0)), "seq_len 0 gives an all-zero row")
         flat = torch.empty(out.shape[0], out.shape[1] * out.shape[2], dtype=config.dtype)  # engines' [B, Hq * D]
-        self.assertIs(tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=flat), flat)
+        returned = tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=flat)
+        self.assertEqual((returned.data_ptr(), returned.shape), (flat.data_ptr(), flat.shape))
         self.assertTrue(torch.equal(flat.view(out.shape), out))
         # Same function, fp32 vs double accumulation; the output is rounded to the query dtype.
         self.assert_close(out, sdpa_reference(case), 0.99999, 5e-3, 1e-2, f"CPU op vs SDPA, {config.name}")
@@ -242,11 +243,11 @@ class AccuracyTest(unittest.TestCase):
         expected = tqdecode.turboquant_decode_attention(*case.decode_args()[0], **case.decode_args()[1])
         gpu = case.to("cuda")
         args, kwargs = gpu.decode_args()
-        pooled = tqdecode.turboquant_decode_attention(*args, **kwargs).clone()
+        pooled = tqdecode.turboquant_decode_attention(*args, **kwargs)
         output_buf = torch.full_like(pooled, float("nan"))
         returned = tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=output_buf)
-        self.assertIs(returned, output_buf)
-        self.assertTrue(torch.equal(pooled, output_buf), "pooled output and output_buf agree")
+        self.assertEqual(returned.data_ptr(), output_buf.data_ptr())
+        self.assertTrue(torch.equal(pooled, output_buf), "returned output and output_buf agree")
         self.assertTrue(bool(torch.all(pooled[1] == 0)), "seq_len 0 gives an all-zero row")
         path = tqdecode.decode_path(*args, **kwargs)
         # DESIGN.md: bf16 tensor-core operands and fp32 accumulation against the reference.
@@ -276,7 +277,7 @@ class FormatTest(unittest.TestCase):
         self.assertEqual((cache.shape, cache.dtype), (torch.Size([3, 16, 8, 134]), torch.uint8))
 
     def test_store_matches_spec_encoding(self):
-        """The Python reader recovers what the CPU store encoded (FORMAT.md section 3)."""
+        """The Python reader recovers what the CPU store encoded (docs/FORMAT.md section 3)."""
         for config in CONFIGS[:4]:
             case = make_case(config)
             khat, vhat = dequantize(case.kv_cache, config.preset, config.head_dim, case.centroids)
@@ -307,15 +308,15 @@ class ConstantsCacheTest(unittest.TestCase):
         args, kwargs = case.decode_args()
         holder = Holder()
         first = tqdecode.turboquant_decode_attention(*args, **kwargs, buf_holder=holder).clone()
-        cached_PiT = holder._tqdecode_consts[3]
+        cached_PiT = holder._tqdecode_consts[case.query.device][3]
         self.assertTrue(torch.equal(cached_PiT, case.Pi.t()))
         tqdecode.turboquant_decode_attention(*args, **kwargs, buf_holder=holder)
-        self.assertIs(holder._tqdecode_consts[3], cached_PiT, "reused while Pi is unchanged")
+        self.assertIs(holder._tqdecode_consts[case.query.device][3], cached_PiT, "reused while Pi is unchanged")
         with_PiT = tqdecode.turboquant_decode_attention(*args, **kwargs, PiT=case.PiT)
         self.assertTrue(torch.equal(first, with_PiT))
         case.Pi.mul_(1.0)  # an in-place write bumps the version: derived constants are rebuilt
         tqdecode.turboquant_decode_attention(*args, **kwargs, buf_holder=holder)
-        self.assertIsNot(holder._tqdecode_consts[3], cached_PiT)
+        self.assertIsNot(holder._tqdecode_consts[case.query.device][3], cached_PiT)
 
     def test_constants_derived_in_the_call_are_not_stable(self):
         # constants_stable=False (no early reads by a programmatic launch)
@@ -330,6 +331,9 @@ class ConstantsCacheTest(unittest.TestCase):
         self.assertFalse(_model_constants(query, Pi, centroids, None, False, holder)[2], "Pi written: derived again")
         self.assertFalse(_model_constants(query, Pi, centroids, None, False, None)[2], "no buf_holder")
         self.assertTrue(_model_constants(query, None, None, None, True, None)[2], "fp8 keys: no constants")
+        fresh = Holder()  # decode_path derives without caching: the next decode still waits for them
+        self.assertFalse(_model_constants(query, Pi, centroids, None, False, fresh, keep=False)[2])
+        self.assertFalse(_model_constants(query, Pi, centroids, None, False, fresh)[2], "not cached by decode_path")
 
 
 @requires_cuda
@@ -351,10 +355,57 @@ class CudaTest(unittest.TestCase):
         key = case.key.clone()
         key[3, 1, 7] = float("nan")
         before = case.kv_cache.clone()
+        store_args = (key, case.value, case.kv_cache, case.slot_mapping, case.Pi, case.centroids, CONFIGS[0].preset)
         with self.assertRaisesRegex(ValueError, "tqdecode: key"):
-            tqdecode.store(key, case.value, case.kv_cache, case.slot_mapping, case.Pi, case.centroids,
-                           CONFIGS[0].preset)
+            tqdecode.store(*store_args, check=True)
         self.assertTrue(torch.equal(case.kv_cache, before), "nothing written")
+        tqdecode.store_check_report()
+        tqdecode.store(*store_args)  # the default: recorded on the device, not raised
+        report = tqdecode.store_check_report()
+        self.assertTrue(torch.equal(case.kv_cache, before), "nothing written")
+        self.assertEqual((report["checked_calls"], report["failed_calls"], report["first_failure"]),
+                         (1, 1, "non_finite_key"))
+        self.assertEqual(report["failures"]["non_finite_key"], 1)
+
+    def test_cuda_store_refuses_duplicate_slots_like_the_cpu(self):
+        case = make_case(CONFIGS[1])
+        slots = case.slot_mapping.clone()
+        slots[40] = slots[3]
+        args = lambda c, s: (c.key, c.value, c.kv_cache.clone(), s, c.Pi, c.centroids, CONFIGS[1].preset)
+        with self.assertRaisesRegex(ValueError, r"tqdecode: slot_mapping\[40\]"):
+            tqdecode.store(*args(case, slots))
+        gpu = case.to("cuda")
+        with self.assertRaisesRegex(ValueError, "tqdecode: slot_mapping: two tokens map to the same slot"):
+            tqdecode.store(*args(gpu, slots.cuda()), check=True)
+
+    def test_cuda_store_default_is_graph_safe(self):
+        """The default store synchronises nothing: it captures in a CUDA graph
+        and replays with new K/V; check=True is refused during capture."""
+        case = make_case(CONFIGS[0])
+        expected = torch.zeros_like(case.kv_cache)
+        tqdecode.store(case.key, case.value, expected, case.slot_mapping, case.Pi, case.centroids, CONFIGS[0].preset)
+        gpu = case.to("cuda")
+        key, value = torch.zeros_like(gpu.key), torch.zeros_like(gpu.value)
+        cache = torch.zeros_like(gpu.kv_cache)
+        store = lambda **kw: tqdecode.store(key, value, cache, gpu.slot_mapping, gpu.Pi, gpu.centroids,
+                                            CONFIGS[0].preset, **kw)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            store()  # warm-up: the device's store report exists before capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            store()
+            with self.assertRaisesRegex(ValueError, "tqdecode: check"):
+                store(check=True)
+        key.copy_(gpu.key)
+        value.copy_(gpu.value)
+        cache.zero_()
+        tqdecode.store_check_report()
+        graph.replay()
+        self.assertTrue(torch.equal(cache.cpu(), expected), "the replay wrote the CPU bytes")
+        self.assertEqual(tqdecode.store_check_report()["checked_calls"], 1)
 
     def test_decode_path(self):
         case = make_case(CONFIGS[0]).to("cuda")  # turboquant_4bit_nc, D = 128
@@ -430,8 +481,7 @@ class CudaTest(unittest.TestCase):
                     out = decode(*inputs)
                 graphs[batch] = (graph, inputs, out)
             pointers = {out.data_ptr() for _, _, out in graphs.values()}
-            self.assertEqual(len(pointers), 1, "pooled output pointer is the same for every batch size")
-            self.assertEqual(decode(*graphs[7][1]).data_ptr(), pointers.pop(), "and in eager calls")
+            self.assertEqual(len(pointers), 3, "each captured call owns its output")
             stats = tqdecode.pool_stats()
             self.assertEqual(stats["max_batch"], 24)
             self.assertEqual([pool["bucket_batch"] for pool in stats["pools"]], [24])
@@ -494,7 +544,7 @@ class CompileTest(unittest.TestCase):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         c = make_case(CONFIGS[0])
-        decode_args = (c.kv_cache, c.block_table, c.seq_lens, c.centroids, c.PiT, c.scale, 4, 64, 4, 64, False, True)
+        decode_args = (c.kv_cache, c.block_table, c.seq_lens, c.centroids, c.PiT, c.scale, 4, 4, False)
         eager = torch.ops.tqdecode.decode(c.query, *decode_args, c.sinks)
         real_constants = torch.ops.tqdecode.make_model_constants("turboquant_3bit_nc", 64)
         with FakeTensorMode(allow_non_fake_inputs=True):
@@ -548,8 +598,6 @@ class BadArgumentsTest(unittest.TestCase):
     def test_unsupported_preset_and_geometry(self):
         c = self.case
         self.assert_names("mse_bits", mse_bits=2)
-        self.assert_names("key_packed_size", key_packed_size=c.layout.key_packed_size + 1)
-        self.assert_names("value_packed_size", value_packed_size=48)
         self.assert_names("block_size", kv_cache=torch.zeros(4, 8, 2, 134, dtype=torch.uint8))
         self.assert_names("num_q_heads", query=torch.zeros(5, 7, 128, dtype=torch.bfloat16), sinks=None)
         self.assert_names("head_dim", query=torch.zeros(5, 8, 96, dtype=torch.bfloat16), Pi=torch.eye(96))
@@ -591,10 +639,10 @@ class BadArgumentsTest(unittest.TestCase):
         c = self.case
         with self.assertRaisesRegex(ValueError, "tqdecode: query: dtype torch.float32"):
             torch.ops.tqdecode.decode(c.query.float(), c.kv_cache, c.block_table, c.seq_lens, c.centroids, c.PiT,
-                                      c.scale, 4, 64, 4, 64, False, True)
+                                      c.scale, 4, 4, False)
         with self.assertRaisesRegex(ValueError, "tqdecode: PiT"):
             torch.ops.tqdecode.decode(c.query, c.kv_cache, c.block_table, c.seq_lens, c.centroids, None,
-                                      c.scale, 4, 64, 4, 64, False, True)
+                                      c.scale, 4, 4, False)
         with self.assertRaisesRegex(ValueError, "tqdecode: slot_mapping"):
             torch.ops.tqdecode.store(c.key, c.value, c.kv_cache, c.slot_mapping.int(), c.Pi, c.centroids,
                                      c.config.preset)
@@ -609,8 +657,153 @@ class BadArgumentsTest(unittest.TestCase):
                           Pi=gpu.Pi, centroids=gpu.centroids, sinks=gpu.sinks)
         with self.assertRaisesRegex(ValueError, "tqdecode: kv_cache"):
             torch.ops.tqdecode.decode_out(gpu.query, self.case.kv_cache, gpu.block_table, gpu.seq_lens,
-                                          gpu.centroids, gpu.PiT, gpu.scale, 4, 64, 4, 64, False, True,
+                                          gpu.centroids, gpu.PiT, gpu.scale, 4, 4, False,
                                           out=torch.empty_like(gpu.query))
+
+class SeedCallsTest(unittest.TestCase):
+    """Calls the entry point exactly as the engine-side launcher's callers do
+    (docs/LAUNCHER.md: arguments it does not need are accepted and ignored): each
+    variant gives the canonical call's result, on the CPU and on CUDA."""
+
+    def check(self, device):
+        case = make_case(CONFIGS[0]).to(device) if device != "cpu" else make_case(CONFIGS[0])
+        args, kwargs = case.decode_args()
+        expected = tqdecode.turboquant_decode_attention(*args, **kwargs)
+        batch, heads, head_dim = case.query.shape
+        layout = case.layout
+
+        # Sizes an engine computes its own way (one config gives ceil(D * bits / 8) + 4), and
+        # norm_correction=False for 4-bit MSE keys: the decode is the same function.
+        for changes in ({"key_packed_size": math.ceil(head_dim * 4 / 8) + 4, "value_packed_size": 0},
+                        {"norm_correction": False}, {"norm_correction": True, "max_seq_len": 4096,
+                                                     "max_num_kv_splits": 8, "mid_o_buf": torch.empty(1),
+                                                     "lse_buf": torch.empty(1), "buf_holder": Holder()}):
+            got = tqdecode.turboquant_decode_attention(*args, **{**kwargs, **changes})
+            self.assertTrue(torch.equal(got, expected), f"{device}: {sorted(changes)}")
+
+        # output_buf with more rows than the batch: the first B rows are written and returned.
+        for shape in ((batch + 3, heads, head_dim), (batch + 3, heads * head_dim)):
+            output_buf = torch.full(shape, float("nan"), dtype=case.query.dtype, device=device)
+            returned = tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=output_buf)
+            self.assertEqual((returned.shape[0], returned.data_ptr()), (batch, output_buf.data_ptr()))
+            self.assertTrue(torch.equal(returned.reshape(expected.shape), expected), f"{device}: {shape}")
+            self.assertTrue(bool(torch.isnan(output_buf[batch:]).all()), "rows past B are not written")
+        # A 2-D view of a contiguous [N, Hq * D] buffer taken from a larger one (engines slice theirs).
+        whole = torch.full((batch + 8, heads * head_dim + 16), float("nan"), dtype=case.query.dtype, device=device)
+        view = whole[2:, : heads * head_dim]
+        tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=view)
+        self.assertTrue(torch.equal(view[:batch].reshape(expected.shape), expected))
+        self.assertTrue(bool(torch.isnan(whole[:2]).all()) and bool(torch.isnan(whole[:, heads * head_dim:]).all()))
+        with self.assertRaisesRegex(ValueError, r"tqdecode: output_buf: .*accepted: \[N, 8, 128\] or \[N, 1024\]"):
+            tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=torch.empty(
+                batch - 1, heads, head_dim, dtype=case.query.dtype, device=device))
+
+    def test_seed_calls_cpu(self):
+        self.check("cpu")
+
+    @requires_cuda
+    def test_seed_calls_cuda(self):
+        self.check("cuda")
+
+
+class OpCheckTest(unittest.TestCase):
+    """torch.library.opcheck on every op: schema (mutations and aliasing as
+    declared), fake implementations, autograd registration, AOT dispatch."""
+
+    def check_ops(self, device):
+        case = make_case(CONFIGS[0])
+        if device != "cpu":
+            case = case.to(device)
+        c = case
+        decode_args = (c.query, c.kv_cache, c.block_table, c.seq_lens, c.centroids, c.PiT, c.scale, 4, 4, False, c.sinks)
+        ops = torch.ops.tqdecode
+        slot_mapping = c.slot_mapping
+        samples = [
+            (ops.decode.default, decode_args, {}),
+            (ops.decode_out.default, decode_args, {"out": torch.empty_like(c.query)}),
+            (ops.decode_path.default, decode_args, {}),
+            (ops.store.default, (c.key, c.value, torch.zeros_like(c.kv_cache), slot_mapping, c.Pi, c.centroids,
+                                 c.config.preset), {}),
+            (ops.make_model_constants.default, ("turboquant_3bit_nc", 64, 3, "dense"), {}),
+            (ops.cache_layout.default, ("turboquant_k8v4", 128, 16, 2), {}),
+            (ops.is_available.default, (), {}),
+            (ops.pool_stats.default, (), {}),
+            (ops.set_device_checks.default, (False,), {}),
+            (ops.set_max_batch.default, (0,), {}),
+            (ops.device_check_report.default, (0,), {}),
+            (ops.store_check_report.default, (0,), {}),
+        ]
+        for op, args, kwargs in samples:
+            with self.subTest(op=str(op), device=device):
+                # No AOT check where a compiled graph cannot equal eager calls: decode_path's fake cannot know
+                # the path (it depends on the device and the cache's alignment) and answers "unknown"; the
+                # pool stats and reports describe the process's state (and each read clears a report).
+                no_aot = (ops.decode_path.default, ops.pool_stats.default, ops.device_check_report.default,
+                          ops.store_check_report.default)
+                utils = [u for u in torch.library._OPCHECK_DEFAULT_UTILS
+                         if not (op in no_aot and u == "test_aot_dispatch_dynamic")]
+                torch.library.opcheck(op, args, kwargs, test_utils=utils)
+
+    def test_opcheck_cpu(self):
+        self.check_ops("cpu")
+
+    @requires_cuda
+    def test_opcheck_cuda(self):
+        self.check_ops("cuda")
+
+
+@requires_cuda
+class PoolTest(unittest.TestCase):
+    """docs/LAUNCHER.md's buffer pool as the binding uses it."""
+
+    def setUp(self):
+        self.case = make_case(Config("turboquant_4bit_nc", seq_lens=tuple(range(5, 5 + 37 * 20, 37)))).to("cuda")
+
+    def tearDown(self):
+        tqdecode.set_max_batch(0)
+
+    def decode(self, batch, **extra):
+        c = self.case
+        args, kwargs = c.decode_args()
+        return tqdecode.turboquant_decode_attention(c.query[:batch], c.kv_cache, c.block_table[:batch],
+                                                    c.seq_lens[:batch], *args[4:], **{**kwargs, **extra})
+
+    def buckets(self):
+        return [pool["bucket_batch"] for pool in tqdecode.pool_stats()["pools"]]
+
+    def test_growth_is_geometric_and_results_own_their_memory(self):
+        tqdecode.set_max_batch(4)
+        first = self.decode(3)
+        kept = first.clone()
+        self.assertEqual(self.buckets(), [4])
+        for batch, bucket in ((5, 8), (7, 8), (9, 16), (16, 16), (20, 32)):
+            out = self.decode(batch)
+            self.assertEqual(self.buckets(), [bucket], f"batch {batch}")
+            cosine, relative, _ = errors(out[:3], kept)  # N depends on the batch: summation order may differ
+            self.assertGreater(cosine, 0.99999, f"batch {batch}")
+            self.assertLess(relative, 2e-3, f"batch {batch}")
+        tqdecode.set_max_batch(2)  # releases the pools
+        self.decode(2)
+        self.assertTrue(torch.equal(first, kept), "a result stays valid after the pools are released")
+
+    def test_growth_during_capture_names_set_max_batch(self):
+        tqdecode.set_max_batch(4)
+        self.decode(4)  # warm-up: the pool exists with 4 rows
+        graph = torch.cuda.CUDAGraph()
+        with self.assertRaisesRegex(ValueError, "tqdecode: max_batch: .*set_max_batch"):
+            with torch.cuda.graph(graph):
+                self.decode(6)
+
+
+class MaxBatchTest(unittest.TestCase):
+    def test_environment_overrides_the_callers_value(self):
+        import os
+        import subprocess
+        import sys
+        code = "import tqdecode; tqdecode.set_max_batch(24); print(tqdecode.pool_stats()['max_batch'])"
+        env = {**os.environ, "TQDECODE_MAX_BATCH": "40", "PYTHONPATH": os.pathsep.join(sys.path)}
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        self.assertEqual(result.stdout.strip(), "40")
 
 
 if __name__ == "__main__":

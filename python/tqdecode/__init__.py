@@ -6,8 +6,8 @@ launcher it replaces). The ops behind it are ``torch.ops.tqdecode.*``
 (schemas in ``python/csrc/ops.cpp``), with fake implementations so that
 ``torch.compile(fullgraph=True)`` traces them.
 
-Cache format and decode math: ``FORMAT.md``; launcher contract (paths,
-buffer pool, CUDA graphs): ``LAUNCHER.md``; usage: ``python/README.md``.
+Cache format and decode math: ``docs/FORMAT.md``; launcher contract (paths,
+buffer pool, CUDA graphs): ``docs/LAUNCHER.md``; usage: ``python/README.md``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._library import check_decode, check_output, check_store, fail, ops
+from ._library import check_decode, check_store, fail, ops, output_rows
 
 __all__ = [
     "CacheLayout",
@@ -31,12 +31,13 @@ __all__ = [
     "set_device_checks",
     "set_max_batch",
     "store",
+    "store_check_report",
     "turboquant_decode_attention",
 ]
 
 
 class CacheLayout(NamedTuple):
-    """The byte layout of a preset and geometry (FORMAT.md section 4)."""
+    """The byte layout of a preset and geometry (docs/FORMAT.md section 4)."""
 
     preset: str
     key_bits: int  # MSE codebook bits, or 8 for fp8 keys
@@ -94,15 +95,22 @@ def make_model_constants(preset: str, head_dim: int, seed: int = 0, rotation: st
 
 
 def store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-          Pi: Optional[torch.Tensor], centroids: Optional[torch.Tensor], preset: str, check: bool = True) -> None:
+          Pi: Optional[torch.Tensor], centroids: Optional[torch.Tensor], preset: str, check: bool = False) -> None:
     """Encodes ``key``/``value`` ``[num_tokens, Hk, D]`` (fp32/fp16/bf16) into ``kv_cache`` in place.
 
-    ``slot_mapping[t] = block * block_size + slot`` (negative: skip the token).
-    ``Pi`` ``[D, D]`` and ``centroids`` are fp32 (unused by fp8 keys). With
-    ``check`` the GPU store raises ValueError on an out-of-range slot or a
-    non-finite input and writes nothing, at the cost of a stream synchronisation;
-    inside CUDA-graph capture it cannot raise (nothing is written on failure).
-    The CPU store always checks.
+    ``slot_mapping[t] = block * block_size + slot`` (negative: skip the token;
+    int64 or int32). ``Pi`` ``[D, D]`` and ``centroids`` are fp32 (unused by
+    fp8 keys). Every token is checked before any byte is written: slot in
+    range, each slot at most once per call, K/V finite (and their fp16 norm,
+    scale and zero); when a check fails nothing is written.
+
+    On CUDA the checks run on the device. By default (``check=False``) the
+    call never synchronises and works inside CUDA graphs: a failure is
+    counted in the device's report, read with :func:`store_check_report`.
+    ``check=True`` synchronises the stream and raises ValueError naming the
+    argument (not allowed while capturing a CUDA graph). The first store on a
+    device allocates its report and must run outside graph capture. The CPU
+    store always raises ValueError.
     """
     if isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype == torch.int32:
         slot_mapping = slot_mapping.long()
@@ -110,17 +118,52 @@ def store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_m
     ops.store(key.contiguous(), value.contiguous(), kv_cache, slot_mapping, Pi, centroids, preset, check)
 
 
-def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder):
+_STORE_FAILURES = ("ok", "slot_out_of_range", "duplicate_slot", "non_finite_key", "non_finite_value")
+
+
+def store_check_report(device=None) -> dict:
+    """Reads and clears what the device-side checks of the GPU stores on
+    ``device`` (default: the current CUDA device) found since the last read,
+    waiting for that device's current stream; not callable during CUDA-graph
+    capture.
+
+    ``{"checked_calls", "failed_calls", "failures": {"slot_out_of_range",
+    "duplicate_slot", "non_finite_key", "non_finite_value"}, "first_failure"}``:
+    counts over every store call (graph replays included) and the reason of
+    the first failed call, or None. Failed calls wrote nothing.
+    """
+    checked, failed, *failures, first = ops.store_check_report(_device_index(device))
+    return {
+        "checked_calls": checked,
+        "failed_calls": failed,
+        "failures": dict(zip(_STORE_FAILURES[1:], failures)),
+        "first_failure": _STORE_FAILURES[first] if first else None,
+    }
+
+
+def _device_index(device) -> int:
+    """The CUDA device index of ``device`` (default: the current one; 0 without CUDA)."""
+    if device is None:
+        return torch.cuda.current_device() if torch.cuda.is_available() else 0
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep=True):
     """``(centroids, PiT, stable)``: the constants as the ops take them (fp32,
     contiguous, on the query's device) and whether they were ready before
     this call.
 
-    Derived once per constants and cached on ``buf_holder`` (keyed by data
-    pointer and version, holding the sources so an address is not reused
-    while cached). Not cached while torch.compile traces: the derivation is
-    then part of the graph. ``stable`` is False when they were derived in
-    this call: the kernels that wrote them may be the ones just before the
-    decode, so the decode must not read them early (programmatic launch).
+    Derived once per constants and device and cached on ``buf_holder`` (a
+    dict per device in its attribute ``_tqdecode_consts``, each entry keyed
+    by data pointer and version and holding the sources, so an address is not
+    reused while cached; one holder may serve several devices). With ``keep``
+    False a derivation is used but not cached (``decode_path``: a decode after
+    it must not take constants it never waited for as stable). Not cached
+    while torch.compile traces: the derivation is then part of the graph.
+    ``stable`` is False when they were derived in this call: the kernels that
+    wrote them may be the ones just before the decode, so the decode must not
+    read them early (programmatic launch).
     """
     if key_fp8:
         return None, None, True  # fp8 keys are neither rotated nor codebook-quantized
@@ -141,69 +184,65 @@ def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder):
 
     if buf_holder is None or torch.compiler.is_compiling():
         return (*derive(), False)
-    key = (PiT is None, source.data_ptr(), source._version, centroids.data_ptr(), centroids._version, query.device)
-    cached = getattr(buf_holder, "_tqdecode_consts", None)
-    stable = cached is not None and cached[0] == key
-    if not stable:
-        cached = (key, (source, centroids), *derive())
-        buf_holder._tqdecode_consts = cached
-    return cached[2], cached[3], stable
+    key = (PiT is None, source.data_ptr(), source._version, centroids.data_ptr(), centroids._version)
+    per_device = getattr(buf_holder, "_tqdecode_consts", None)
+    if per_device is None:
+        per_device = buf_holder._tqdecode_consts = {}
+    cached = per_device.get(query.device)
+    if cached is not None and cached[0] == key:
+        return cached[2], cached[3], True
+    cached = (key, (source, centroids), *derive())
+    if keep:
+        per_device[query.device] = cached
+    return cached[2], cached[3], False
 
 
-def _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
-             value_quant_bits, value_packed_size, key_fp8, norm_correction, PiT, buf_holder, sinks):
+def _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8, PiT,
+             buf_holder, sinks, keep_constants=True):
     """The positional arguments of the decode ops, after the cheap checks."""
     if sinks is not None and isinstance(sinks, torch.Tensor):
         sinks = sinks.to(torch.float32).contiguous()  # engines may keep sinks in the model dtype
     check_decode(query, kv_cache, block_table, seq_lens, sinks)
-    centroids, PiT, stable = _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder)
-    return (query, kv_cache, block_table, seq_lens, centroids, PiT, float(scale), int(mse_bits), int(key_packed_size),
-            int(value_quant_bits), int(value_packed_size), bool(key_fp8), bool(norm_correction), sinks, stable)
+    centroids, PiT, stable = _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep_constants)
+    return (query, kv_cache, block_table, seq_lens, centroids, PiT, float(scale), int(mse_bits), int(value_quant_bits),
+            bool(key_fp8), sinks, stable)
 
 
 def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits,
                                 key_packed_size, value_quant_bits, value_packed_size, key_fp8=False,
                                 norm_correction=False, PiT=None, max_seq_len=0, mid_o_buf=None, output_buf=None,
                                 lse_buf=None, buf_holder=None, max_num_kv_splits=32, sinks=None) -> torch.Tensor:
-    """Decode attention, one query token per sequence (FORMAT.md section 5).
+    """Decode attention, one query token per sequence (docs/FORMAT.md section 5).
 
     ``query`` ``[B, Hq, D]`` bf16/fp16; ``kv_cache`` uint8 ``[num_blocks,
     block_size, Hk, slot_bytes]`` (its stride(0) is the block stride);
     ``block_table`` int32 ``[B, max_blocks_per_seq]``; ``seq_lens`` int32
     ``[B]``; ``Pi`` ``[D, D]`` (or ``PiT``, its transpose) and ``centroids``
     for MSE presets; ``sinks`` ``[Hq]`` or None. The preset follows from
-    ``(mse_bits, value_quant_bits, key_fp8, norm_correction)``, and
-    ``key_packed_size`` / ``value_packed_size`` must match its layout.
+    ``(mse_bits, value_quant_bits, key_fp8)``.
 
-    Returns ``[B, Hq, D]`` in the query dtype: ``output_buf`` when given
-    (``[B, Hq, D]`` or a shape that views as it), else, on CUDA, a view of the
-    pooled output buffer, whose data pointer is the same for every B and
-    across CUDA-graph capture and replay and which the next decode with the
-    same (device, Hk, Hq, D, dtype) overwrites. Under torch.compile a fresh
-    tensor is returned instead.
+    Returns ``[B, Hq, D]`` in the query dtype, a new tensor; with
+    ``output_buf`` (``[N, Hq, D]`` or ``[N, Hq * D]``, N >= B, last dimension
+    contiguous) the first B rows are written and ``output_buf[:B]`` is
+    returned.
 
-    ``max_seq_len``, ``mid_o_buf``, ``lse_buf`` and ``max_num_kv_splits`` are
-    accepted and ignored: the launcher sizes its split-KV partitions and
-    buffers from the shapes (LAUNCHER.md). Arguments are checked before any
-    work: ValueError names the argument.
+    Accepted and ignored, as the launcher this replaces does:
+    ``key_packed_size`` and ``value_packed_size`` (the layout follows from the
+    preset and head size; engines compute these sizes in different ways),
+    ``norm_correction`` (folded into the stored key norm at store time, so
+    decode is the same function either way), ``max_seq_len``, ``mid_o_buf``,
+    ``lse_buf`` and ``max_num_kv_splits`` (the launcher sizes its split-KV
+    partitions and buffers from the shapes, docs/LAUNCHER.md). Arguments are
+    checked before any work: ValueError names the argument.
     """
-    del max_seq_len, mid_o_buf, lse_buf, max_num_kv_splits
-    args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
-                    value_quant_bits, value_packed_size, key_fp8, norm_correction, PiT, buf_holder, sinks)
-    if output_buf is not None:
-        out = output_buf
-        if isinstance(out, torch.Tensor) and out.dim() != 3 and out.numel() == query.numel():
-            out = out.view(query.shape)  # engines may pass [B, Hq * D]
-        check_output(out, query, "output_buf")
-        ops.decode_out(*args, out=out)
-        return output_buf
-    if torch.compiler.is_compiling():
-        # A compiled graph must own its outputs: the pooled buffer is shared
-        # by every call, so a graph could read a result another call replaced.
-        out = query.new_empty(query.shape)
-        ops.decode_out(*args, out=out)
-        return out
-    return ops.decode(*args)
+    del key_packed_size, value_packed_size, norm_correction, max_seq_len, mid_o_buf, lse_buf, max_num_kv_splits
+    args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8,
+                    PiT, buf_holder, sinks)
+    if output_buf is None:
+        return ops.decode(*args)
+    rows, out = output_rows(output_buf, query, "output_buf")
+    ops.decode_out(*args, out=out)
+    return rows
 
 
 def decode_path(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
@@ -212,9 +251,10 @@ def decode_path(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, ms
                 sinks=None) -> DecodePath:
     """Which kernel :func:`turboquant_decode_attention` would run for these
     arguments, and why (takes the same arguments; runs nothing)."""
-    del max_seq_len, mid_o_buf, output_buf, lse_buf, max_num_kv_splits
-    args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
-                    value_quant_bits, value_packed_size, key_fp8, norm_correction, PiT, buf_holder, sinks)
+    del key_packed_size, value_packed_size, norm_correction, max_seq_len, mid_o_buf, output_buf, lse_buf
+    del max_num_kv_splits
+    args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8,
+                    PiT, buf_holder, sinks, keep_constants=False)
     return DecodePath(*ops.decode_path(*args))
 
 
@@ -224,12 +264,16 @@ def is_available() -> bool:
 
 
 def set_max_batch(max_batch: int) -> None:
-    """Rows of the decode buffer pools (per device and shape signature).
+    """Rows of the decode buffer pools (per device and shape signature): set
+    it to the largest batch you capture in CUDA graphs.
 
-    0 restores the default: the ``TQDECODE_MAX_BATCH`` environment variable,
-    else 512. Call it before capturing CUDA graphs: changing it releases the
-    existing pools, so pooled outputs and graphs captured earlier become
-    invalid. A batch larger than the bucket grows its pool once, with a warning.
+    The ``TQDECODE_MAX_BATCH`` environment variable, when set, overrides it
+    (docs/LAUNCHER.md); 0 restores the default, 512. Call it before capturing CUDA
+    graphs: changing it releases the existing pools, so graphs captured
+    earlier become invalid. Outside capture, a batch larger than the bucket
+    grows its pool to the next power of two, with a warning on stderr; during
+    capture that raises ValueError naming ``max_batch``, as does the first
+    decode of a shape (warm up before capturing).
     """
     ops.set_max_batch(int(max_batch))
 
@@ -272,13 +316,8 @@ def device_check_report(device=None) -> dict:
     lowest-indexed failures, ``{"sequence", "value"}`` and ``{"sequence",
     "column", "value"}``, or None.
     """
-    if device is None:
-        index = torch.cuda.current_device() if torch.cuda.is_available() else 0  # no device: an empty report
-    else:
-        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-        index = device.index if device.index is not None else torch.cuda.current_device()
     (checked_calls, failed_sequences, bad_seq_lens, bad_block_entries, length_sequence, length_value,
-     entry_sequence, entry_column, entry_value) = ops.device_check_report(index)
+     entry_sequence, entry_column, entry_value) = ops.device_check_report(_device_index(device))
     return {
         "checked_calls": checked_calls,
         "failed_sequences": failed_sequences,

@@ -74,6 +74,29 @@ def check_output(out, query, argument) -> None:
         fail(argument, f"shape {list(out.shape)} does not match the query shape {list(query.shape)}")
 
 
+def output_rows(output_buf, query, argument):
+    """``(rows, out)`` for a caller's output buffer: ``rows = output_buf[:B]``
+    (what the call returns) and ``out``, the same memory as ``[B, Hq, D]``
+    (what the decode writes). Accepted: ``[N, Hq, D]`` or ``[N, Hq * D]`` with
+    N >= B, the query's dtype and device, the last dimension contiguous."""
+    batch, heads, head_dim = query.shape
+    if not isinstance(output_buf, torch.Tensor):
+        fail(argument, f"expected a torch.Tensor, got {type(output_buf).__name__}")
+    accepted = f"accepted: [N, {heads}, {head_dim}] or [N, {heads * head_dim}] with N >= batch {batch}"
+    shape = list(output_buf.shape)
+    if shape[1:] not in ([heads, head_dim], [heads * head_dim]) or shape[0] < batch:
+        fail(argument, f"shape {shape} is not accepted; {accepted}")
+    rows = output_buf[:batch]
+    if rows.dim() == 2:
+        if rows.stride(1) != 1:
+            fail(argument, f"the last dimension must be contiguous (stride {rows.stride(1)}); {accepted}")
+        out = rows.as_strided((batch, heads, head_dim), (rows.stride(0), head_dim, 1))
+    else:
+        out = rows
+    check_output(out, query, argument)
+    return rows, out
+
+
 def check_store(key, value, kv_cache, slot_mapping) -> None:
     if not isinstance(key, torch.Tensor):
         fail("key", f"expected a torch.Tensor, got {type(key).__name__}")
@@ -90,24 +113,31 @@ def check_store(key, value, kv_cache, slot_mapping) -> None:
 
 
 @torch.library.register_fake("tqdecode::store")
-def _store_fake(key, value, kv_cache, slot_mapping, Pi, centroids, preset, check=True):
+def _store_fake(key, value, kv_cache, slot_mapping, Pi, centroids, preset, check=False):
     check_store(key, value, kv_cache, slot_mapping)
 
 
 @torch.library.register_fake("tqdecode::decode")
-def _decode_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, key_packed_size,
-                 value_quant_bits, value_packed_size, key_fp8=False, norm_correction=False, sinks=None,
-                 constants_stable=True):
+def _decode_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits,
+                 key_fp8=False, sinks=None, constants_stable=True):
     check_decode(query, kv_cache, block_table, seq_lens, sinks)
-    return query.new_empty(query.shape)
+    return torch.empty_like(query, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("tqdecode::decode_out")
-def _decode_out_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, key_packed_size,
-                     value_quant_bits, value_packed_size, key_fp8=False, norm_correction=False, sinks=None,
-                     constants_stable=True, *, out):
+def _decode_out_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits,
+                     key_fp8=False, sinks=None, constants_stable=True, *, out):
     check_decode(query, kv_cache, block_table, seq_lens, sinks)
     check_output(out, query, "out")
+
+
+@torch.library.register_fake("tqdecode::decode_path")
+def _decode_path_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits,
+                      key_fp8=False, sinks=None, constants_stable=True):
+    # The choice depends on the device and on the cache's address alignment,
+    # which fake tensors do not have: the answer exists only when the op runs.
+    check_decode(query, kv_cache, block_table, seq_lens, sinks)
+    return "unknown", "fake tensors: the path is chosen when the op runs on real tensors"
 
 
 @torch.library.register_fake("tqdecode::make_model_constants")

@@ -1,5 +1,5 @@
 // Encoding of one (token, kv head) vector pair into its cache record
-// (FORMAT.md section 3), shared by the CPU store and anything else that
+// (docs/FORMAT.md section 3), shared by the CPU store and anything else that
 // needs the exact cache bytes of a vector. Inputs are fp32 and finite. Built
 // from the scalar pieces of quantize.hpp, which the GPU store kernel uses
 // too, so both write the same bytes.

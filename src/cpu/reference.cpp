@@ -1,4 +1,4 @@
-// CPU reference of the decode math (FORMAT.md section 5). Accumulates in
+// CPU reference of the decode math (docs/FORMAT.md section 5). Accumulates in
 // double so it is an oracle for the fp32 GPU paths, and reads the cache only
 // through CacheLayout offsets so it checks the byte layout too.
 #include "parallel.hpp"

@@ -2,7 +2,7 @@
 // 128 / 256, group size 1..16, block size 16..128, any GPU from sm_75 up.
 //
 // Grid (num_partitions, num_kv_heads, batch); the CTA (p, h, b) runs the
-// online softmax of FORMAT.md section 5 over partition_range(seq_lens[b], ...)
+// online softmax of docs/FORMAT.md section 5 over partition_range(seq_lens[b], ...)
 // for all QG query heads of kv head h and writes the normalized partial
 // result. The grid depends on shapes only, never on seq_lens (CUDA graphs).
 //
@@ -36,12 +36,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <utility>
 
 #include "cuda_check.hpp"
 #include "device_utils.cuh"
+#include "dynamic_shared_memory.hpp"
 #include "kernel_params.hpp"
 #include "tqdecode/format.hpp"
 #include "tqdecode/numeric.hpp"
@@ -463,14 +463,10 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
   const int b = blockIdx.z;
   const int num_kv_heads = p.layout.num_kv_heads;
   const int group = p.num_q_heads / num_kv_heads;
-  const int block_size = p.layout.block_size;
   const std::int64_t first_row = static_cast<std::int64_t>(b) * p.num_q_heads + kv_head * group;
 
-  // NOTE: a length past the block table would index past its row; clamp so
-  // that only entries of this row are ever read.
-  const int max_len = p.max_blocks_per_seq * block_size;
-  const int seq_len = min(max(p.seq_lens[b], 0), max_len);
-  const TokenRange range = partition_range(seq_len, p.num_partitions, p.partition_align, partition);
+  // NOTE: only entries of this sequence's block-table row are ever read.
+  const TokenRange range = partition_range(p.covered_length(p.seq_lens[b]), p.num_partitions, p.partition_align, partition);
   if (range.begin >= range.end) {  // past the sequence end: no block-table or cache read
     write_empty_partition<C>(p, first_row, group, partition);
     return;
@@ -626,17 +622,7 @@ template <Preset P, int D, int G>
 void launch_instance(const PartitionParams& params, cudaStream_t stream) {
   using C = Config<P, D, G>;
   constexpr int kSmem = C::kSmemBytes;
-  if constexpr (kSmem > 48 * 1024) {
-    // Opt in to more than 48 KiB once per device (the attribute is per device context).
-    static std::atomic<std::uint64_t> configured{0};
-    int device = 0;
-    TQ_CUDA_CHECK(cudaGetDevice(&device));
-    const std::uint64_t bit = device < 64 ? std::uint64_t{1} << device : 0;
-    if (bit == 0 || (configured.load(std::memory_order_relaxed) & bit) == 0) {
-      TQ_CUDA_CHECK(cudaFuncSetAttribute(partitions_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-      configured.fetch_or(bit, std::memory_order_relaxed);
-    }
-  }
+  if constexpr (kSmem > 48 * 1024) allow_dynamic_shared_memory<partitions_kernel<C>>(kSmem);
   const dim3 grid(params.num_partitions, params.layout.num_kv_heads, params.batch);
   partitions_kernel<C><<<grid, C::kThreads, kSmem, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();

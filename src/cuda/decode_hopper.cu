@@ -6,10 +6,12 @@
 // The presets share everything after the scores; they differ in how keys
 // reach the S^T mma: 4-bit codes look up a byte (two codes), 3-bit codes six
 // bits (two codes, brought into place by a funnel shift) in a per-lane table
-// of bf16 centroid pairs; fp8 keys skip the rotation and the table: each key
-// byte pair converts to an fp16 pair (exact) and S^T = K Q^T runs in fp16
-// with the query rounded to fp16 (exact for fp16 queries and for bf16 values
-// of magnitude 2^-14 to 65504); and in how value codes reach the O^T mma
+// of fp16 centroid pairs scaled by a power of two, against the rotated query
+// (bf16 per docs/FORMAT.md) scaled by the inverse power of two into fp16; fp8 keys
+// skip the rotation and the table: each key byte pair converts to an fp16
+// pair (exact) and S^T = K Q^T runs in fp16 with the query rounded to fp16
+// (exact for fp16 queries and for bf16 values of magnitude 2^-14 to 65504);
+// and in how value codes reach the O^T mma
 // (4-bit: one byte permute per two tokens; 3-bit: six byte windows per two
 // tokens, value_code_position).
 //
@@ -35,7 +37,7 @@
 //    runs the two products on the tensor cores
 //    (mma.sync m16n8k16) with the query heads as the 8-wide N side, so a
 //    group of 8 fills every mma and nothing is padded:
-//      S^T = K Q^T   (M = 16 tokens, K = head dims; bf16)
+//      S^T = K Q^T   (M = 16 tokens, K = head dims; fp16)
 //      O^T += V^T P'^T (M = 16 head dims, K = 16 tokens; fp16)
 //    The probabilities come out of the first product as an 8x8 (token, head)
 //    fragment per 8 tokens; one movmatrix transposes each into the second
@@ -51,7 +53,7 @@
 //
 // Dequantization is arranged to cost less than the memory time:
 // - Keys: one shared-memory lookup turns a packed byte (two 4-bit indices)
-//   into a bf16 pair of centroids; the 256-entry table is replicated per lane
+//   into an fp16 pair of centroids; the 256-entry table is replicated per lane
 //   so lookups never conflict (128-byte rows, 32 KB shared by 8 warps; the
 //   wide shape's 256-byte rows, 64 KB shared by 16 warps, let one byte
 //   permute form the address). The key norm is folded into the score.
@@ -81,11 +83,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 #include <type_traits>
 
 #include "cuda_check.hpp"
 #include "device_utils.cuh"
+#include "dynamic_shared_memory.hpp"
 #include "hopper_bulk_copy.cuh"
 #include "hopper_fragments.cuh"
 #include "hopper_rotation.cuh"
@@ -123,8 +125,8 @@ struct MergeStorage {
 // The online softmax moves a row's reference maximum only when a score
 // exceeds it by more than this (base-2 units), as FlashAttention-4 does: a
 // maximum that creeps up in small steps (a new record in about 1 of k tiles
-// at tile k) no longer costs a rescale of the 40 accumulators each time
-// (bench/NOTES.md, v3.15). The sums and outputs are exact for any reference.
+// at tile k) no longer costs a rescale of the 40 accumulators each time.
+// The sums and outputs are exact for any reference.
 constexpr float kLazyRescaleLog2 = 4.0f;
 // P' = p * value scale is an fp16 mma operand; with p <= 2^kLazyRescaleLog2 it
 // stays finite for scales up to this (value ranges up to about 61000).
@@ -132,7 +134,7 @@ constexpr float kMaxLazyValueScale = 65504.0f / 16.0f;
 static_assert(kLazyRescaleLog2 == 4.0f, "kMaxLazyValueScale assumes p <= 16");
 
 // Slot of (row, dim) in the query rows, which hold the mma operand's 16-bit
-// values (bf16, or fp16 against fp8 keys): the 8-byte units (4 dims) are
+// fp16 values: the 8-byte units (4 dims) are
 // XOR-swizzled by the row mod 4 and the half row, so the operand build's
 // 8-byte reads (lane (g, c): row g, dims 32c + 4ks..+3) are free of bank
 // conflicts per half warp.
@@ -162,7 +164,7 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// and 4-bit keys on sm_80); on sm_90 the other presets also have one CTA of
 /// 16 warps per SM serving two kv heads, 8 warps each (HeadsPerCta 2), as two
 /// 8-warp CTAs would but with the SM's issue slots shared evenly: two CTAs on
-/// one SM end up to a sixth of the call apart (bench/NOTES.md, v3.22).
+/// one SM do not end together, and the one left streams with half the warps.
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct KernelShape {
   static_assert(!Wide || Format == CacheFormat::mse4, "the wide table serves 4-bit keys");
@@ -173,10 +175,10 @@ struct KernelShape {
                 "which have the wide shape), with one head tile only");
   static constexpr bool kWideTable = Wide;
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
-  // warps fill the register file (8 left a third of it idle, and two warps
-  // per scheduler to cover the loop's latencies; bench/NOTES.md, v3.16). 16
-  // wide-table warps at 128 registers (the query operand in shared memory,
-  // one S^T chain per head tile) ran 7 % slower than 12 (v3.21).
+  // warps fill the register file (8 leave a third of it idle, and two warps
+  // per scheduler to cover the loop's latencies); 16 warps at 128 registers
+  // need the query operand in shared memory and one S^T chain per head tile,
+  // which is slower (docs/PERFORMANCE.md).
   static constexpr int kWarps = HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 ? 16 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
@@ -184,30 +186,26 @@ struct KernelShape {
   static constexpr int kResidentCtas = kWarps > 8 ? 1 : 2;
   // MSE keys: PiT's operands are loaded before the wait for the previous
   // kernel instead of after the first tiles are issued, so the rotation
-  // overlaps that kernel's tail (a shorter prologue by 1-10 % of the call,
-  // bench/NOTES.md, v3.22). In the 16-warp shapes; the others keep PiT's
-  // operand registers free across the tile issue.
+  // overlaps that kernel's tail. In the 16-warp shapes; the others keep
+  // PiT's operand registers free across the tile issue.
   static constexpr bool kPiTBeforeWait = kWarps >= 12;
   // The wide shape's tiles come by bulk tensor copies (hopper_bulk_copy.cuh):
   // one instruction by one lane per tile and tensor map, where cp.async took
   // a copy plan read back from shared memory and five 16-byte copies per
   // lane, and its stream is unrolled by the ring's stages, so every stage
-  // and barrier address is an immediate: 16-18 % fewer instructions a tile,
-  // group 16 13 % faster (bench/NOTES.md, v3.23).
+  // and barrier address is an immediate: fewer instructions a tile, which
+  // matters most where the loop is bound by issue (group 16).
   static constexpr bool kBulkCopy = kWideTable;
   // The softmax takes each score less its row's maximum as one FFMA (score
   // sum x norm - max) instead of a multiply and, for the exponent, a
-  // subtraction: 9 instructions a tile fewer at two head tiles, whose loop
-  // is bound by its instruction count (group 16 about 3 % faster); the
-  // rescale, which then recovers the scores, costs more: applied to every
-  // shape, it cost (1, 32768) 0.24 us and k3v4_nc 1.8 % (bench/NOTES.md, v3.23).
+  // subtraction: fewer instructions a tile at two head tiles, whose loop is
+  // bound by its instruction count; the rescale, which then recovers the
+  // scores, costs more, so the other shapes are slower with it.
   static constexpr bool kScoresLessMax = kBulkCopy && HeadTiles == 2;
   // P' = fp16(p) x value scale, one HMUL2 per token and head pair, instead of
-  // two FMULs and a pack: 2 % fewer instructions a tile at two head tiles. In
-  // the bulk-copy shapes only, like the fields' one-offset addressing and the
-  // host's score scale: those two rescheduled the narrow 3-bit loops at the
-  // same instruction count (3bit_nc 7 % slower; bench/NOTES.md, v3.24), so
-  // the narrow shapes keep their SASS as it was measured.
+  // two FMULs and a pack. In the bulk-copy shapes only, like the fields'
+  // one-offset addressing and the host's score scale: in the narrow 3-bit
+  // loops the compiler schedules them worse at the same instruction count.
   static constexpr bool kHalfScaledProbabilities = kBulkCopy;
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
@@ -220,7 +218,7 @@ struct KernelShape {
 /// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][query bits][issue plans]
 /// (the wide shape keeps the query bits in the rings before the main loop).
 /// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
-/// to a bf16 pair, one copy per lane.
+/// to an fp16 pair, one copy per lane.
 template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct SharedLayout {
   using Shape = KernelShape<HeadTiles, Format, Wide, HeadsPerCta>;
@@ -282,23 +280,38 @@ struct SharedLayout {
   static_assert(Shape::kResidentCtas * (kBytes + 1024 + 128) <= 228 * 1024, "resident CTAs per SM must fit");
 };
 
+// 2^exponent for exponents in [-126, 127].
+__device__ __forceinline__ float power_of_two(int exponent) { return __uint_as_float(static_cast<unsigned>(127 + exponent) << 23); }
+
 // The key lookup table, each warp writing whole 32-lane rows: entry (high
-// code, low code) -> (centroid[low], centroid[high]); warp w takes the low
-// codes w (mod warps), every high code.
+// code, low code) -> fp16 (centroid[low], centroid[high]) x 2^e. fp16 keeps
+// 11 significant bits of each centroid where bf16 kept 8, and the scores'
+// error on sharply peaked attention drops with it; e (returned) brings the
+// largest centroid into [1, 2) (codebooks of unit vectors hold values under
+// 1), never below: the rotated query is scaled by 2^-e, so the product needs
+// no correction. 0 for a zero or non-finite largest centroid.
 template <class Shared, int Warps>
-__device__ __forceinline__ void build_lookup_table(std::uint8_t* shared, const float* centroids, int warp, int lane) {
+__device__ __forceinline__ int build_lookup_table(std::uint8_t* shared, const float* centroids, int warp, int lane) {
   constexpr int kCodes = Shared::kCodebookSize;
   float codebook[kCodes];
+  float largest = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kCodes; ++i) codebook[i] = __ldg(centroids + i);
+  for (int i = 0; i < kCodes; ++i) {
+    codebook[i] = __ldg(centroids + i);
+    largest = fmaxf(largest, fabsf(codebook[i]));
+  }
+  const int floor_log2 = static_cast<int>((__float_as_uint(largest) >> 23) & 0xffu) - 127;
+  const int exponent = largest > 0.0f && largest < INFINITY ? max(0, min(60, -floor_log2)) : 0;
+  const float scale = power_of_two(exponent);
   for (int low_code = warp; low_code < kCodes; low_code += Warps) {
     const float low = __ldg(centroids + low_code);  // not codebook[low_code]: a runtime index puts the array on the stack
 #pragma unroll
     for (int high_code = 0; high_code < kCodes; ++high_code) {
       reinterpret_cast<std::uint32_t*>(shared)[(high_code * kCodes + low_code) * (Shared::kLutRowBytes / 4) + lane] =
-          pack_bf16(low, codebook[high_code]);
+          pack_f16(low * scale, codebook[high_code] * scale);
     }
   }
+  return exponent;
 }
 
 // Element `dim` of the output row of (sequence `batch`, query head `hq`).
@@ -355,11 +368,14 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   // (KernelShape::kPiTBeforeWait) are in flight until the rotation uses them.
   const bool rotates = !kFp8 && warp < kRotationWarps;  // MSE keys: warps 0..7 rotate the query (hopper_rotation.cuh)
   RotationOperands rotation;
+  // MSE keys: the key scores' fp16 operands are the table's centroids times
+  // 2^table_exponent and the rotated query times 2^-table_exponent.
+  int table_exponent = 0;
   if constexpr (!kFp8) {
     // The table first: its centroid loads issued behind PiT's 64 KB delayed
     // it, and the CTAs that start last, on the SMs the previous call's
-    // reductions held, pay their prologue on the call's critical path (bench/NOTES.md, v3.19).
-    build_lookup_table<Shared, kWarps>(shared, p.centroids, warp, lane);
+    // reductions held, pay their prologue on the call's critical path.
+    table_exponent = build_lookup_table<Shared, kWarps>(shared, p.centroids, warp, lane);
     if (Shape::kPiTBeforeWait && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
   }
 #if __CUDA_ARCH__ >= 900
@@ -385,7 +401,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   const auto query_head = [&](int row) {
     return std::int64_t(first_head + row / kRows) * group + row % kRows;
   };
-  const TokenRange range = partition_range(__ldg(p.seq_lens + batch), num_partitions, p.partition_align, partition);
+  // NOTE: only entries of this sequence's block-table row are ever read.
+  const TokenRange range =
+      partition_range(p.covered_length(__ldg(p.seq_lens + batch)), num_partitions, p.partition_align, partition);
   const ReduceParams& r = params.reduce;
   const bool has_sink = r.sinks != nullptr;
   // The partition's result for query row `row` (max in natural-log units, as
@@ -415,7 +433,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     // ---- 1. first tiles in flight, query rotation, lookup table -------------
     // The query first (one element per row and thread, as bits): under a
     // saturated memory system its load waits behind the cache tiles if issued
-    // after them (ncu: 6 % of the time at (128, 4096)).
+    // after them.
     constexpr int kRowsPerThread = Shape::kRowsPerThread;
     std::uint16_t query_values[kRowsPerThread];
 #pragma unroll
@@ -539,6 +557,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       }
       if (!Shape::kPiTBeforeWait && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
       __syncthreads();  // the query bits are in place
+      const float query_scale = power_of_two(-table_exponent);
       if (rotates) {
         // At most two head tiles per pass: four (four kv heads per CTA) in one
         // pass would spill PiT's operands.
@@ -546,8 +565,13 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         const SplitRotationOperands split = split_rotation_operands(rotation);
 #pragma unroll
         for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
+          // q_rot = bf16(q @ PiT) (docs/FORMAT.md), then times 2^-table_exponent
+          // into fp16: exact from 2^-14 (times the table's scale) up to 65504
+          // times it; below, fp16 subnormals keep the absolute error under
+          // 2^-25 times that scale.
           const auto store = [&](int row, int dim_out, float2 pair) {
-            *reinterpret_cast<std::uint32_t*>(query_rows + query_slot(first + row, dim_out)) = pack_bf16(pair.x, pair.y);
+            *reinterpret_cast<std::uint32_t*>(query_rows + query_slot(first + row, dim_out)) =
+                pack_f16(round_to_bf16(pair.x) * query_scale, round_to_bf16(pair.y) * query_scale);
           };
           rotate_queries<kTilesPerPass, Shared::kQueryBitsTileStride>(
               split, query_bits + (first / kHeadsPerTile) * Shared::kQueryBitsTileStride, rq.query_dtype == DType::f16,
@@ -569,7 +593,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         const int row = kRows * head_slot + kHeadsPerTile * nt + g;
-        // fp16 against fp8 keys (exact: e4m3 values are fp16 values), bf16 against the table's bf16 centroids.
+        // fp16: against fp8 keys (exact: e4m3 values are fp16 values) and against the table's scaled centroids.
         const uint2 q = *reinterpret_cast<const uint2*>(query_rows + query_slot(row, 32 * c + 4 * ks));
         qb[nt][ks][0] = q.x;
         qb[nt][ks][1] = q.y;
@@ -746,7 +770,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
           const std::uint32_t a[4] = {lookup(words[0], 12 * ks), lookup(words[1], 12 * ks), lookup(words[0], 12 * ks + 6),
                                       lookup(words[1], 12 * ks + 6)};
 #pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
         }
       } else {
         const uint4 key_g = load_shared<uint4>(stage + key_offset[0][0]);
@@ -770,11 +794,11 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
           const std::uint32_t even[4] = {lookup(words_g[w], 0), lookup(words_g8[w], 0), lookup(words_g[w], 1),
                                          lookup(words_g8[w], 1)};
 #pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score[nt], even, qb[nt][2 * w][0], qb[nt][2 * w][1]);
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(score[nt], even, qb[nt][2 * w][0], qb[nt][2 * w][1]);
           const std::uint32_t odd[4] = {lookup(words_g[w], 2), lookup(words_g8[w], 2), lookup(words_g[w], 3),
                                         lookup(words_g8[w], 3)};
 #pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) mma_bf16(score_odd[nt], odd, qb[nt][2 * w + 1][0], qb[nt][2 * w + 1][1]);
+          for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(score_odd[nt], odd, qb[nt][2 * w + 1][0], qb[nt][2 * w + 1][1]);
         }
       }
 
@@ -1058,7 +1082,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     __syncthreads();
     // Each row's maximum, weights and sum, once per row: one warp per row,
     // lane w holding warp w's (every thread computing them for its own head
-    // dims had made the merge about 40 % of a small grid's loop; bench/NOTES.md, v3.18).
+    // dims makes the merge a large part of a small grid's call).
     // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
     // non-finite query) makes the partition NaN so the reduction keeps it.
     for (int row = warp; row < kCtaRows; row += kWarps) {
@@ -1080,7 +1104,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     for (int row = first_row; row < kCtaRows; row += kRowStep) {
       if (!row_valid(row)) continue;
       // The row's warp weights in 16-byte (8-byte) broadcast loads: a 4-byte
-      // load per warp and head dim had made the merge's loads 64 per thread (bench/NOTES.md, v3.19).
+      // load per warp and head dim would be 64 loads per thread).
       float merged_out = 0.0f;
       const auto add_warp = [&](int w, float weight) {
         merged_out = fmaf(weight, merge.out[w][row][merge_dim(row, dim)], merged_out);
@@ -1196,8 +1220,7 @@ template <int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta 
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   constexpr auto kernel = decode_kernel<HeadTiles, Format, Wide, HeadsPerCta>;
   constexpr int kBytes = SharedLayout<HeadTiles, Format, Wide, HeadsPerCta>::kBytes;
-  static std::once_flag configured;
-  std::call_once(configured, [] { TQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)); });
+  allow_dynamic_shared_memory<kernel>(kBytes);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(params.partitions.num_partitions, params.partitions.layout.num_kv_heads / HeadsPerCta,
                         params.partitions.batch);

@@ -1,7 +1,7 @@
 // Query rotation of the Hopper kernel (internal): q_rot = fp32(q) @ PiT on
 // the tensor cores.
 //
-// FORMAT.md asks for an fp32 product. A bf16 operand carries 8 significant
+// docs/FORMAT.md asks for an fp32 product. A bf16 operand carries 8 significant
 // bits, so PiT and the query are each split into a bf16 high part and a
 // bf16 low part (x = hi + lo to about 2^-17 relative; an fp16 query splits
 // exactly, a bf16 query is its own high part) and the products accumulate

@@ -103,7 +103,7 @@ constexpr int value_bits(CacheFormat format) { return format == CacheFormat::mse
 // is scaled by 2^(10 - position); one mask-and-or builds each operand, with
 // no fp16 subtraction. The cost is precision: the fp32 rounding of a sum of
 // magnitude sum P' becomes 2^-(14 + position) of a code step at most per
-// addition (bench/NOTES.md, v3.18). 4-bit values: byte m of a token holds
+// addition. 4-bit values: byte m of a token holds
 // codes 2m (position 0) and 2m + 1 (position 4). 3-bit values: code i is
 // bits 3i..3i+2 of the lane's 48, taken from a 16-bit window at byte 3i / 8
 // (position 3i % 8).
@@ -244,9 +244,8 @@ struct ValueArea {
 // lead + 12c + 4w) lands in bank 4 (chunk ^ t) + word, and the words 3c + w
 // mod 4 of the four lanes of a token differ, so the 32 lanes' loads are
 // conflict-free, as are the values' 8-byte loads. Then the 3 fp16 fields.
-// (A dense 48-byte key area and a value area of two tokens per row had cost
-// 48 % excess shared wavefronts and 37 % excess L2 sectors, 220 against
-// 167 us at (16, 32768): bench/NOTES.md, v3.16 and v3.17.)
+// (A dense 48-byte key area and a value area of two tokens per row cost
+// excess shared wavefronts and L2 sectors: docs/PERFORMANCE.md.)
 template <>
 struct TileLayout<CacheFormat::mse3> {
   static constexpr int kKeyBytes = kHeadDim * 3 / 8;  // 48
@@ -307,8 +306,8 @@ struct TileLayout<CacheFormat::mse3> {
 // 48 + 6g: the two 4-byte words from byte 48 + (6g & ~3) (bit 16 (g & 1)
 // onwards), which may lie in two chunks; the four tokens' words share a bank
 // at most pairwise (as in any row layout of whole chunks). Then the 3 fp16
-// fields. (Dense 48-byte key and value areas took four copies a tile; this
-// layout's three gained 1.4 %: bench/NOTES.md, v3.17.)
+// fields. (Dense 48-byte key and value areas take four copies a tile; this
+// layout three.)
 template <>
 struct TileLayout<CacheFormat::mse3_v3> {
   static constexpr int kKeyBytes = kHeadDim * 3 / 8;    // 48

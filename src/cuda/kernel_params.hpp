@@ -1,10 +1,11 @@
 // Parameters shared by the decode kernels (internal). Plain structs passed
 // by value as __grid_constant__ kernel arguments; every pointer is device
-// memory and every shape is fixed at graph capture (LAUNCHER.md).
+// memory and every shape is fixed at graph capture (docs/LAUNCHER.md).
 #pragma once
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "tqdecode/common.hpp"
@@ -56,6 +57,14 @@ struct PartitionParams {
   float* part_max;
   float* part_sum;
   float* part_out;
+
+  /// A sequence's length as the kernels use it: clamped to [0, the block
+  /// table's coverage], so that a length past the table (device checks off)
+  /// reads only entries of its own row and a negative one is empty.
+  TQ_HOST_DEVICE int covered_length(int seq_len) const {
+    const int coverage = max_blocks_per_seq * layout.block_size;
+    return static_cast<int>(std::min(static_cast<unsigned>(std::max(seq_len, 0)), static_cast<unsigned>(coverage)));
+  }
 };
 
 /// Reducer: out[b][hq] = combination of the N partitions and the sink.
@@ -99,7 +108,8 @@ struct FusedDecodeParams {
   /// partitions.scale x log2(e), the base-2 score scale, which the bulk-copy
   /// shapes read here (computed in the kernel, it is reloaded and multiplied
   /// again per tile at 168 registers; decode_hopper.cu). Last, so the other
-  /// fields' offsets, and with them the narrow shapes' SASS, are unchanged.
+  /// fields' offsets, which the narrow shapes' loops are scheduled around,
+  /// stay where they were.
   float scale_log2;
 };
 

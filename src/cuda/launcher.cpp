@@ -1,4 +1,4 @@
-// The decode entry point of CUDA builds (LAUNCHER.md).
+// The decode entry point of CUDA builds (docs/LAUNCHER.md).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -134,7 +134,7 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
   const cuda::DeviceInfo& device = cuda::current_device_info();
   const PooledBuffers& buffers = workspace.impl().acquire(
       {device.device, call.layout.num_kv_heads, call.num_q_heads, call.layout.head_dim, static_cast<int>(call.query_dtype)},
-      call.batch, device.sm_count);
+      call.batch, device.sm_count, stream);
   if (pooled_output) {
     call.output = buffers.output;
     call.output_stride_batch = 0;

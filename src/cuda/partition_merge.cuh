@@ -1,5 +1,5 @@
 // How the split-KV partitions of one (sequence, query head) merge into its
-// output row (FORMAT.md section 5), for every CUDA reducer: the rule of the
+// output row (docs/FORMAT.md section 5), for every CUDA reducer: the rule of the
 // CPU reducer, reduce_partitions_reference (src/cpu/reference.cpp), step by
 // step, so the GPU and the CPU agree on empty and non-finite rows too.
 //

@@ -62,13 +62,13 @@ int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wi
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count) {
-  // The wide shape streams about 10 % faster per SM but exposes every wave's
+  // The wide shape streams faster per SM but exposes every wave's
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
   const auto waves_of = [&](long long ctas) { return (ctas + sm_count - 1) / sm_count; };
   if (path == DecodePath::hopper && wide_table_kernel(preset)) {
     // Two head tiles: one CTA of 12 warps per SM either way, so the wide
-    // table's shorter loop wins on every grid (bench/NOTES.md, v3.21).
+    // table's shorter loop wins on every grid.
     if (group_size > kHeadsPerTile) {
       return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1), true};
     }
@@ -77,7 +77,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     // two 8-warp CTAs do, with the wide table's shorter loop. The fewest
     // waves win (the fewer heads on a tie): the fewer times every SM pays a
     // prologue and a merge at once, and no half-empty last wave
-    // (bench/NOTES.md, v3.12 and v3.13).
+    // (docs/PERFORMANCE.md).
     GridChoice best{0, true};
     long long best_waves = 0;
     const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1);
@@ -100,7 +100,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // The other presets: two kv heads per 16-warp CTA (one per SM) where that
   // grid takes at most kWideTableMaxWaves waves. Two 8-warp CTAs sharing an
   // SM do not end together: one gets ahead and the other then streams alone,
-  // with half the warps, for about a sixth of the call (bench/NOTES.md, v3.22).
+  // with half the warps.
   if (path == DecodePath::hopper && group_size <= kHeadsPerTile && num_kv_heads % 2 == 0) {
     const int paired = choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, 1);
     if (waves_of(static_cast<long long>(batch) * (num_kv_heads / 2) * paired) <= kWideTableMaxWaves) return {paired, false, 2};

@@ -56,8 +56,8 @@ inline constexpr int kHeadsPerTile = 8;
 
 /// Grids of the 16-warp Hopper kernel with one kv head per CTA up to this
 /// many waves may use it; larger grids use several kv heads per CTA, or two
-/// CTAs of 8 warps per SM (bench/NOTES.md, v3.5, v3.9, v3.12). The other
-/// presets' two-kv-head CTA (narrow table) has the same bound (v3.22).
+/// CTAs of 8 warps per SM (docs/PERFORMANCE.md). The other presets'
+/// two-kv-head CTA (narrow table) has the same bound.
 inline constexpr int kWideTableMaxWaves = 2;
 
 /// kv heads per CTA of the 16-warp kernel besides one.

@@ -1,4 +1,4 @@
-// Split-KV reducer (FORMAT.md section 5): combines the N partition results of
+// Split-KV reducer (docs/FORMAT.md section 5): combines the N partition results of
 // each (b, hq) and the optional attention sink into the output row.
 //
 // One warp per (b, hq). Lanes first read the partitions' max and sum (32

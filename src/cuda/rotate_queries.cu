@@ -1,4 +1,4 @@
-// Query rotation (FORMAT.md section 5, step 1): q_rot = bf16(fp32(q) @ PiT)
+// Query rotation (docs/FORMAT.md section 5, step 1): q_rot = bf16(fp32(q) @ PiT)
 // for MSE presets, q as fp32 for fp8 keys.
 //
 // One CTA computes a tile of query rows (flattened (b, hq)) by
@@ -9,7 +9,7 @@
 // the same fp32 product to about 2^-16, not the same bits.) Few rows (small batches) are latency-bound: one row per thread,
 // many small CTAs, one round trip to L2. Many rows are bound by the FMAs and
 // by each CTA's copy of PiT's columns: eight rows per thread use every
-// staged column eight times (8192 rows: 19 us against 33, bench/NOTES.md v3.7).
+// staged column eight times.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 

@@ -1,16 +1,18 @@
-// GPU store path (FORMAT.md section 3): encodes new K/V tokens into the paged
+// GPU store path (docs/FORMAT.md section 3): encodes new K/V tokens into the paged
 // cache with the same bytes as store_cpu.
 //
 // Nothing may be written when any token fails a check, and the checks that
 // store_cpu makes include results of the encoding itself (an fp16 key norm
 // or value scale that overflows). So the encode kernel runs twice, stream
 // ordered, with no host synchronisation unless asked:
-//  1. memset of the status word;
-//  2. dry run: encodes everything, writes nothing, and records a StoreStatus
+//  1. memset of the call's status word;
+//  2. distinct slots: every pair of the call's tokens compared;
+//  3. dry run: encodes everything, writes nothing, and records a StoreStatus
 //     for a slot outside the cache, a non-finite key or value element, or
 //     an fp16 key norm / value scale / value zero that overflows;
-//  3. write run: returns at once unless the status word is 0, else encodes
-//     again and writes the bytes.
+//  4. write run: its first thread adds the call to the device's report; it
+//     returns at once unless the status word is 0, else encodes again and
+//     writes the bytes.
 // Bit-exactness with the CPU: every fp32 operation that feeds a stored byte
 // is a round-to-nearest operation from quantize.hpp (no FMA contraction),
 // and every sum is accumulated in the CPU's order (index 0 upwards).
@@ -18,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -33,7 +36,18 @@
 namespace tqdecode {
 namespace {
 
-/// Device-side view of StoreArgs plus the status word.
+/// The device-side record of one device's stores: the report
+/// store_check_report() reads and clears, and a status word for calls that
+/// bring none (stores on one stream at a time).
+struct StoreDeviceState {
+  int call_status;
+  int first_failure;
+  unsigned long long checked_calls;
+  unsigned long long failed_calls;
+  unsigned long long failures[5];
+};
+
+/// Device-side view of StoreArgs plus the device's store record.
 struct StoreKernelParams {
   CacheLayout layout;
   std::int64_t num_blocks;
@@ -45,7 +59,8 @@ struct StoreKernelParams {
   const std::int64_t* slot_mapping;
   const float* Pi;
   const float* centroids;
-  int* status;
+  int* status;  ///< the call's status word
+  StoreDeviceState* state;
 };
 
 /// Records `code` in the status word, keeping the smallest non-zero code, so
@@ -61,9 +76,42 @@ __device__ void report_status(int* status, StoreStatus code) {
   }
 }
 
+/// Adds the call whose checks are done to the device's report (one thread;
+/// atomics: stores on several streams share the report).
+__device__ void record_call(StoreDeviceState* state, int status) {
+  atomicAdd(&state->checked_calls, 1ull);
+  if (status == 0) return;
+  atomicAdd(&state->failed_calls, 1ull);
+  atomicAdd(&state->failures[status], 1ull);
+  atomicCAS(&state->first_failure, 0, status);
+}
+
+constexpr int kDuplicateTile = 256;
+
+/// Distinct slots: CTA i compares its tile of tokens with every token of
+/// tiles 0..i (each pair once; negative slots are skipped tokens).
+__global__ void __launch_bounds__(kDuplicateTile)
+    check_distinct_slots_kernel(const std::int64_t* slot_mapping, std::int64_t num_tokens, int* status) {
+  __shared__ std::int64_t tile_slots[kDuplicateTile];
+  const std::int64_t token = static_cast<std::int64_t>(blockIdx.x) * kDuplicateTile + threadIdx.x;
+  const std::int64_t slot = token < num_tokens ? slot_mapping[token] : -1;
+  bool duplicate = false;
+  for (std::int64_t first = 0; first <= static_cast<std::int64_t>(blockIdx.x) * kDuplicateTile; first += kDuplicateTile) {
+    __syncthreads();
+    const std::int64_t other = first + threadIdx.x;
+    tile_slots[threadIdx.x] = other < num_tokens ? slot_mapping[other] : -1;
+    __syncthreads();
+    if (slot < 0) continue;
+    const std::int64_t before = token - first;  // tokens of this tile before this one
+    const int count = before < kDuplicateTile ? static_cast<int>(before) : kDuplicateTile;
+    for (int j = 0; j < count; ++j) duplicate |= tile_slots[j] == slot;
+  }
+  if (duplicate) report_status(status, StoreStatus::duplicate_slot);
+}
+
 __device__ __forceinline__ bool half_bits_finite(std::uint16_t bits) { return (bits & 0x7c00u) != 0x7c00u; }
 
-/// Packed byte `byte` of `count` codes of `bits` bits each (FORMAT.md section
+/// Packed byte `byte` of `count` codes of `bits` bits each (docs/FORMAT.md section
 /// 4: code d occupies bits [bits*d, bits*d + bits), LSB first), the same bytes
 /// pack_codes() writes.
 __device__ __forceinline__ std::uint8_t packed_byte(const std::uint8_t* codes, int count, int bits, int byte) {
@@ -149,7 +197,8 @@ template <Preset P, int D, bool Write>
 __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
   using S = StoreShape<P, D>;
   if constexpr (Write) {
-    // NOTE: the dry run ran before in stream order; any failure means that
+    if (blockIdx.x == 0 && threadIdx.x == 0) record_call(p.state, *p.status);
+    // NOTE: the checks ran before in stream order; any failure means that
     // nothing may be written.
     if (*p.status != 0) return;
   }
@@ -332,6 +381,10 @@ void launch_encode(const StoreKernelParams& params, cudaStream_t stream) {
   const std::int64_t vectors = params.num_tokens * params.layout.num_kv_heads;
   const std::int64_t blocks = (vectors + S::kVectors - 1) / S::kVectors;
   TQ_REQUIRE(blocks <= 0x7fffffff, "num_tokens", std::to_string(params.num_tokens) + " is too large for one store");
+  const std::int64_t token_tiles = (params.num_tokens + kDuplicateTile - 1) / kDuplicateTile;
+  check_distinct_slots_kernel<<<static_cast<unsigned>(token_tiles), kDuplicateTile, 0, stream>>>(
+      params.slot_mapping, params.num_tokens, params.status);
+  TQ_CUDA_CHECK_LAUNCH();
   store_encode_kernel<P, D, false><<<static_cast<unsigned>(blocks), S::kThreads, 0, stream>>>(params);
   TQ_CUDA_CHECK_LAUNCH();
   store_encode_kernel<P, D, true><<<static_cast<unsigned>(blocks), S::kThreads, 0, stream>>>(params);
@@ -359,44 +412,47 @@ void launch_encode_any(const StoreKernelParams& params, cudaStream_t stream) {
   fail("preset", "unknown preset value");
 }
 
-/// The status word used when the caller passes none: one int per device,
-/// allocated on first use and kept for the life of the process.
-int* internal_status_word() {
+/// The store record of the current device: allocated and zeroed by the
+/// first store on it, kept for the life of the process.
+StoreDeviceState* device_state(CUstream_st* stream) {
   constexpr int kMaxDevices = 64;
   static std::mutex mutex;
-  static std::array<int*, kMaxDevices> words{};
+  static std::array<StoreDeviceState*, kMaxDevices> states{};
   int device = 0;
   TQ_CUDA_CHECK(cudaGetDevice(&device));
-  TQ_REQUIRE(device < kMaxDevices, "device_status",
-          "is null and device " + std::to_string(device) + " has no internal status word; pass one");
+  TQ_REQUIRE(device < kMaxDevices, "device", std::to_string(device) + " is past the " + std::to_string(kMaxDevices) +
+                                                 " devices the store supports");
   const std::lock_guard<std::mutex> lock(mutex);
-  if (words[device] == nullptr) TQ_CUDA_CHECK(cudaMalloc(&words[device], sizeof(int)));
-  return words[device];
+  if (states[device] == nullptr) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    TQ_REQUIRE(capture == cudaStreamCaptureStatusNone, "stream",
+               "is capturing a CUDA graph, and the first store on device " + std::to_string(device) +
+                   " allocates its check record; run one store on the device before capture (warm-up)");
+    StoreDeviceState* state = nullptr;
+    TQ_CUDA_CHECK(cudaMalloc(&state, sizeof(StoreDeviceState)));
+    TQ_CUDA_CHECK(cudaMemset(state, 0, sizeof(StoreDeviceState)));
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());  // the memset ran on the legacy stream, which other streams do not wait for
+    states[device] = state;
+  }
+  return states[device];
 }
 
-}  // namespace
+bool capturing(CUstream_st* stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  return capture != cudaStreamCaptureStatusNone;
+}
 
-void store_cuda(const StoreArgs& args, CUstream_st* stream, int* device_status, bool throw_on_error) {
-  validate_store_shapes(args);
-  int* status = device_status != nullptr ? device_status : internal_status_word();
-  TQ_CUDA_CHECK(cudaMemsetAsync(status, 0, sizeof(int), stream));
-  if (args.num_tokens == 0) return;
-
-  const StoreKernelParams params{args.layout, args.num_blocks, args.cache,      args.key,
-                                 args.value,  args.kv_dtype,   args.num_tokens, args.slot_mapping,
-                                 args.Pi,     args.centroids,  status};
-  launch_encode_any(params, stream);
-  if (!throw_on_error) return;
-
-  int result = 0;
-  TQ_CUDA_CHECK(cudaMemcpyAsync(&result, status, sizeof(int), cudaMemcpyDeviceToHost, stream));
-  TQ_CUDA_CHECK(cudaStreamSynchronize(stream));
-  switch (static_cast<StoreStatus>(result)) {
-    case StoreStatus::ok: return;
+/// The Error of a failed store's status.
+[[noreturn]] void fail_with_status(StoreStatus status, const StoreArgs& args) {
+  switch (status) {
     case StoreStatus::slot_out_of_range:
       fail("slot_mapping",
            "an entry is out of range; accepted: negative (skip) or 0 to num_blocks * block_size - 1 = " +
                std::to_string(args.num_blocks * args.layout.block_size - 1) + "; nothing was written");
+    case StoreStatus::duplicate_slot:
+      fail("slot_mapping", "two tokens map to the same slot; accepted: each slot at most once per call; nothing was written");
     case StoreStatus::non_finite_key:
       fail("key",
            "a stored token holds a NaN or infinite element, or a norm whose fp16 key norm overflows; "
@@ -405,8 +461,49 @@ void store_cuda(const StoreArgs& args, CUstream_st* stream, int* device_status, 
       fail("value",
            "a stored token holds a NaN or infinite element, or a range whose fp16 scale or zero "
            "overflows; accepted: finite values within fp16 range (65504); nothing was written");
+    case StoreStatus::ok: break;
   }
-  fail("device_status", "unexpected store status " + std::to_string(result));
+  fail("status", "unexpected store status " + std::to_string(static_cast<int>(status)));
+}
+
+}  // namespace
+
+void store_cuda(const StoreArgs& args, CUstream_st* stream, StoreChecking checking, int* call_status) {
+  validate_store_shapes(args);
+  if (args.num_tokens == 0) return;
+  TQ_REQUIRE(checking == StoreChecking::record || !capturing(stream), "check",
+             "raising on a failed check synchronises the stream, which is capturing a CUDA graph; use the "
+             "recording mode there and read store_check_report() after replays");
+  StoreDeviceState* state = device_state(stream);
+  int* status = call_status != nullptr ? call_status : &state->call_status;
+  TQ_CUDA_CHECK(cudaMemsetAsync(status, 0, sizeof(int), stream));
+
+  const StoreKernelParams params{args.layout, args.num_blocks, args.cache,      args.key,
+                                 args.value,  args.kv_dtype,   args.num_tokens, args.slot_mapping,
+                                 args.Pi,     args.centroids,  status,          state};
+  launch_encode_any(params, stream);
+  if (checking == StoreChecking::record) return;
+
+  int result = 0;
+  TQ_CUDA_CHECK(cudaMemcpyAsync(&result, status, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  TQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (result != 0) fail_with_status(static_cast<StoreStatus>(result), args);
+}
+
+StoreCheckReport store_check_report(CUstream_st* stream) {
+  TQ_REQUIRE(!capturing(stream), "stream", "is capturing a CUDA graph; read the store check report outside capture");
+  StoreDeviceState* state = device_state(stream);
+  StoreDeviceState copy{};
+  TQ_CUDA_CHECK(cudaMemcpyAsync(&copy, state, sizeof copy, cudaMemcpyDeviceToHost, stream));
+  // The report only: the device's own status word may belong to a call in flight on another stream.
+  TQ_CUDA_CHECK(cudaMemsetAsync(&state->first_failure, 0, sizeof copy - offsetof(StoreDeviceState, first_failure), stream));
+  TQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  StoreCheckReport report;
+  report.checked_calls = static_cast<std::int64_t>(copy.checked_calls);
+  report.failed_calls = static_cast<std::int64_t>(copy.failed_calls);
+  for (int i = 0; i < 5; ++i) report.failures[i] = static_cast<std::int64_t>(copy.failures[i]);
+  report.first_failure = static_cast<StoreStatus>(copy.first_failure);
+  return report;
 }
 
 }  // namespace tqdecode

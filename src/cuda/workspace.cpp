@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -64,6 +65,13 @@ PooledBuffers allocate_buffers(const PoolSignature& signature, int bucket, int s
   return buffers;
 }
 
+/// "Hk=8 Hq=64 D=128 dtype=bfloat16 device=0"
+std::string signature_text(const PoolSignature& signature) {
+  const auto [device, num_kv_heads, num_q_heads, head_dim, dtype] = signature;
+  return "Hk=" + std::to_string(num_kv_heads) + " Hq=" + std::to_string(num_q_heads) + " D=" + std::to_string(head_dim) +
+         " dtype=" + dtype_name(static_cast<DType>(dtype)) + " device=" + std::to_string(device);
+}
+
 /// Adds one pool's check record to `report`: counts add up, the lowest failures win.
 void add_check_state(DeviceCheckReport& report, const cuda::DeviceCheckState& state) {
   report.checked_calls += static_cast<std::int64_t>(state.checked_calls);
@@ -82,30 +90,62 @@ void add_check_state(DeviceCheckReport& report, const cuda::DeviceCheckState& st
   }
 }
 
+/// The bucket a pool grows to for `batch` rows: the next power of two, so a
+/// run of growing batches regrows O(log) times, within kMaxBatchLimit.
+int grown_bucket(int batch) {
+  int bucket = 1;
+  while (bucket < batch && bucket < kMaxBatchLimit) bucket *= 2;
+  return std::max(bucket, batch);
+}
+
 }  // namespace
 
-const PooledBuffers& DecodeWorkspace::Impl::acquire(const PoolSignature& signature, int batch, int sm_count) {
+const PooledBuffers& DecodeWorkspace::Impl::acquire(const PoolSignature& signature, int batch, int sm_count,
+                                                    CUstream_st* stream) {
   std::lock_guard<std::mutex> lock(mutex);
   auto found = pools.find(signature);
   if (found != pools.end() && batch <= found->second.bucket_batch) return found->second;
-  int bucket = max_batch;
+  // Allocating synchronises the device, which a stream capturing a CUDA graph
+  // must not do: say what to change instead of failing inside CUDA.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    fail("max_batch",
+         found == pools.end()
+             ? "the first decode of this shape signature allocates its buffer pool, which cannot happen while the "
+               "stream captures a CUDA graph; run one decode of this shape before capture (warm-up)"
+             : "batch " + std::to_string(batch) + " exceeds the pool bucket of " +
+                   std::to_string(found->second.bucket_batch) +
+                   " rows, and the pool cannot grow while the stream captures a CUDA graph; set max_batch "
+                   "(DecodeWorkspace(max_batch), Python tqdecode.set_max_batch, or TQDECODE_MAX_BATCH) to at "
+                   "least the largest batch you capture, before capturing");
+  }
+  int bucket = std::max(max_batch, batch);
   cuda::DeviceCheckState carried{};  // the check report survives a growth
   if (found != pools.end()) {
-    bucket = batch;
-    std::fprintf(stderr,
-                 "tqdecode: warning: batch %d exceeds the pool bucket of %d rows; the pool grows to %d "
-                 "and CUDA graphs captured earlier now hold stale buffer pointers (raise max_batch or "
-                 "TQDECODE_MAX_BATCH)\n",
-                 batch, found->second.bucket_batch, bucket);
+    bucket = grown_bucket(batch);
     // Work still using the old buffers (on any stream) finishes first.
     TQ_CUDA_CHECK(cudaDeviceSynchronize());
     TQ_CUDA_CHECK(cudaMemcpy(&carried, found->second.check_state, sizeof carried, cudaMemcpyDeviceToHost));
     TQ_CUDA_CHECK(cudaFree(found->second.allocation));
+    const int old_bucket = found->second.bucket_batch;
     pools.erase(found);
-  } else if (batch > bucket) {
-    bucket = batch;
+    const PooledBuffers& grown = pools.emplace(signature, allocate_buffers(signature, bucket, sm_count, carried)).first->second;
+    std::fprintf(stderr,
+                 "tqdecode: warning: batch %d exceeds the pool bucket of %d rows of %s; the pool grew to %d rows "
+                 "(%lld bytes; %lld bytes in %zu pools of this workspace) and CUDA graphs captured earlier now hold "
+                 "stale buffer pointers (raise max_batch or TQDECODE_MAX_BATCH)\n",
+                 batch, old_bucket, signature_text(signature).c_str(), bucket, static_cast<long long>(grown.bytes),
+                 static_cast<long long>(total_bytes()), pools.size());
+    return grown;
   }
   return pools.emplace(signature, allocate_buffers(signature, bucket, sm_count, carried)).first->second;
+}
+
+std::int64_t DecodeWorkspace::Impl::total_bytes() const {
+  std::int64_t total = 0;
+  for (const auto& [signature, buffers] : pools) total += buffers.bytes;
+  return total;
 }
 
 DecodeWorkspace::Impl::~Impl() {
@@ -159,14 +199,9 @@ DecodeWorkspace::Stats DecodeWorkspace::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   Stats stats;
   for (const auto& [signature, buffers] : impl_->pools) {
-    const auto [device, num_kv_heads, num_q_heads, head_dim, dtype] = signature;
-    stats.entries.push_back({"Hk=" + std::to_string(num_kv_heads) + " Hq=" + std::to_string(num_q_heads) +
-                                 " D=" + std::to_string(head_dim) + " dtype=" + dtype_name(static_cast<DType>(dtype)) +
-                                 " device=" + std::to_string(device),
-                             buffers.bucket_batch, buffers.partition_rows,
-                             buffers.bytes});
-    stats.total_bytes += buffers.bytes;
+    stats.entries.push_back({signature_text(signature), buffers.bucket_batch, buffers.partition_rows, buffers.bytes});
   }
+  stats.total_bytes = impl_->total_bytes();
   return stats;
 }
 

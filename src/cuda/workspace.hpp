@@ -39,9 +39,13 @@ struct DecodeWorkspace::Impl {
   mutable std::mutex mutex;
   std::map<PoolSignature, PooledBuffers> pools;
 
-  /// Buffers for a call of `batch` rows; allocates on the first call of a
-  /// signature and grows (with a warning) when batch exceeds the bucket.
-  const PooledBuffers& acquire(const PoolSignature& signature, int batch, int sm_count);
+  /// Buffers for a call of `batch` rows on `stream`; allocates on the first
+  /// call of a signature and grows (with a warning) to the next power of two
+  /// when batch exceeds the bucket. Throws Error naming max_batch when either
+  /// would happen while `stream` captures a CUDA graph.
+  const PooledBuffers& acquire(const PoolSignature& signature, int batch, int sm_count, CUstream_st* stream);
+  /// Bytes held by every pool; the caller holds `mutex`.
+  std::int64_t total_bytes() const;
   ~Impl();
 };
 

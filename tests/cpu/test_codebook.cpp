@@ -1,6 +1,7 @@
-// Lloyd-Max codebooks (FORMAT.md section 2): optimality conditions checked
-// by an independent integration, known Gaussian levels, the published unit
-// vector MSE, a Monte-Carlo run of the store-path quantization, and errors.
+// Lloyd-Max codebooks (docs/FORMAT.md section 2): optimality conditions
+// checked by an independent integration, known Gaussian levels, the
+// published unit vector MSE, a Monte-Carlo run of the store-path
+// quantization, and errors.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -10,11 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include "expect_error.hpp"
+#include "random.hpp"
 #include "tqdecode/codebook.hpp"
 #include "tqdecode/error.hpp"
-#include "tqdecode/random.hpp"
 #include "tqdecode/rotation.hpp"
-#include "expect_error.hpp"
 
 namespace {
 
@@ -160,9 +161,9 @@ TEST(CodebookLloydMax, UnitVectorMseMatchesPublishedValues) {
   }
 }
 
-// The store path of FORMAT.md section 3 on random unit vectors: rotate with a
-// Hadamard Pi, quantize each coordinate to its nearest level, and measure
-// the mean squared error of the quantized unit vector.
+// The store path of docs/FORMAT.md section 3 on random unit vectors: rotate
+// with a Hadamard Pi, quantize each coordinate to its nearest level, and
+// measure the mean squared error of the quantized unit vector.
 TEST(CodebookLloydMax, MonteCarloUnitVectorMse) {
   constexpr int kHeadDim = 128;
   constexpr int kVectors = 20000;

@@ -1,15 +1,15 @@
-// The byte-level contract of FORMAT.md: bit packing, the fp16 / bf16 / fp8
-// conversions and the block layout offsets.
+// The byte-level contract of docs/FORMAT.md: bit packing, the fp16 / bf16 /
+// fp8 conversions and the block layout offsets.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "random.hpp"
 #include "tqdecode/format.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/packing.hpp"
-#include "tqdecode/random.hpp"
 
 namespace tqdecode {
 namespace {

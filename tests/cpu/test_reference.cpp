@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "support/scenario.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/partition.hpp"
 #include "tqdecode/reference.hpp"
-#include "tqdecode/scenario.hpp"
 
 namespace tqdecode::test {
 namespace {

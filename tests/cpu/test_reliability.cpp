@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "support/scenario.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/reference.hpp"
-#include "tqdecode/scenario.hpp"
 #include "tqdecode/store.hpp"
 
 namespace tqdecode::test {

@@ -1,4 +1,4 @@
-// Rotations and model constants (FORMAT.md section 2): orthogonality,
+// Rotations and model constants (docs/FORMAT.md section 2): orthogonality,
 // determinism, the documented constructions, and errors.
 #include <gtest/gtest.h>
 
@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
+#include "random.hpp"
 #include "tqdecode/constants.hpp"
 #include "tqdecode/error.hpp"
-#include "tqdecode/random.hpp"
 #include "tqdecode/rotation.hpp"
-#include "expect_error.hpp"
 
 namespace {
 

@@ -1,6 +1,7 @@
-// The store path (FORMAT.md section 3): exact bytes of hand-made vectors,
-// placement in the block, skipped slots, input dtypes, determinism, the
-// distortion of real data, and every rejected input (with the cache intact).
+// The store path (docs/FORMAT.md section 3): exact bytes of hand-made
+// vectors, placement in the block, skipped slots, input dtypes, determinism,
+// the distortion of real data, and every rejected input (with the cache
+// intact).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "random.hpp"
+#include "support/scenario.hpp"
 #include "tqdecode/codebook.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
-#include "tqdecode/random.hpp"
-#include "tqdecode/scenario.hpp"
 #include "tqdecode/store.hpp"
 
 namespace tqdecode::test {

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
+#include "support/scenario.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/reference.hpp"
-#include "tqdecode/scenario.hpp"
-#include "expect_error.hpp"
 
 namespace tqdecode::test {
 namespace {

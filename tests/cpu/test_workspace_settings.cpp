@@ -98,17 +98,19 @@ TEST(WorkspaceSettings, FirstFailedSequenceIsTheLowestOfBothKinds) {
   EXPECT_EQ(report.first_failed_sequence(), 2);
 }
 
-TEST(WorkspaceSettings, MaxBatchFromTheArgumentOrTheEnvironment) {
+// docs/LAUNCHER.md: the caller's value, with an environment override, default 512.
+TEST(WorkspaceSettings, MaxBatchFromTheArgumentWithTheEnvironmentOverriding) {
   {
     const ScopedVariable unset(kMaxBatch, nullptr);
     EXPECT_EQ(DecodeWorkspace().max_batch(), 512);
     EXPECT_EQ(DecodeWorkspace(24).max_batch(), 24);
     expect_error_naming("max_batch", [] { DecodeWorkspace workspace(-1); });
+    expect_error_naming("max_batch", [] { DecodeWorkspace workspace((1 << 20) + 1); });
   }
   {
     const ScopedVariable set(kMaxBatch, "96");
     EXPECT_EQ(DecodeWorkspace().max_batch(), 96);
-    EXPECT_EQ(DecodeWorkspace(24).max_batch(), 24);  // the argument wins
+    EXPECT_EQ(DecodeWorkspace(24).max_batch(), 96);  // the environment overrides the argument
   }
   for (const char* text : {"0", "-4", "12x", "2000000"}) {
     const ScopedVariable set(kMaxBatch, text);

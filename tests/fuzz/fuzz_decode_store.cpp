@@ -40,12 +40,12 @@
 #include <utility>
 #include <vector>
 
+#include "random.hpp"
 #include "tqdecode/constants.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/format.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/packing.hpp"
-#include "tqdecode/random.hpp"
 #include "tqdecode/reference.hpp"
 #include "tqdecode/store.hpp"
 

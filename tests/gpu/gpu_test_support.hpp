@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tqdecode/scenario.hpp"
+#include "support/scenario.hpp"
 
 namespace tqdecode::test {
 

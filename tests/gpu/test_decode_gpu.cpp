@@ -7,16 +7,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "gpu/gpu_test_support.hpp"
+#include "random.hpp"
+#include "support/device_scenario.hpp"
+#include "support/scenario.hpp"
 #include "tqdecode/decode.hpp"
-#include "tqdecode/device_scenario.hpp"
 #include "tqdecode/error.hpp"
-#include "tqdecode/random.hpp"
 #include "tqdecode/reference.hpp"
-#include "tqdecode/scenario.hpp"
 
 namespace tqdecode {
 namespace {
@@ -341,6 +342,49 @@ TEST(DecodeGpuArguments, MisalignedPiTIsRefusedAndNothingIsWritten) {
     for (const float value : device.output()) ASSERT_TRUE(std::isnan(value)) << "the output was written";
   }
   cudaFree(shifted);
+}
+
+// With device checks off (the default), a length past the block table's
+// coverage is clamped to it on every path and a negative one is empty:
+// nothing past the sequence's row of the table is read (the rows follow each
+// other in memory, so a read past one would take the next row's blocks; the
+// last row ends the allocation, which memcheck watches).
+TEST(DecodeGpuArguments, LengthsPastTheBlockTableAreClampedOnEveryPath) {
+  TQ_SKIP_WITHOUT_GPU();
+  for (const Preset preset : {Preset::turboquant_4bit_nc, Preset::turboquant_k3v4_nc, Preset::turboquant_k8v4}) {
+    ScenarioConfig config;
+    config.preset = preset;
+    config.num_q_heads = 32;
+    config.num_kv_heads = 8;
+    config.seq_lens = {48 * 16, 48 * 16, 48 * 16, 48 * 16};  // whole blocks: every entry of every row is used
+    config.spare_table_columns = 0;
+    config.sinks = true;
+    config.seed = 23;
+    config.keep_unquantized = false;
+    const Scenario scenario = make_scenario(config);
+    const int coverage = scenario.max_blocks_per_seq * scenario.layout.block_size;
+    ASSERT_EQ(coverage, 48 * 16);
+    const std::vector<std::int32_t> lengths = {coverage + 1, -5, std::numeric_limits<std::int32_t>::max(), coverage + 999};
+    const std::vector<std::int32_t> clamped = {coverage, 0, coverage, coverage};
+    DecodeArgs host = scenario.host_args(nullptr);
+    host.seq_lens = clamped.data();
+    std::vector<float> expected(scenario.query.size());
+    decode_reference(host, expected.data());
+
+    DeviceScenario device(scenario);
+    device.upload_lengths(lengths, scenario.block_table);
+    DecodeWorkspace workspace;
+    ASSERT_FALSE(workspace.device_checks());
+    for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar}) {
+      device.poison_output();
+      decode(device.args(), workspace, nullptr, request);
+      const std::vector<float> output = device.output();
+      const std::string what = std::string(preset_info(preset).name) + " " + decode_path_name(plan_decode(device.args(), request).path);
+      expect_close(output, expected, what);
+      const std::string zero = test::zero_row_failure(output, scenario, clamped);
+      EXPECT_TRUE(zero.empty()) << what << ": " << zero;
+    }
+  }
 }
 
 }  // namespace

@@ -118,11 +118,10 @@ TEST(PartitionPolicy, NarrowConfigurationResidentCtasFollowTheDevicesSharedMemor
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 16, sm86), 0);  // 120576 > 101376
 }
 
-// The benchmark shapes (Hq 64, Hk 8 unless stated; bench/NOTES.md, v3.5,
-// v3.9 and v3.12): the wide shape with one (grids of at most two waves),
-// two, four or eight kv heads per CTA, whichever grid has the fewest waves
-// (the fewest heads on a tie), or for odd Hk beyond two waves the two-CTA
-// shape.
+// The benchmark shapes (Hq 64, Hk 8 unless stated): the wide shape with one
+// (grids of at most two waves), two, four or eight kv heads per CTA,
+// whichever grid has the fewest waves (the fewest heads on a tie), or for
+// odd Hk beyond two waves the two-CTA shape.
 TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
   const auto grid = [](Preset preset, int group, int batch, int hk, int context) {
     return choose_grid(DecodePath::hopper, preset, group, batch, hk, context, kH200Sms);
@@ -180,7 +179,7 @@ TEST(PartitionPolicy, WideTableForGridsOfAtMostTwoWaves) {
 }
 
 // The other presets up to group 8: two kv heads per 16-warp CTA where that
-// grid takes at most two waves (bench/NOTES.md, v3.22), else two 8-warp
+// grid takes at most two waves (docs/DESIGN.md), else two 8-warp
 // CTAs per SM; the decode tests' b48 cases keep the latter on the Hopper path.
 TEST(PartitionPolicy, TwoKvHeadsPerCtaForTheOtherPresetsOnGridsOfAtMostTwoWaves) {
   const auto grid = [](Preset preset, int group, int batch, int hk, int context) {

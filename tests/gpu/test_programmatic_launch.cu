@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "gpu/gpu_test_support.hpp"
+#include "support/device_scenario.hpp"
+#include "support/scenario.hpp"
 #include "tqdecode/decode.hpp"
-#include "tqdecode/device_scenario.hpp"
 #include "tqdecode/reference.hpp"
-#include "tqdecode/scenario.hpp"
 
 namespace tqdecode {
 namespace {

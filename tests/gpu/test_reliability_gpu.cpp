@@ -21,13 +21,13 @@
 #include <vector>
 
 #include "gpu/gpu_test_support.hpp"
+#include "random.hpp"
 #include "scoped_variable.hpp"
+#include "support/device_scenario.hpp"
+#include "support/scenario.hpp"
 #include "tqdecode/decode.hpp"
-#include "tqdecode/device_scenario.hpp"
 #include "tqdecode/numeric.hpp"
-#include "tqdecode/random.hpp"
 #include "tqdecode/reference.hpp"
-#include "tqdecode/scenario.hpp"
 
 namespace tqdecode {
 namespace {

@@ -1,8 +1,9 @@
 // The GPU store against the CPU store: the same input bytes must give the
 // same cache bytes, for every preset, head dim, K/V dtype and rotation kind,
 // in a junk-filled cache with a padded block stride and skipped slots. Every
-// rejected input (slot out of range, non-finite K or V, fp16 overflow) must
-// throw the same argument as the CPU and leave the device cache untouched.
+// rejected input (slot out of range, two tokens in one slot, non-finite K or
+// V, fp16 overflow) must throw the same argument as the CPU and leave the
+// device cache untouched; the default recording mode works inside graphs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -12,16 +13,17 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/gpu_test_support.hpp"
+#include "random.hpp"
+#include "support/scenario.hpp"
+#include "support/synthetic.hpp"
 #include "tqdecode/constants.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
-#include "tqdecode/random.hpp"
-#include "tqdecode/scenario.hpp"
 #include "tqdecode/store.hpp"
-#include "tqdecode/synthetic.hpp"
 
 namespace tqdecode::test {
 namespace {
@@ -160,7 +162,7 @@ void expect_same_bytes(const StoreInputs& in) {
   store_cpu(in.host_args(expected.data()));
 
   DeviceInputs device(in);
-  store_cuda(device.args(in), nullptr);
+  store_cuda(device.args(in), nullptr, StoreChecking::raise);
   const std::vector<std::uint8_t> actual = device.cache.download();
   const std::int64_t diff = first_difference(actual, expected);
   EXPECT_EQ(diff, -1) << "GPU and CPU stores differ first at " << describe_offset(in.layout, diff) << ": GPU "
@@ -247,9 +249,9 @@ TEST(StoreGpu, DegenerateVectorsMatchCpu) {
   }
 }
 
-/// Runs a store expected to fail: both paths must throw Error naming
-/// `argument`, and the device cache must keep every junk byte.
-void expect_rejected(const StoreInputs& in, const std::string& argument) {
+/// Runs a store expected to fail with `expected`: both paths must throw
+/// Error naming `argument`, and the device cache must keep every junk byte.
+void expect_rejected(const StoreInputs& in, const std::string& argument, StoreStatus expected) {
   std::vector<std::uint8_t> host = in.junk;
   try {
     store_cpu(in.host_args(host.data()));
@@ -260,23 +262,28 @@ void expect_rejected(const StoreInputs& in, const std::string& argument) {
 
   DeviceInputs device(in);
   try {
-    store_cuda(device.args(in), nullptr);
+    store_cuda(device.args(in), nullptr, StoreChecking::raise);
     ADD_FAILURE() << "store_cuda accepted the input";
   } catch (const Error& error) {
     EXPECT_EQ(error.argument(), argument) << error.what();
   }
   EXPECT_EQ(first_difference(device.cache.download(), in.junk), -1) << "a rejected store wrote to the cache";
 
-  // The same store with a caller-owned status word and no throw: the status
-  // names the failure, nothing is written, and nothing synchronises.
+  // The same store in the default recording mode, with a caller-owned status
+  // word: it names the failure, nothing is written, and the device's report
+  // counts the call.
+  store_check_report();  // start from an empty report
   DeviceBuffer<int> status(1);
-  store_cuda(device.args(in), nullptr, status.get(), false);
+  store_cuda(device.args(in), nullptr, StoreChecking::record, status.get());
   const int code = status.download()[0];
-  const StoreStatus expected = argument == "slot_mapping" ? StoreStatus::slot_out_of_range
-                               : argument == "key"        ? StoreStatus::non_finite_key
-                                                          : StoreStatus::non_finite_value;
   EXPECT_EQ(code, static_cast<int>(expected));
   EXPECT_EQ(first_difference(device.cache.download(), in.junk), -1) << "a rejected store wrote to the cache";
+  const StoreCheckReport report = store_check_report();
+  EXPECT_EQ(report.checked_calls, 1);
+  EXPECT_EQ(report.failed_calls, 1);
+  EXPECT_EQ(report.failures[code], 1);
+  EXPECT_EQ(report.first_failure, expected);
+  EXPECT_EQ(store_check_report().checked_calls, 0) << "reading cleared the report";
 }
 
 void set_element(std::vector<std::uint8_t>& data, DType dtype, std::int64_t index, float value) {
@@ -297,34 +304,113 @@ TEST(StoreGpu, RejectsBadInputsAndWritesNothing) {
       SCOPED_TRACE("slot past the cache");
       StoreInputs in = good;
       in.slots[std::size_t(stored_token)] = in.num_blocks * c.block_size;
-      expect_rejected(in, "slot_mapping");
+      expect_rejected(in, "slot_mapping", StoreStatus::slot_out_of_range);
     }
     {
       SCOPED_TRACE("NaN value");
       StoreInputs in = good;
       set_element(in.value, c.kv_dtype, stored_token * row + 77, std::numeric_limits<float>::quiet_NaN());
-      expect_rejected(in, "value");
+      expect_rejected(in, "value", StoreStatus::non_finite_value);
     }
     {
       SCOPED_TRACE("infinite key");
       StoreInputs in = good;
       set_element(in.key, c.kv_dtype, (stored_token + 1) * row - 1, -std::numeric_limits<float>::infinity());
-      expect_rejected(in, "key");
+      expect_rejected(in, "key", StoreStatus::non_finite_key);
     }
     {
       SCOPED_TRACE("value range past fp16");
       StoreInputs in = good;
       set_element(in.value, c.kv_dtype, stored_token * row + 3, 1.0e6f);
-      expect_rejected(in, "value");
+      expect_rejected(in, "value", StoreStatus::non_finite_value);
+    }
+    {
+      SCOPED_TRACE("two tokens in one slot");
+      StoreInputs in = good;
+      std::int64_t other = stored_token + 1;
+      while (in.slots[std::size_t(other)] < 0) ++other;
+      in.slots[std::size_t(other)] = in.slots[std::size_t(stored_token)];
+      expect_rejected(in, "slot_mapping", StoreStatus::duplicate_slot);
     }
     if (preset != Preset::turboquant_k8v4) {
       SCOPED_TRACE("key norm past fp16");
       StoreInputs in = good;
       // |k| = 1.1e6: over 65504 times any centroid-vector norm of these codebooks.
       for (int d = 0; d < c.head_dim; ++d) set_element(in.key, c.kv_dtype, stored_token * row + d, 1.0e5f);
-      expect_rejected(in, "key");
+      expect_rejected(in, "key", StoreStatus::non_finite_key);
     }
   }
+}
+
+// Duplicates in the same 256-token tile and across tiles, the first and the
+// last token of a long call: each is refused like the CPU refuses it; many
+// distinct slots and repeated negative (skipped) slots pass.
+TEST(StoreGpu, DuplicateSlotsAreRefusedAcrossTiles) {
+  TQ_SKIP_WITHOUT_GPU();
+  const StoreGpuCase c{Preset::turboquant_3bit_nc, 64, 16, 1, DType::bf16, 0, RotationKind::hadamard};
+  const StoreInputs good = make_inputs(c, 1300, 31);
+  expect_same_bytes(good);  // distinct slots, repeated negative ones
+  const auto stored_after = [&](std::int64_t token) {
+    while (good.slots[std::size_t(token)] < 0) ++token;
+    return token;
+  };
+  for (const auto& [first, second] : {std::pair<std::int64_t, std::int64_t>{3, 200}, {5, 700}, {0, 1299}, {600, 1290}}) {
+    SCOPED_TRACE("tokens " + std::to_string(first) + " and " + std::to_string(second));
+    StoreInputs in = good;
+    const std::int64_t a = stored_after(first);
+    std::int64_t b = second;
+    while (b > a && in.slots[std::size_t(b)] < 0) --b;
+    ASSERT_GT(b, a);
+    in.slots[std::size_t(b)] = in.slots[std::size_t(a)];
+    expect_rejected(in, "slot_mapping", StoreStatus::duplicate_slot);
+  }
+}
+
+// The default (recording) mode synchronises nothing: a store captured in a
+// CUDA graph replays with new inputs, and a failing replay writes nothing and
+// is counted in the report.
+TEST(StoreGpu, RecordingModeWorksInsideCudaGraphs) {
+  TQ_SKIP_WITHOUT_GPU();
+  const StoreGpuCase c{Preset::turboquant_4bit_nc, 128, 16, 2, DType::bf16, 0, RotationKind::hadamard};
+  const StoreInputs in = make_inputs(c, 70, 41);
+  DeviceInputs device(in);
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  store_cuda(device.args(in), stream);  // warm-up: the device's report exists before capture
+  check_cuda(cudaStreamSynchronize(stream), "warm-up");
+  store_check_report(stream);
+  device.cache.upload(in.junk);
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  store_cuda(device.args(in), stream);
+  EXPECT_THROW(store_cuda(device.args(in), stream, StoreChecking::raise), Error) << "raise mode is refused in capture";
+  check_cuda(cudaStreamEndCapture(stream, &graph), "end capture");
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+
+  check_cuda(cudaGraphLaunch(exec, stream), "replay");
+  check_cuda(cudaStreamSynchronize(stream), "replay");
+  std::vector<std::uint8_t> expected = in.junk;
+  store_cpu(in.host_args(expected.data()));
+  EXPECT_EQ(first_difference(device.cache.download(), expected), -1) << "the replay wrote the CPU bytes";
+
+  StoreInputs bad = in;  // the same buffers, a stray slot: the replay must write nothing
+  std::int64_t stored = 0;
+  while (bad.slots[std::size_t(stored)] < 0) ++stored;
+  bad.slots[std::size_t(stored)] = bad.num_blocks * c.block_size + 5;
+  device.slots.upload(bad.slots);
+  device.cache.upload(in.junk);
+  check_cuda(cudaGraphLaunch(exec, stream), "replay");
+  const StoreCheckReport report = store_check_report(stream);
+  EXPECT_EQ(first_difference(device.cache.download(), in.junk), -1) << "a failing replay wrote to the cache";
+  EXPECT_EQ(report.checked_calls, 2);
+  EXPECT_EQ(report.failed_calls, 1);
+  EXPECT_EQ(report.failures[static_cast<int>(StoreStatus::slot_out_of_range)], 1);
+  EXPECT_EQ(report.first_failure, StoreStatus::slot_out_of_range);
+  check_cuda(cudaGraphExecDestroy(exec), "destroy");
+  check_cuda(cudaGraphDestroy(graph), "destroy");
+  check_cuda(cudaStreamDestroy(stream), "destroy");
 }
 
 TEST(StoreGpu, SkippedTokensAreNeitherCheckedNorWritten) {
@@ -343,8 +429,13 @@ TEST(StoreGpu, StatusWordIsZeroAfterAGoodStore) {
   const StoreInputs in = make_inputs(c, 33, 21);
   DeviceInputs device(in);
   DeviceBuffer<int> status(std::vector<int>{12345});
-  store_cuda(device.args(in), nullptr, status.get(), false);
+  store_check_report();
+  store_cuda(device.args(in), nullptr, StoreChecking::record, status.get());
   EXPECT_EQ(status.download()[0], 0);
+  const StoreCheckReport report = store_check_report();
+  EXPECT_EQ(report.checked_calls, 1);
+  EXPECT_EQ(report.failed_calls, 0);
+  EXPECT_EQ(report.first_failure, StoreStatus::ok);
 
   std::vector<std::uint8_t> expected = in.junk;
   store_cpu(in.host_args(expected.data()));

@@ -1,4 +1,4 @@
-#include "tqdecode/scenario.hpp"
+#include "support/scenario.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,13 +7,13 @@
 #include <numeric>
 #include <string>
 
+#include "random.hpp"
+#include "support/synthetic.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/packing.hpp"
-#include "tqdecode/random.hpp"
 #include "tqdecode/reference.hpp"
 #include "tqdecode/store.hpp"
-#include "tqdecode/synthetic.hpp"
 
 namespace tqdecode {
 
@@ -128,6 +128,7 @@ Scenario make_scenario(const ScenarioConfig& config) {
   s.values = synthetic_values(total, shape, config.seed);
   for (float& value : s.values) value *= config.value_amplitude;
   s.query = synthetic_queries(batch, shape, config.seed);  // same seed as the keys: shared outlier channels
+  for (float& value : s.query) value *= config.query_amplitude;
   const std::vector<std::uint8_t> key_data = to_dtype(s.keys, config.kv_dtype);
   const std::vector<std::uint8_t> value_data = to_dtype(s.values, config.kv_dtype);
   const std::vector<std::uint8_t> query_data = to_dtype(s.query, config.query_dtype);

@@ -1,12 +1,12 @@
-// A Scenario copied to GPU memory (CUDA builds only): the demo, the GPU
-// tests and the benchmarks decode from it.
+// A Scenario copied to GPU memory (CUDA builds only): the demo and the GPU
+// tests decode from it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "tqdecode/scenario.hpp"
+#include "support/scenario.hpp"
 
 namespace tqdecode {
 

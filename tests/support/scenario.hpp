@@ -1,9 +1,9 @@
 // A whole decode problem in host memory: synthetic K/V for a batch of
 // sequences, stored with store_cpu into a junk-filled paged cache behind a
 // shuffled block table, queries, sinks, and the unquantized K/V for exact
-// attention; plus the error metrics the demo, the tests and the benchmarks
-// report. The one scenario builder of the project: the CLI, the CPU and GPU
-// tests and the benchmarks all use it.
+// attention; plus the error metrics the demo and the tests report. The one
+// scenario builder of the project: the CLI's demo and the CPU and GPU tests
+// use it (test support, not part of the library).
 #pragma once
 
 #include <cstddef>
@@ -35,6 +35,10 @@ struct ScenarioConfig {
   bool identity_rotation = false;  ///< Pi = PiT = I (MSE presets): the rotated query is the query itself
   bool keep_unquantized = true;    ///< keep K/V for exact attention (memory heavy for long contexts)
   float value_amplitude = 1.0f;    ///< values are scaled by this (large values stress the fp16 value path)
+  /// Queries are scaled by this before rounding to query_dtype: the spread of
+  /// the scores. Near 0.05 the softmax is almost flat (every token carries
+  /// weight), at 1 a few tokens carry it, at 8 it is sharply peaked.
+  float query_amplitude = 1.0f;
 };
 
 struct Scenario {

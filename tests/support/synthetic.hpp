@@ -1,7 +1,7 @@
 // Built-in synthetic data that looks like real attention inputs: keys with a
 // few large-magnitude outlier channels and non-zero per-channel means, values
 // with non-zero means, queries aligned with the key outliers so softmax is
-// not flat. Used by the demo, the tests and the benchmarks.
+// not flat. The scenarios (the demo and the tests) are built from it.
 #pragma once
 
 #include <cstdint>

@@ -1,10 +1,10 @@
-#include "tqdecode/device_scenario.hpp"
+#include "support/device_scenario.hpp"
 
 #include <cuda_runtime.h>
 
 #include <limits>
 
-#include "cuda_check.hpp"
+#include "cuda/cuda_check.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
 

@@ -1,7 +1,7 @@
-#include "tqdecode/synthetic.hpp"
+#include "support/synthetic.hpp"
 
+#include "random.hpp"
 #include "tqdecode/numeric.hpp"
-#include "tqdecode/random.hpp"
 
 namespace tqdecode {
 

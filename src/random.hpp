@@ -1,5 +1,7 @@
 // A small deterministic random generator (SplitMix64), identical on every
-// platform and standard library, so seeds reproduce rotations and data.
+// platform and standard library, so a seed gives the same rotation
+// (make_rotation draws from it) everywhere. Internal to the library; the
+// tests, the test fixtures, the fuzz target and the benchmark use it too.
 #pragma once
 
 #include <cmath>

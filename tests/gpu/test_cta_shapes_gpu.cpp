@@ -1,0 +1,106 @@
+// Every CTA shape of the tensor-core kernel on a split grid (N >= 2, so the
+// in-kernel reduction of partitions runs), on the Hopper path and as the
+// generic path's tensor-core kernel, against the CPU reference (the scalar
+// kernel's split grids are Grid/DecodeGpu's; its group-16 merge draws
+// racecheck's false report, docs/RELIABILITY.md): one long sequence sets the block table's width
+// (and with it N), the others are short, so partitions past a sequence's end
+// are empty too. Small enough for compute-sanitizer's memcheck and racecheck
+// (scripts/gpu_check.sh runs CtaShapes.* under both).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test_support.hpp"
+#include "random.hpp"
+#include "support/device_scenario.hpp"
+#include "support/scenario.hpp"
+#include "tqdecode/decode.hpp"
+#include "tqdecode/reference.hpp"
+
+namespace tqdecode::test {
+namespace {
+
+struct ShapeCase {
+  std::string name;
+  Preset preset;
+  int group;
+  int batch;
+  int num_kv_heads;
+  int context;  ///< block-table width in tokens (block size 16)
+  // The plan expected on an H200 (132 SMs), from the policy (src/cuda/policy.cpp).
+  bool wide_table;
+  int kv_heads_per_cta;
+  int num_partitions;
+};
+
+std::vector<ShapeCase> shape_cases() {
+  const Preset q4 = Preset::turboquant_4bit_nc;
+  return {
+      {"wide_one_kv_head", q4, 8, 1, 8, 4096, true, 1, 16},
+      {"wide_two_kv_heads", q4, 6, 48, 8, 2496, true, 2, 2},
+      {"wide_four_kv_heads", q4, 6, 38, 8, 4000, true, 4, 5},
+      {"wide_eight_kv_heads", q4, 8, 40, 8, 3008, true, 8, 3},
+      {"wide_two_head_tiles", q4, 16, 1, 2, 4096, true, 1, 16},
+      {"narrow_4bit_odd_hk", q4, 3, 300, 1, 1024, false, 1, 4},
+      {"narrow_k3v4", Preset::turboquant_k3v4_nc, 8, 48, 8, 2000, false, 1, 2},
+      {"narrow_k8v4_two_head_tiles", Preset::turboquant_k8v4, 12, 4, 2, 1504, false, 1, 6},
+      {"paired_3bit", Preset::turboquant_3bit_nc, 8, 2, 4, 2064, false, 2, 9},
+  };
+}
+
+Scenario shape_scenario(const ShapeCase& c) {
+  ScenarioConfig config;
+  config.preset = c.preset;
+  config.num_kv_heads = c.num_kv_heads;
+  config.num_q_heads = c.group * c.num_kv_heads;
+  config.block_size = 16;
+  Rng rng(77);
+  config.seq_lens.resize(c.batch);
+  for (int& length : config.seq_lens) length = static_cast<int>(rng.below(200));
+  config.spare_table_columns = 2;
+  config.seq_lens[c.batch / 2] = c.context - 16 * config.spare_table_columns - 5;  // width = context tokens
+  config.sinks = true;
+  config.seed = 31;
+  config.keep_unquantized = false;
+  return make_scenario(config);
+}
+
+class CtaShapes : public ::testing::TestWithParam<ShapeCase> {};
+
+TEST_P(CtaShapes, SplitGridMatchesTheReference) {
+  TQ_SKIP_WITHOUT_GPU();
+  const ShapeCase& c = GetParam();
+  const Scenario scenario = shape_scenario(c);
+  ASSERT_EQ(scenario.max_blocks_per_seq * 16, c.context);
+  std::vector<float> expected(scenario.query.size());
+  decode_reference(scenario.host_args(), expected.data());
+  DeviceScenario device(scenario);
+  DecodeWorkspace workspace;
+
+  const LaunchPlan plan = plan_decode(device.args());
+  if (plan.path == DecodePath::hopper) {  // the shapes are the Hopper path's
+    EXPECT_EQ(plan.wide_table, c.wide_table) << c.name;
+    EXPECT_EQ(plan.kv_heads_per_cta, c.kv_heads_per_cta) << c.name;
+    EXPECT_EQ(plan.num_partitions, c.num_partitions) << c.name;
+  }
+  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
+    const LaunchPlan used = plan_decode(device.args(), request);
+    const std::string what = c.name + " " + decode_path_name(used.path) +
+                             (used.path == DecodePath::cuda_generic ? std::string(" ") + generic_kernel_name(used.generic_kernel) : "") +
+                             " N=" + std::to_string(used.num_partitions);
+    device.poison_output();
+    decode(device.args(), workspace, nullptr, request);
+    const std::vector<float> output = device.output();
+    expect_close(output, expected, what);
+    const std::string zero = zero_row_failure(output, scenario);
+    EXPECT_TRUE(zero.empty()) << what << ": " << zero;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Split, CtaShapes, ::testing::ValuesIn(shape_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace tqdecode::test
