@@ -116,18 +116,43 @@ void check_codebook(const Tensor& centroids, const tqdecode::CacheLayout& layout
   check_size(centroids, "centroids", 0, int64_t{1} << layout.info().key_bits, "2^mse_bits");
 }
 
-// kv_cache is uint8 [num_blocks, block_size, num_kv_heads, slot_bytes]; only
-// stride(0), the block stride, may be padded: the rest of a block is one byte
-// range, which must hold the natural block of the layout.
-tqdecode::CacheLayout cache_layout_of(const Tensor& kv_cache, tqdecode::Preset preset, int head_dim) {
+tqdecode::CacheOrder parse_cache_order(std::string_view name) {
+  if (name == "blocks") return tqdecode::CacheOrder::blocks;
+  if (name == "token_slots") return tqdecode::CacheOrder::token_slots;
+  fail("cache_order", "'" + std::string(name) + "' is not a cache order; accepted: blocks, token_slots");
+}
+
+// kv_cache is uint8 [num_blocks, block_size, num_kv_heads, slot_bytes].
+// blocks (docs/FORMAT.md section 4): only stride(0), the block stride, may be
+// padded; the rest of a block is one byte range, which must hold the natural
+// block of the layout. token_slots (section 4b): every stride comes from the
+// tensor (any order of tokens and heads, padded pages and slots), checked by
+// make_token_slots_layout; `norm_correction` is the decode-time
+// renormalisation of that order.
+tqdecode::CacheLayout cache_layout_of(const Tensor& kv_cache, tqdecode::Preset preset, int head_dim,
+                                      tqdecode::CacheOrder order, bool norm_correction) {
   check_dtype(kv_cache, "kv_cache", at::kByte);
   check_dim(kv_cache, "kv_cache", 4, "[num_blocks, block_size, num_kv_heads, slot_bytes]");
   TQ_REQUIRE(kv_cache.size(0) >= 1, "kv_cache", "has no blocks");
+  const int block_size = static_cast<int>(kv_cache.size(1));
+  const int num_kv_heads = static_cast<int>(kv_cache.size(2));
+  if (order == tqdecode::CacheOrder::token_slots) {
+    TQ_REQUIRE(kv_cache.stride(3) == 1, "kv_cache", "the slot dimension must have stride 1");
+    // fp8 keys have no centroid vector: the engine's norm_correction does not apply to them.
+    const bool renormalize = norm_correction && !tqdecode::preset_info(preset).key_fp8;
+    const tqdecode::CacheLayout layout =
+        tqdecode::make_token_slots_layout(preset, head_dim, block_size, num_kv_heads, kv_cache.stride(0),
+                                          kv_cache.stride(1), kv_cache.stride(2), renormalize);
+    TQ_REQUIRE(kv_cache.size(3) >= layout.slot_bytes(), "kv_cache",
+               "slot size " + std::to_string(kv_cache.size(3)) + " is smaller than the " +
+                   std::to_string(layout.slot_bytes()) + " bytes of a " + layout.info().name +
+                   " slot with head_dim " + std::to_string(head_dim));
+    return layout;
+  }
   TQ_REQUIRE(kv_cache.stride(3) == 1 && kv_cache.stride(2) == kv_cache.size(3) &&
               kv_cache.stride(1) == kv_cache.size(2) * kv_cache.size(3),
           "kv_cache", "a block [block_size, num_kv_heads, slot_bytes] must be contiguous; only stride(0) may be padded");
-  tqdecode::CacheLayout layout = tqdecode::make_layout(preset, head_dim, static_cast<int>(kv_cache.size(1)),
-                                                       static_cast<int>(kv_cache.size(2)));
+  tqdecode::CacheLayout layout = tqdecode::make_layout(preset, head_dim, block_size, num_kv_heads);
   const int64_t block_bytes = kv_cache.size(1) * kv_cache.size(2) * kv_cache.size(3);
   TQ_REQUIRE(block_bytes >= layout.natural_block_bytes(), "kv_cache",
           "slot_bytes " + std::to_string(kv_cache.size(3)) + " is smaller than the " +
@@ -156,6 +181,8 @@ struct DecodeInputs {
   bool key_fp8;
   const OptionalTensor& sinks;
   bool constants_stable;
+  std::string_view cache_order;
+  bool norm_correction;
 };
 
 // Checks the tensors and builds the library's arguments; output left unset.
@@ -171,7 +198,8 @@ tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
   const tqdecode::Preset preset = tqdecode::preset_from_parameters(static_cast<int>(in.mse_bits),
                                                                    static_cast<int>(in.value_quant_bits), in.key_fp8);
   const int head_dim = static_cast<int>(query.size(2));
-  const tqdecode::CacheLayout layout = cache_layout_of(in.kv_cache, preset, head_dim);
+  const tqdecode::CacheLayout layout =
+      cache_layout_of(in.kv_cache, preset, head_dim, parse_cache_order(in.cache_order), in.norm_correction);
 
   const int64_t batch = query.size(0);
   check_device(in.block_table, "block_table", device);
@@ -240,14 +268,16 @@ void* const kPlanningOutput = reinterpret_cast<void*>(std::uintptr_t{1});
 #define TQ_DECODE_PARAMS                                                                                          \
   const Tensor &query, const Tensor &kv_cache, const Tensor &block_table, const Tensor &seq_lens,                 \
       const OptionalTensor &centroids, const OptionalTensor &PiT, double scale, int64_t mse_bits,                 \
-      int64_t value_quant_bits, bool key_fp8, const OptionalTensor &sinks, bool constants_stable
+      int64_t value_quant_bits, bool key_fp8, const OptionalTensor &sinks, bool constants_stable,                 \
+      std::string_view cache_order, bool norm_correction
 #define TQ_DECODE_INPUTS                                                                                          \
   DecodeInputs {                                                                                                  \
     query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits, key_fp8, sinks,    \
-        constants_stable                                                                                          \
+        constants_stable, cache_order, norm_correction                                                            \
   }
-#define TQ_DECODE_INPUTS_FORWARDED \
-  query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits, key_fp8, sinks, constants_stable
+#define TQ_DECODE_INPUTS_FORWARDED                                                                                \
+  query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits, key_fp8, sinks,      \
+      constants_stable, cache_order, norm_correction
 
 void decode_out_cpu(TQ_DECODE_PARAMS, Tensor& out) {
   translating_errors([&] {
@@ -277,7 +307,7 @@ std::tuple<std::string, std::string> decode_path_cpu(TQ_DECODE_PARAMS) {
 
 tqdecode::StoreArgs store_args(const Tensor& key, const Tensor& value, const Tensor& kv_cache,
                                const Tensor& slot_mapping, const OptionalTensor& Pi, const OptionalTensor& centroids,
-                               std::string_view preset_name) {
+                               std::string_view preset_name, std::string_view cache_order) {
   const at::Device device = key.device();
   const tqdecode::Preset preset = tqdecode::parse_preset(preset_name, "preset");
   TQ_REQUIRE(key.scalar_type() == at::kFloat || key.scalar_type() == at::kHalf || key.scalar_type() == at::kBFloat16,
@@ -294,7 +324,9 @@ tqdecode::StoreArgs store_args(const Tensor& key, const Tensor& value, const Ten
   check_contiguous(value, "value");
   check_device(kv_cache, "kv_cache", device);
   const int head_dim = static_cast<int>(key.size(2));
-  const tqdecode::CacheLayout layout = cache_layout_of(kv_cache, preset, head_dim);
+  // The store of the token_slots order writes the raw key norm whatever the
+  // decode-time norm correction (docs/FORMAT.md section 4b).
+  const tqdecode::CacheLayout layout = cache_layout_of(kv_cache, preset, head_dim, parse_cache_order(cache_order), false);
   check_size(key, "key", 1, layout.num_kv_heads, "num_kv_heads kv_cache.shape[2]");
   check_device(slot_mapping, "slot_mapping", device);
   check_dtype(slot_mapping, "slot_mapping", at::kLong);
@@ -326,9 +358,11 @@ tqdecode::StoreArgs store_args(const Tensor& key, const Tensor& value, const Ten
 }
 
 void store_cpu(const Tensor& key, const Tensor& value, Tensor& kv_cache, const Tensor& slot_mapping,
-               const OptionalTensor& Pi, const OptionalTensor& centroids, std::string_view preset, bool /*check*/) {
+               const OptionalTensor& Pi, const OptionalTensor& centroids, std::string_view preset, bool /*check*/,
+               std::string_view cache_order) {
   // The CPU store always validates every input before writing (it is free there).
-  translating_errors([&] { tqdecode::store_cpu(store_args(key, value, kv_cache, slot_mapping, Pi, centroids, preset)); });
+  translating_errors(
+      [&] { tqdecode::store_cpu(store_args(key, value, kv_cache, slot_mapping, Pi, centroids, preset, cache_order)); });
 }
 
 // ---- host-side helpers (no device work; CompositeExplicitAutograd) ---------
@@ -353,16 +387,24 @@ std::tuple<Tensor, Tensor, Tensor> make_model_constants(std::string_view preset,
 }
 
 // [key_bits, value_bits, key_fp8, norm_correction, key_packed_size (KD),
-//  value_packed_size (VD), fields (F), slot_bytes, block_bytes]
-std::vector<int64_t> cache_layout(std::string_view preset, int64_t head_dim, int64_t block_size, int64_t num_kv_heads) {
+//  value_packed_size (VD), fields (F), slot_bytes, block_bytes] of the
+// natural layout of a cache order (token_slots: vLLM's dense order).
+std::vector<int64_t> cache_layout(std::string_view preset, int64_t head_dim, int64_t block_size, int64_t num_kv_heads,
+                                  std::string_view cache_order) {
   return translating_errors([&] {
+    const tqdecode::Preset parsed = tqdecode::parse_preset(preset, "preset");
     const tqdecode::CacheLayout layout =
-        tqdecode::make_layout(tqdecode::parse_preset(preset, "preset"), static_cast<int>(head_dim),
-                              static_cast<int>(block_size), static_cast<int>(num_kv_heads));
+        parse_cache_order(cache_order) == tqdecode::CacheOrder::token_slots
+            ? tqdecode::make_token_slots_layout(parsed, static_cast<int>(head_dim), static_cast<int>(block_size),
+                                                static_cast<int>(num_kv_heads), false)
+            : tqdecode::make_layout(parsed, static_cast<int>(head_dim), static_cast<int>(block_size),
+                                    static_cast<int>(num_kv_heads));
     const tqdecode::PresetInfo info = layout.info();
     return std::vector<int64_t>{info.key_bits,      info.value_bits,         info.key_fp8,
                                 info.norm_correction, layout.key_bytes(),    layout.value_bytes(),
-                                layout.fields(),      layout.bytes_per_token_head(), layout.natural_block_bytes()};
+                                layout.fields(),
+                                layout.token_slots() ? layout.slot_bytes() : layout.bytes_per_token_head(),
+                                layout.natural_block_bytes()};
   });
 }
 
@@ -494,10 +536,11 @@ std::tuple<std::string, std::string> decode_path_cuda(TQ_DECODE_PARAMS) {
 // raises ValueError. The call's status word comes from torch's allocator, so
 // stores on several streams do not share one.
 void store_cuda(const Tensor& key, const Tensor& value, Tensor& kv_cache, const Tensor& slot_mapping,
-                const OptionalTensor& Pi, const OptionalTensor& centroids, std::string_view preset, bool check) {
+                const OptionalTensor& Pi, const OptionalTensor& centroids, std::string_view preset, bool check,
+                std::string_view cache_order) {
   translating_errors([&] {
     const c10::cuda::CUDAGuard guard(key.device());
-    const tqdecode::StoreArgs args = store_args(key, value, kv_cache, slot_mapping, Pi, centroids, preset);
+    const tqdecode::StoreArgs args = store_args(key, value, kv_cache, slot_mapping, Pi, centroids, preset, cache_order);
     Tensor status = at::empty({1}, key.options().dtype(at::kInt));
     tqdecode::store_cuda(args, current_stream(key.device()),
                          check ? tqdecode::StoreChecking::raise : tqdecode::StoreChecking::record,
@@ -572,18 +615,18 @@ StoreReportTuple store_check_report([[maybe_unused]] int64_t device) {
 #define TQ_DECODE_SCHEMA_ARGS                                                                                   \
   "Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, Tensor? PiT, "       \
   "float scale, int mse_bits, int value_quant_bits, bool key_fp8=False, Tensor? sinks=None, "                  \
-  "bool constants_stable=True"
+  "bool constants_stable=True, str cache_order=\"blocks\", bool norm_correction=False"
 TORCH_LIBRARY(tqdecode, m) {
   m.def(
       "store(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping, Tensor? Pi, Tensor? centroids, "
-      "str preset, bool check=False) -> ()");
+      "str preset, bool check=False, str cache_order=\"blocks\") -> ()");
   m.def("decode(" TQ_DECODE_SCHEMA_ARGS ") -> Tensor");
   m.def("decode_out(" TQ_DECODE_SCHEMA_ARGS ", *, Tensor(a!) out) -> ()");
   m.def("decode_path(" TQ_DECODE_SCHEMA_ARGS ") -> (str path, str reason)");
   m.def(
       "make_model_constants(str preset, int head_dim, int seed=0, str rotation=\"hadamard\") "
       "-> (Tensor centroids, Tensor Pi, Tensor PiT)");
-  m.def("cache_layout(str preset, int head_dim, int block_size, int num_kv_heads) -> int[]");
+  m.def("cache_layout(str preset, int head_dim, int block_size, int num_kv_heads, str cache_order=\"blocks\") -> int[]");
   m.def("is_available() -> bool");
   m.def("set_max_batch(int max_batch) -> ()");
   m.def("pool_stats() -> (int max_batch, str[] signatures, int[] bucket_batch, int[] partition_rows, int[] bytes)");

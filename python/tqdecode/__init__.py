@@ -32,12 +32,14 @@ __all__ = [
     "set_max_batch",
     "store",
     "store_check_report",
+    "token_slots_decode_attention",
     "turboquant_decode_attention",
 ]
 
 
 class CacheLayout(NamedTuple):
-    """The byte layout of a preset and geometry (docs/FORMAT.md section 4)."""
+    """The byte layout of a preset and geometry: the blocks order (docs/FORMAT.md
+    section 4), or the token_slots order (section 4b, vLLM's CUDA cache)."""
 
     preset: str
     key_bits: int  # MSE codebook bits, or 8 for fp8 keys
@@ -47,7 +49,7 @@ class CacheLayout(NamedTuple):
     key_packed_size: int  # KD: key data bytes per (token, kv head)
     value_packed_size: int  # VD: value data bytes per (token, kv head)
     fields: int  # F: fp16 metadata fields per (token, kv head)
-    slot_bytes: int  # KD + VD + 2F: the last dimension of the cache tensor
+    slot_bytes: int  # the last dimension of the cache tensor: KD + VD + 2F (token_slots: rounded up to even)
     block_bytes: int  # natural bytes of one block
 
     def decode_kwargs(self) -> dict:
@@ -67,19 +69,23 @@ class DecodePath(NamedTuple):
     reason: str
 
 
-def cache_layout(preset: str, head_dim: int, block_size: int, num_kv_heads: int) -> CacheLayout:
-    """The layout of a cache; raises ValueError naming an unsupported argument."""
-    key_bits, value_bits, key_fp8, norm_correction, *sizes = ops.cache_layout(preset, head_dim, block_size, num_kv_heads)
+def cache_layout(preset: str, head_dim: int, block_size: int, num_kv_heads: int,
+                 cache_order: str = "blocks") -> CacheLayout:
+    """The layout of a cache in ``cache_order`` ("blocks" or "token_slots");
+    raises ValueError naming an unsupported argument."""
+    key_bits, value_bits, key_fp8, norm_correction, *sizes = ops.cache_layout(preset, head_dim, block_size,
+                                                                              num_kv_heads, cache_order)
     return CacheLayout(preset, key_bits, value_bits, bool(key_fp8), bool(norm_correction), *sizes)
 
 
 def allocate_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, preset: str,
-                   device=None) -> torch.Tensor:
-    """A zeroed uint8 cache ``[num_blocks, block_size, num_kv_heads, slot_bytes]`` (natural block size).
+                   device=None, cache_order: str = "blocks") -> torch.Tensor:
+    """A zeroed uint8 cache ``[num_blocks, block_size, num_kv_heads, slot_bytes]`` (natural block size;
+    for "token_slots" vLLM's dense order: the heads of a token side by side, then the next token).
 
     Zeroed so that slots never written decode as zero keys and values, not garbage.
     """
-    layout = cache_layout(preset, head_dim, block_size, num_kv_heads)
+    layout = cache_layout(preset, head_dim, block_size, num_kv_heads, cache_order)
     return torch.zeros((num_blocks, block_size, num_kv_heads, layout.slot_bytes), dtype=torch.uint8, device=device)
 
 
@@ -95,8 +101,14 @@ def make_model_constants(preset: str, head_dim: int, seed: int = 0, rotation: st
 
 
 def store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-          Pi: Optional[torch.Tensor], centroids: Optional[torch.Tensor], preset: str, check: bool = False) -> None:
+          Pi: Optional[torch.Tensor], centroids: Optional[torch.Tensor], preset: str, check: bool = False,
+          cache_order: str = "blocks") -> None:
     """Encodes ``key``/``value`` ``[num_tokens, Hk, D]`` (fp32/fp16/bf16) into ``kv_cache`` in place.
+
+    ``cache_order`` "blocks" encodes as docs/FORMAT.md section 3 says;
+    "token_slots" as vLLM's CUDA store does (section 4b: raw key norm,
+    midpoint bucketing, value codes from the fp32 minimum and scale), with
+    the cache's strides taken from the tensor.
 
     ``slot_mapping[t] = block * block_size + slot`` (negative: skip the token;
     int64 or int32). ``Pi`` ``[D, D]`` and ``centroids`` are fp32 (unused by
@@ -115,7 +127,7 @@ def store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_m
     if isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype == torch.int32:
         slot_mapping = slot_mapping.long()
     check_store(key, value, kv_cache, slot_mapping)
-    ops.store(key.contiguous(), value.contiguous(), kv_cache, slot_mapping, Pi, centroids, preset, check)
+    ops.store(key.contiguous(), value.contiguous(), kv_cache, slot_mapping, Pi, centroids, preset, check, cache_order)
 
 
 _STORE_FAILURES = ("ok", "slot_out_of_range", "duplicate_slot", "non_finite_key", "non_finite_value")
@@ -198,14 +210,14 @@ def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep=True):
 
 
 def _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8, PiT,
-             buf_holder, sinks, keep_constants=True):
+             buf_holder, sinks, keep_constants=True, cache_order="blocks", norm_correction=False):
     """The positional arguments of the decode ops, after the cheap checks."""
     if sinks is not None and isinstance(sinks, torch.Tensor):
         sinks = sinks.to(torch.float32).contiguous()  # engines may keep sinks in the model dtype
     check_decode(query, kv_cache, block_table, seq_lens, sinks)
     centroids, PiT, stable = _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep_constants)
     return (query, kv_cache, block_table, seq_lens, centroids, PiT, float(scale), int(mse_bits), int(value_quant_bits),
-            bool(key_fp8), sinks, stable)
+            bool(key_fp8), sinks, stable, cache_order, bool(norm_correction))
 
 
 def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits,
@@ -243,6 +255,40 @@ def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cent
     rows, out = output_rows(output_buf, query, "output_buf")
     ops.decode_out(*args, out=out)
     return rows
+
+
+def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits,
+                                 key_packed_size, value_quant_bits, key_fp8=False, norm_correction=False, PiT=None,
+                                 mid_o_buf=None, output_buf=None, lse_buf=None, buf_holder=None,
+                                 max_num_kv_splits=32) -> torch.Tensor:
+    """Decode attention over vLLM's CUDA TurboQuant cache, the token_slots order
+    (docs/FORMAT.md section 4b), with the signature of vLLM's
+    ``triton_turboquant_decode_attention`` (no ``value_packed_size``, no
+    ``sinks``).
+
+    ``kv_cache`` uint8 ``[num_blocks, block_size, Hk, slot]`` with its strides
+    as the engine hands it over (any order of tokens and heads, padded pages
+    and slots); ``norm_correction`` True renormalises each token's centroid
+    vector at decode time, as vLLM's decode does. Continuation chunks come as
+    rows with per-token ``seq_lens`` and an expanded block table, like any
+    batch. ``output_buf`` is written when it is a 3-D tensor of the query's
+    dtype with at least ``[B, Hq, D]``, and ``output_buf[:B, :Hq, :D]`` is
+    returned; otherwise, as vLLM's launcher does, a new tensor is. The other
+    engine arguments (``key_packed_size``, ``mid_o_buf``, ``lse_buf``,
+    ``max_num_kv_splits``) are accepted and ignored. Arguments are checked
+    before any work: ValueError names the argument.
+    """
+    del key_packed_size, mid_o_buf, lse_buf, max_num_kv_splits
+    args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8,
+                    PiT, buf_holder, None, cache_order="token_slots", norm_correction=norm_correction)
+    batch, heads, head_dim = query.shape
+    if (isinstance(output_buf, torch.Tensor) and output_buf.dim() == 3 and output_buf.dtype == query.dtype
+            and output_buf.device == query.device and output_buf.shape[0] >= batch and output_buf.shape[1] >= heads
+            and output_buf.shape[2] >= head_dim and output_buf.stride(2) == 1):
+        out = output_buf[:batch, :heads, :head_dim]
+        ops.decode_out(*args, out=out)
+        return out
+    return ops.decode(*args)
 
 
 def decode_path(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,

@@ -113,27 +113,28 @@ def check_store(key, value, kv_cache, slot_mapping) -> None:
 
 
 @torch.library.register_fake("tqdecode::store")
-def _store_fake(key, value, kv_cache, slot_mapping, Pi, centroids, preset, check=False):
+def _store_fake(key, value, kv_cache, slot_mapping, Pi, centroids, preset, check=False, cache_order="blocks"):
     check_store(key, value, kv_cache, slot_mapping)
 
 
 @torch.library.register_fake("tqdecode::decode")
 def _decode_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits,
-                 key_fp8=False, sinks=None, constants_stable=True):
+                 key_fp8=False, sinks=None, constants_stable=True, cache_order="blocks", norm_correction=False):
     check_decode(query, kv_cache, block_table, seq_lens, sinks)
     return torch.empty_like(query, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("tqdecode::decode_out")
 def _decode_out_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits,
-                     key_fp8=False, sinks=None, constants_stable=True, *, out):
+                     key_fp8=False, sinks=None, constants_stable=True, cache_order="blocks", norm_correction=False, *,
+                     out):
     check_decode(query, kv_cache, block_table, seq_lens, sinks)
     check_output(out, query, "out")
 
 
 @torch.library.register_fake("tqdecode::decode_path")
 def _decode_path_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits,
-                      key_fp8=False, sinks=None, constants_stable=True):
+                      key_fp8=False, sinks=None, constants_stable=True, cache_order="blocks", norm_correction=False):
     # The choice depends on the device and on the cache's address alignment,
     # which fake tensors do not have: the answer exists only when the op runs.
     check_decode(query, kv_cache, block_table, seq_lens, sinks)

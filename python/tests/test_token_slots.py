@@ -1,0 +1,256 @@
+"""The token-interleaved cache vLLM writes on CUDA GPUs (docs/FORMAT.md section
+4b) through the binding: the engine-signature entry point
+``tqdecode.token_slots_decode_attention``, the engine-semantics store
+(``cache_order="token_slots"``) and the vLLM plugin hook.
+
+Oracle: a reader of section 4b written here from the document alone, and
+torch SDPA in fp32 over what it reads. GPU tests skip with a message without
+CUDA.
+"""
+
+import importlib
+import inspect
+import math
+import os
+import sys
+import tempfile
+import unittest
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    raise unittest.SkipTest("torch is not installed: the PyTorch binding tests need it")
+
+import tqdecode
+
+HAS_CUDA = torch.cuda.is_available()
+requires_cuda = unittest.skipUnless(HAS_CUDA, "no CUDA device: GPU test of the token_slots order skipped")
+
+PRESETS = {  # key bits, value bits, fp8 keys
+    "turboquant_4bit_nc": (4, 4, False),
+    "turboquant_k3v4_nc": (3, 4, False),
+    "turboquant_3bit_nc": (3, 3, False),
+    "turboquant_k8v4": (8, 4, True),
+}
+
+
+def unpack(packed, bits, count):
+    """LSB-first codes: [..., bytes] uint8 -> [..., count] int64."""
+    stream = ((packed.long().unsqueeze(-1) >> torch.arange(8)) & 1).flatten(-2)
+    return (stream[..., : count * bits].unflatten(-1, (count, bits)) << torch.arange(bits)).sum(-1)
+
+
+def read_slots(cache, preset, head_dim, centroids, norm_correction):
+    """(khat, vhat) fp32 [num_blocks, block_size, Hk, D] of section 4b: keys in
+    the rotated space (MSE) or as fp8 values."""
+    key_bits, value_bits, fp8 = PRESETS[preset]
+    kd = head_dim if fp8 else math.ceil(head_dim * key_bits / 8)
+    vd = math.ceil(head_dim * value_bits / 8)
+    raw = cache.cpu()
+    half = lambda at: raw[..., at : at + 2].contiguous().view(torch.float16).float()  # noqa: E731
+    value_at = kd if fp8 else kd + 2
+    if fp8:
+        khat = raw[..., :kd].contiguous().view(torch.float8_e4m3fn).float()
+    else:
+        c = centroids.cpu().float()[unpack(raw[..., :kd], key_bits, head_dim)]
+        norm = half(kd)
+        if norm_correction:
+            c_norm = c.norm(dim=-1, keepdim=True)
+            c = torch.where(c_norm > 0, c / c_norm, torch.zeros_like(c))
+        khat = norm * c
+    codes = unpack(raw[..., value_at : value_at + vd], value_bits, head_dim).float()
+    vhat = codes * half(value_at + vd) + half(value_at + vd + 2)
+    return khat, vhat
+
+
+class Case:
+    def __init__(self, preset, head_dim=128, block_size=16, num_kv_heads=2, num_q_heads=8, seq_lens=(37, 1, 160, 0, 95),
+                 heads_major=False, page_padding=0, seed=0, dtype=torch.bfloat16):
+        g = torch.Generator().manual_seed(seed)
+        self.preset, self.head_dim, self.block_size = preset, head_dim, block_size
+        self.num_kv_heads, self.num_q_heads, self.dtype = num_kv_heads, num_q_heads, dtype
+        layout = tqdecode.cache_layout(preset, head_dim, block_size, num_kv_heads, "token_slots")
+        self.layout = layout
+        self.centroids, self.Pi, self.PiT = tqdecode.make_model_constants(preset, head_dim, seed=seed + 1)
+        blocks_per_seq = [math.ceil(n / block_size) for n in seq_lens]
+        num_blocks = sum(blocks_per_seq) + 2
+        order = torch.randperm(num_blocks, generator=g).tolist()
+        self.block_table = torch.full((len(seq_lens), max(blocks_per_seq) + 1), -1, dtype=torch.int32)
+        slots = []
+        for i, n in enumerate(seq_lens):
+            for j in range(blocks_per_seq[i]):
+                self.block_table[i, j] = order.pop()
+            slots += [int(self.block_table[i, t // block_size]) * block_size + t % block_size for t in range(n)]
+        # The cache as a strided view: tokens-major (vLLM's order) or heads-major, pages padded.
+        slot = layout.slot_bytes + 2
+        page = block_size * num_kv_heads * slot + page_padding
+        self.storage = torch.randint(0, 256, (num_blocks * page,), dtype=torch.uint8, generator=g)
+        strides = (page, slot, block_size * slot) if heads_major else (page, num_kv_heads * slot, slot)
+        self.kv_cache = self.storage.as_strided((num_blocks, block_size, num_kv_heads, slot), strides + (1,))
+        tokens = len(slots)
+        channel = torch.ones(head_dim)
+        channel[torch.randperm(head_dim, generator=g)[:4]] = 6.0
+        self.key = torch.randn(tokens, num_kv_heads, head_dim, generator=g) * channel + 0.3
+        self.value = torch.randn(tokens, num_kv_heads, head_dim, generator=g) + 0.2
+        self.slot_mapping = torch.tensor(slots, dtype=torch.int64)
+        tqdecode.store(self.key, self.value, self.kv_cache, self.slot_mapping, self.Pi, self.centroids, preset,
+                       cache_order="token_slots")
+        self.query = torch.randn(len(seq_lens), num_q_heads, head_dim, generator=g).to(dtype)
+        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
+        self.scale = 1 / math.sqrt(head_dim)
+
+    def args(self, device="cpu"):
+        on = lambda t: None if t is None else t.to(device)  # noqa: E731
+        cache = self.storage.to(device).as_strided(self.kv_cache.shape, self.kv_cache.stride())  # the same strides
+        key_bits, value_bits, fp8 = PRESETS[self.preset]
+        return ((on(self.query), cache, on(self.block_table), on(self.seq_lens), on(self.Pi), on(self.centroids),
+                 self.scale, key_bits, self.layout.key_packed_size, value_bits), {"key_fp8": fp8})
+
+    def sdpa(self, norm_correction):
+        khat, vhat = read_slots(self.kv_cache, self.preset, self.head_dim, self.centroids, norm_correction)
+        query = self.query.float()
+        if not PRESETS[self.preset][2]:
+            query = (query @ self.PiT).to(torch.bfloat16).float()
+        group = self.num_q_heads // self.num_kv_heads
+        out = torch.zeros(query.shape)
+        for i, n in enumerate(self.seq_lens.tolist()):
+            if n == 0:
+                continue
+            t = torch.arange(n)
+            blocks = self.block_table[i, t // self.block_size].long()
+            k = khat[blocks, t % self.block_size].repeat_interleave(group, dim=1).transpose(0, 1)
+            v = vhat[blocks, t % self.block_size].repeat_interleave(group, dim=1).transpose(0, 1)
+            out[i] = F.scaled_dot_product_attention(query[i].unsqueeze(1), k, v, scale=self.scale).squeeze(1)
+        return out
+
+
+def errors(got, expected):
+    got, expected = got.detach().cpu().double().flatten(), expected.detach().cpu().double().flatten()
+    return (F.cosine_similarity(got, expected, dim=0).item(), ((got - expected).norm() / expected.norm()).item())
+
+
+class TokenSlotsTest(unittest.TestCase):
+    def test_signature_is_the_engines(self):
+        expected = ["query", "kv_cache", "block_table", "seq_lens", "Pi", "centroids", "scale", "mse_bits",
+                    "key_packed_size", "value_quant_bits", "key_fp8", "norm_correction", "PiT", "mid_o_buf",
+                    "output_buf", "lse_buf", "buf_holder", "max_num_kv_splits"]
+        parameters = inspect.signature(tqdecode.token_slots_decode_attention).parameters
+        self.assertEqual(list(parameters), expected)
+        defaults = {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
+        self.assertEqual(defaults, {"key_fp8": False, "norm_correction": False, "PiT": None, "mid_o_buf": None,
+                                    "output_buf": None, "lse_buf": None, "buf_holder": None, "max_num_kv_splits": 32})
+
+    def test_slot_sizes_at_head_dim_128(self):
+        sizes = {p: tqdecode.cache_layout(p, 128, 16, 8, "token_slots").slot_bytes for p in PRESETS}
+        self.assertEqual(sizes, {"turboquant_k8v4": 196, "turboquant_4bit_nc": 134, "turboquant_k3v4_nc": 118,
+                                 "turboquant_3bit_nc": 102})
+
+    def check(self, case, device):
+        for norm_correction in (True, False):
+            args, kwargs = case.args(device)
+            out = tqdecode.token_slots_decode_attention(*args, **kwargs, norm_correction=norm_correction)
+            self.assertEqual((out.shape, out.dtype), (case.query.shape, case.dtype))
+            self.assertTrue(bool(torch.all(out[3] == 0)), "seq_len 0 gives an all-zero row")
+            cosine, relative = errors(out, case.sdpa(norm_correction))
+            what = f"{case.preset} {device} norm_correction={norm_correction}"
+            print(f"{what}: cosine {cosine:.7f}, relative L2 {relative:.2e}")
+            self.assertGreater(cosine, 0.9999, what)
+            self.assertLess(relative, 1e-2, what)
+
+    def test_every_preset_cpu(self):
+        for preset in PRESETS:
+            self.check(Case(preset), "cpu")
+
+    def test_heads_major_padded_pages_and_other_head_sizes_cpu(self):
+        self.check(Case("turboquant_4bit_nc", heads_major=True, page_padding=6), "cpu")
+        self.check(Case("turboquant_3bit_nc", head_dim=64, block_size=32, num_kv_heads=1, num_q_heads=4), "cpu")
+        self.check(Case("turboquant_k8v4", head_dim=256, num_q_heads=4, dtype=torch.float16), "cpu")
+
+    @requires_cuda
+    def test_every_preset_cuda_matches_the_cpu(self):
+        for preset in PRESETS:
+            for case in (Case(preset), Case(preset, heads_major=True, page_padding=6, seed=3)):
+                self.check(case, "cuda")
+                cpu_args, kwargs = case.args("cpu")
+                gpu_args, _ = case.args("cuda")
+                expected = tqdecode.token_slots_decode_attention(*cpu_args, **kwargs, norm_correction=True)
+                got = tqdecode.token_slots_decode_attention(*gpu_args, **kwargs, norm_correction=True)
+                cosine, relative = errors(got, expected)
+                self.assertGreater(cosine, 0.9999, preset)
+                self.assertLess(relative, 1e-2, preset)
+
+    @requires_cuda
+    def test_cuda_store_writes_the_cpu_bytes(self):
+        for preset in PRESETS:
+            case = Case(preset)
+            on_gpu = lambda t: None if t is None else t.cuda()  # noqa: E731
+            expected = torch.zeros(case.kv_cache.shape[0], case.block_size, case.num_kv_heads, case.layout.slot_bytes,
+                                   dtype=torch.uint8)
+            gpu = expected.cuda()
+            tqdecode.store(case.key, case.value, expected, case.slot_mapping, case.Pi, case.centroids, preset,
+                           cache_order="token_slots")
+            tqdecode.store(case.key.cuda(), case.value.cuda(), gpu, case.slot_mapping.cuda(), on_gpu(case.Pi),
+                           on_gpu(case.centroids), preset, check=True, cache_order="token_slots")
+            self.assertTrue(torch.equal(gpu.cpu(), expected), preset)
+
+    def test_output_buf_as_the_engine_passes_it(self):
+        case = Case("turboquant_4bit_nc")
+        args, kwargs = case.args()
+        expected = tqdecode.token_slots_decode_attention(*args, **kwargs)
+        batch, heads, dim = case.query.shape
+        output_buf = torch.full((batch + 2, heads, dim), float("nan"), dtype=case.dtype)
+        returned = tqdecode.token_slots_decode_attention(*args, **kwargs, output_buf=output_buf)
+        self.assertEqual(returned.data_ptr(), output_buf.data_ptr())
+        self.assertTrue(torch.equal(returned, expected))
+        self.assertTrue(bool(torch.isnan(output_buf[batch:]).all()))
+        other_dtype = torch.empty((batch, heads, dim), dtype=torch.float32)  # not usable: a new tensor, as vLLM does
+        self.assertTrue(torch.equal(tqdecode.token_slots_decode_attention(*args, **kwargs, output_buf=other_dtype),
+                                    expected))
+
+    def test_bad_input_names_the_argument(self):
+        case = Case("turboquant_4bit_nc")
+        args, kwargs = case.args()
+        with self.assertRaisesRegex(ValueError, "tqdecode: kv_cache"):
+            tqdecode.token_slots_decode_attention(args[0], case.kv_cache[..., :100], *args[2:], **kwargs)
+        with self.assertRaisesRegex(ValueError, "tqdecode: cache_order"):
+            tqdecode.store(case.key, case.value, case.kv_cache, case.slot_mapping, case.Pi, case.centroids,
+                           case.preset, cache_order="interleaved")
+
+
+class VllmPluginTest(unittest.TestCase):
+    def test_without_vllm_nothing_happens(self):
+        from tqdecode import vllm_plugin
+        if importlib.util.find_spec("vllm") is not None:
+            self.skipTest("vLLM is installed here: the no-vLLM case cannot be checked")
+        self.assertFalse(vllm_plugin.register())
+        self.assertNotIn("vllm", sys.modules)
+
+    def test_register_reroutes_the_source_and_its_importers(self):
+        from tqdecode import vllm_plugin
+        with tempfile.TemporaryDirectory() as root:
+            # A stand-in vLLM with the module and a backend that imported the function by name.
+            ops = os.path.join(root, "vllm", "v1", "attention", "ops")
+            os.makedirs(ops)
+            for folder in ("vllm", "vllm/v1", "vllm/v1/attention", "vllm/v1/attention/ops"):
+                open(os.path.join(root, folder, "__init__.py"), "w").close()
+            with open(os.path.join(ops, "triton_turboquant_decode.py"), "w") as source:
+                source.write("def triton_turboquant_decode_attention(*args, **kwargs):\n    return 'triton'\n")
+            with open(os.path.join(root, "vllm", "v1", "attention", "backend_stub.py"), "w") as backend:
+                backend.write("from vllm.v1.attention.ops.triton_turboquant_decode import "
+                              "triton_turboquant_decode_attention\n")
+            sys.path.insert(0, root)
+            try:
+                backend = importlib.import_module("vllm.v1.attention.backend_stub")
+                self.assertTrue(vllm_plugin.register())
+                source = importlib.import_module(vllm_plugin.SOURCE_MODULE)
+                self.assertIs(source.triton_turboquant_decode_attention, tqdecode.token_slots_decode_attention)
+                self.assertIs(backend.triton_turboquant_decode_attention, tqdecode.token_slots_decode_attention)
+            finally:
+                sys.path.remove(root)
+                for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+                    del sys.modules[name]
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
