@@ -95,6 +95,7 @@
 #include "kernel_params.hpp"
 #include "partition_merge.cuh"
 #include "policy.hpp"
+#include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/partition.hpp"
 
@@ -102,7 +103,6 @@ namespace tqdecode::cuda {
 
 namespace hopper {
 
-constexpr int kDimTiles = kHeadDim / 16;
 constexpr int kStages = 4;          // tiles in flight per warp
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -111,10 +111,10 @@ static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole ti
 /// Per-warp partial results of a CTA, merged before the partition's are
 /// written: first each row's maximum, sum and warp weights, once per row,
 /// then the weighted outputs, one head dim per thread.
-template <int Warps, int Rows>
+template <int Warps, int Rows, int HeadDim>
 struct MergeStorage {
   static_assert(Warps <= 32, "one lane per warp in the row merge");
-  float out[Warps][Rows][kHeadDim];
+  float out[Warps][Rows][HeadDim];
   float max[Warps][Rows];
   float sum[Warps][Rows];
   alignas(16) float weight[Rows][Warps];  // exp2(max - the row's merged max), 0 for a warp without tiles
@@ -134,19 +134,26 @@ constexpr float kMaxLazyValueScale = 65504.0f / 16.0f;
 static_assert(kLazyRescaleLog2 == 4.0f, "kMaxLazyValueScale assumes p <= 16");
 
 // Slot of (row, dim) in the query rows, which hold the mma operand's 16-bit
-// fp16 values: the 8-byte units (4 dims) are
-// XOR-swizzled by the row mod 4 and the half row, so the operand build's
-// 8-byte reads (lane (g, c): row g, dims 32c + 4ks..+3) are free of bank
-// conflicts per half warp.
+// fp16 values: the 8-byte units u (4 dims) are XOR-swizzled by the row mod 4
+// (and at D = 128 the half row, at D = 256 the lane's quarter u >> 4), so the
+// operand build's 8-byte reads (lane (g, c): row g, dims (D/4)c + 4ks..+3)
+// are free of bank conflicts per half warp.
+template <int HeadDim>
 __device__ __forceinline__ int query_slot(int row, int dim) {
-  return row * kHeadDim + (dim ^ ((2 * (row & 3) + ((dim >> 6) & 1)) << 2));
+  if constexpr (HeadDim == 64) return row * HeadDim + (dim ^ ((row & 3) << 2));
+  if constexpr (HeadDim == 256) return row * HeadDim + (dim ^ (((4 * (row & 3) + (dim >> 6)) & 15) << 2));
+  return row * HeadDim + (dim ^ ((2 * (row & 3) + ((dim >> 6) & 1)) << 2));
 }
 
 // Position of `dim` in a merge row: dim pairs XOR-swizzled within each
-// 32-dim chunk by the row pair and the chunk, so the merge's 8-byte stores
-// (lane (g, c): dims 16g + 2m, + 1 of rows 2c + e) are free of bank conflicts
-// per half warp (unswizzled they were 16-way), and the reads of whole rows stay so.
+// 32-dim chunk by the row pair (and at D = 128 and 256 the lane's dim run),
+// so the merge's 8-byte stores (lane (g, c): dims (D/8)g + 2m, + 1 of rows
+// 2c + e) are free of bank conflicts per half warp (unswizzled they were
+// 16-way), and the reads of whole rows stay so.
+template <int HeadDim>
 __device__ __forceinline__ int merge_dim(int row, int dim) {
+  if constexpr (HeadDim == 64) return dim ^ (2 * ((row >> 1) & 3));
+  if constexpr (HeadDim == 256) return dim ^ (2 * ((4 * ((dim >> 5) & 3) + ((row >> 1) & 3)) & 15));
   return dim ^ ((4 * ((row >> 1) & 3) + 2 * (dim >> 5)) & 15);
 }
 
@@ -165,8 +172,14 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// 16 warps per SM serving two kv heads, 8 warps each (HeadsPerCta 2), as two
 /// 8-warp CTAs would but with the SM's issue slots shared evenly: two CTAs on
 /// one SM do not end together, and the one left streams with half the warps.
-template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
+/// Head sizes 64 and 256 have the narrow configuration with one kv head per
+/// CTA: two CTAs of 8 warps per SM at D = 64 (one or two head tiles), one of
+/// 8 warps at D = 256 (one head tile; its accumulators take as many
+/// registers as two head tiles at D = 128, about 205 a thread).
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct KernelShape {
+  static_assert(HeadDim == 128 || (!Wide && HeadsPerCta == 1 && (HeadDim == 64 || HeadTiles == 1)),
+                "D = 64: the narrow configuration; D = 256: also one head tile");
   static_assert(!Wide || Format == CacheFormat::mse4, "the wide table serves 4-bit keys");
   static_assert(HeadsPerCta == 1 ||
                     (HeadTiles == 1 && (Wide ? HeadsPerCta == 2 || HeadsPerCta == 4 || HeadsPerCta == 8
@@ -179,11 +192,14 @@ struct KernelShape {
   // per scheduler to cover the loop's latencies); 16 warps at 128 registers
   // need the query operand in shared memory and one S^T chain per head tile,
   // which is slower (docs/PERFORMANCE.md).
-  static constexpr int kWarps = HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 ? 16 : 8;
+  static constexpr int kWarps = HeadDim != 128 ? 8 : HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 ? 16 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kResidentCtas = kWarps > 8 ? 1 : 2;
+  static constexpr int kResidentCtas = kWarps > 8 || HeadDim == 256 ? 1 : 2;
+  static constexpr int kHeadDim = HeadDim;
+  // The S^T product's k-steps and the O^T product's dim tiles (16 dims each).
+  static constexpr int kDimTiles = HeadDim / 16;
   // MSE keys: PiT's operands are loaded before the wait for the previous
   // kernel instead of after the first tiles are issued, so the rotation
   // overlaps that kernel's tail. In the 16-warp shapes; the others keep
@@ -210,8 +226,8 @@ struct KernelShape {
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
   // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
-  static constexpr int kRowStep = kThreads / kHeadDim;
-  static_assert(kThreads % kHeadDim == 0, "whole rows per thread group");
+  static constexpr int kRowStep = kThreads / HeadDim;
+  static_assert(kThreads % HeadDim == 0, "whole rows per thread group");
   static constexpr int kRowsPerThread = (kCtaRows + kRowStep - 1) / kRowStep;
 };
 
@@ -219,14 +235,14 @@ struct KernelShape {
 /// (the wide shape keeps the query bits in the rings before the main loop).
 /// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
 /// to an fp16 pair, one copy per lane.
-template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
 struct SharedLayout {
-  using Shape = KernelShape<HeadTiles, Format, Wide, HeadsPerCta>;
+  using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
   static constexpr int kCodebookSize = Format == CacheFormat::mse4 ? 16 : three_bit_keys(Format) ? 8 : 0;
   static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
   static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
   static constexpr int kLutBytes = kLutEntries * kLutRowBytes;
-  using Layout = TileLayout<Format>;
+  using Layout = TileLayout<Format, HeadDim>;
   // The rings. With cp.async, warp w's stage s at kLutBytes + (w kStages + s)
   // kStageBytes, fields included. With bulk tensor copies (the wide shape),
   // the tiles' fields first, (w kStages + s) kFieldsStride from kFieldsOffset,
@@ -244,16 +260,17 @@ struct SharedLayout {
   static constexpr int kWarpRingStride = kBulkCopy ? Layout::kMetaOffset : kStages * Layout::kStageBytes;     // warp w's ring to w + 1's
   static constexpr int kRingEnd =
       kBulkCopy ? kRecordsOffset + kRecordsAlign + kStages * kStageStride : kLutBytes + Shape::kWarps * kStages * Layout::kStageBytes;
-  using Merge = MergeStorage<Shape::kWarpsPerHead, Shape::kCtaRows>;
+  using Merge = MergeStorage<Shape::kWarpsPerHead, Shape::kCtaRows, HeadDim>;
   // The merge reuses the table and the rings once the stream is done.
   static constexpr int kMainBytes = std::max(kRingEnd, static_cast<int>(sizeof(Merge)));
   // The query rows as the mma operand's 16-bit values (query_slot).
   static constexpr int kQueryOffset = kMainBytes;
-  static constexpr int kQueryBytes = Shape::kCtaRows * kHeadDim * 2;
+  static constexpr int kQueryBytes = Shape::kCtaRows * HeadDim * 2;
   // MSE keys: the query's bits, the rotation's input (hopper_rotation.cuh),
   // in head tiles of 8 rows. The bulk-copy shapes keep them in the rings'
   // last stages, which nothing uses before the main loop issues its first
   // tiles there; the others after the query rows.
+  static constexpr int kQueryBitsStride = query_bits_stride(HeadDim);
   static constexpr int kQueryBitsTileBytes = kHeadsPerTile * kQueryBitsStride * 2;
   static constexpr bool kQueryBitsInRings = kBulkCopy;
   static_assert(!kQueryBitsInRings || Shape::kCtaRows / kHeadsPerTile * kQueryBitsTileBytes <= kStageStride,
@@ -268,11 +285,11 @@ struct SharedLayout {
   static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
   static constexpr int kPlanBytes = kBulkCopy ? 0 : HeadsPerCta * 32 * static_cast<int>(sizeof(typename Layout::IssuePlan));
   static constexpr int kBarrierOffset = kPlanOffset + kPlanBytes;
-  // 208384 (4-bit, wide), 210432, 214528 and 222720 (two, four and eight kv heads),
-  // 175488 (4-bit, wide, two head tiles), each with up to 1 KB of alignment,
-  // 107648 (4-bit), 82048 (k3v4), 82560 (3bit), 103936 (fp8); two kv heads
-  // (16 warps): 155904 (k3v4), 156928 (3bit), 207872 (fp8); two head tiles
-  // (12 warps): 146688, 120576, 121088, 156160
+  // D = 128: 208384 (4-bit, wide), 210432, 214528 and 222720 (two, four
+  // and eight kv heads), 175488 (4-bit, wide, two head tiles), each with up
+  // to 1 KB of alignment, 107648 (4-bit), 82048 (k3v4), 82560 (3bit), 103936
+  // (fp8); two kv heads (16 warps): 155904 (k3v4), 156928 (3bit), 207872
+  // (fp8); two head tiles (12 warps): 146688, 120576, 121088, 156160
   static constexpr int kBytes = kBarrierOffset + (kBulkCopy ? Shape::kWarps * kStages * 8 : 0);
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
   // per CTA, 128 bytes static.
@@ -334,19 +351,20 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
 // through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
 // HeadsPerCta: kv heads per CTA (2, 4 or 8: the wide shape for large grids;
 // 2: the other presets' 16-warp CTA).
-template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
 __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, const CacheTensorMaps& maps) {
   constexpr bool kFp8 = Format == CacheFormat::fp8;
-  using Layout = TileLayout<Format>;
-  using Shared = SharedLayout<HeadTiles, Format, Wide, HeadsPerCta>;
-  using Shape = KernelShape<HeadTiles, Format, Wide, HeadsPerCta>;
+  using Shared = SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
+  using Layout = typename Shared::Layout;
+  using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
+  constexpr int kDimTiles = Shape::kDimTiles;
   constexpr int kWarps = Shape::kWarps;
   constexpr int kWarpsPerHead = Shape::kWarpsPerHead;
   constexpr int kRows = Shape::kRows;
   constexpr int kCtaRows = Shape::kCtaRows;
   constexpr int kRowStep = Shape::kRowStep;
   extern __shared__ __align__(128) std::uint8_t shared[];
-  auto* query_rows = reinterpret_cast<std::uint16_t*>(shared + Shared::kQueryOffset);  // [kCtaRows][kHeadDim], query_slot
+  auto* query_rows = reinterpret_cast<std::uint16_t*>(shared + Shared::kQueryOffset);  // [kCtaRows][HeadDim], query_slot
   const PartitionParams& p = params.partitions;
   const RotateParams& rq = params.rotate;
   constexpr bool kBulkCopy = Shape::kBulkCopy;
@@ -358,7 +376,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   const int lane = Format == CacheFormat::fp8 ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(opaque(threadIdx.x & 31));
   // The token of a tile's S^T row or O^T k index `index` (TileLayout<mse4>).
   const auto token_at = [](int index) {
-    if constexpr (Format == CacheFormat::mse4) return TileLayout<CacheFormat::mse4>::token_at<kBulkCopy>(index);
+    if constexpr (Format == CacheFormat::mse4) return Layout::template token_at<kBulkCopy>(index);
     return index;
   };
 
@@ -366,8 +384,14 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   // PiT and the centroids only (decode.hpp: they are not written by the
   // kernel just before the decode); every other input may be. PiT's loads
   // (KernelShape::kPiTBeforeWait) are in flight until the rotation uses them.
-  const bool rotates = !kFp8 && warp < kRotationWarps;  // MSE keys: warps 0..7 rotate the query (hopper_rotation.cuh)
-  RotationOperands rotation;
+  // MSE keys: warp w computes output-dim tiles w, w + kWarps, ... of the
+  // rotated query (hopper_rotation.cuh) in passes of kRotationKSteps k-steps;
+  // with one tile and one pass per warp (D = 64, 128) PiT's operands load once.
+  constexpr int kRotationTiles = HeadDim / 16;
+  constexpr int kRotationKSteps = rotation_k_steps(HeadDim);
+  constexpr bool kRotationLoads = kRotationTiles > kWarps || kRotationKSteps < HeadDim / 16;  // per tile and pass
+  const bool rotates = !kFp8 && warp < kRotationTiles;
+  RotationOperands<kRotationKSteps> rotation;
   // MSE keys: the key scores' fp16 operands are the table's centroids times
   // 2^table_exponent and the rotated query times 2^-table_exponent.
   int table_exponent = 0;
@@ -376,7 +400,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     // it, and the CTAs that start last, on the SMs the previous call's
     // reductions held, pay their prologue on the call's critical path.
     table_exponent = build_lookup_table<Shared, kWarps>(shared, p.centroids, warp, lane);
-    if (Shape::kPiTBeforeWait && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
+    if (Shape::kPiTBeforeWait && !kRotationLoads && rotates) load_rotation_operands<HeadDim>(rotation, rq.PiT, warp, lane);
   }
 #if __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();           // no-op unless launched as a programmatic dependent
@@ -390,8 +414,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   const int head_slot = HeadsPerCta == 1 ? 0 : warp / kWarpsPerHead;
   const int head_warp = HeadsPerCta == 1 ? warp : warp % kWarpsPerHead;
   const int head = first_head + head_slot;
-  const int dim = threadIdx.x & (kHeadDim - 1);     // rotation, merge and reduction: one head dim per thread,
-  const int first_row = threadIdx.x / kHeadDim;     // rows first_row, first_row + kRowStep, ...
+  const int dim = threadIdx.x & (HeadDim - 1);     // rotation, merge and reduction: one head dim per thread,
+  const int first_row = threadIdx.x / HeadDim;     // rows first_row, first_row + kRowStep, ...
   const int num_kv_heads = p.layout.num_kv_heads;
   const int group = p.num_q_heads / num_kv_heads;
   const int num_partitions = p.num_partitions;
@@ -417,7 +441,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       return;
     }
     const std::int64_t index = (static_cast<std::int64_t>(batch) * p.num_q_heads + hq) * num_partitions + partition;
-    p.part_out[index * kHeadDim + dim] = out;
+    p.part_out[index * HeadDim + dim] = out;
     if (dim == 0) {
       p.part_max[index] = max;
       p.part_sum[index] = sum;
@@ -537,7 +561,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       for (int i = 0; i < kRowsPerThread; ++i) {
         const int row = first_row + kRowStep * i;
         if (row < kCtaRows) {
-          query_rows[query_slot(row, dim)] =
+          query_rows[query_slot<HeadDim>(row, dim)] =
               __half_as_ushort(__float2half_rn(query_bits_to_float(rq.query_dtype == DType::f16, query_values[i])));
         }
       }
@@ -551,31 +575,55 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       for (int i = 0; i < kRowsPerThread; ++i) {
         const int row = first_row + kRowStep * i;
         if (row < kCtaRows) {
-          query_bits[(row / kHeadsPerTile) * Shared::kQueryBitsTileStride + (row % kHeadsPerTile) * kQueryBitsStride + dim] =
+          query_bits[(row / kHeadsPerTile) * Shared::kQueryBitsTileStride + (row % kHeadsPerTile) * Shared::kQueryBitsStride + dim] =
               query_values[i];
         }
       }
-      if (!Shape::kPiTBeforeWait && rotates) load_rotation_operands(rotation, rq.PiT, warp, lane);
+      if (!Shape::kPiTBeforeWait && !kRotationLoads && rotates) load_rotation_operands<HeadDim>(rotation, rq.PiT, warp, lane);
       __syncthreads();  // the query bits are in place
       const float query_scale = power_of_two(-table_exponent);
       if (rotates) {
         // At most two head tiles per pass: four (four kv heads per CTA) in one
         // pass would spill PiT's operands.
         constexpr int kTilesPerPass = std::min(kCtaRows / kHeadsPerTile, 2);
-        const SplitRotationOperands split = split_rotation_operands(rotation);
-#pragma unroll
-        for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
-          // q_rot = bf16(q @ PiT) (docs/FORMAT.md), then times 2^-table_exponent
-          // into fp16: exact from 2^-14 (times the table's scale) up to 65504
-          // times it; below, fp16 subnormals keep the absolute error under
-          // 2^-25 times that scale.
-          const auto store = [&](int row, int dim_out, float2 pair) {
-            *reinterpret_cast<std::uint32_t*>(query_rows + query_slot(first + row, dim_out)) =
+        constexpr int kTileStride = Shared::kQueryBitsTileStride;
+        constexpr int kRowStride = Shared::kQueryBitsStride;
+        const bool f16_query = rq.query_dtype == DType::f16;
+        // q_rot = bf16(q @ PiT) (docs/FORMAT.md), then times 2^-table_exponent
+        // into fp16: exact from 2^-14 (times the table's scale) up to 65504
+        // times it; below, fp16 subnormals keep the absolute error under
+        // 2^-25 times that scale.
+        const auto store_rows = [&](int first, int dim_tile, const RotationSums<kTilesPerPass>& sums) {
+          store_rotation(sums, dim_tile, lane, [&](int row, int dim_out, float2 pair) {
+            *reinterpret_cast<std::uint32_t*>(query_rows + query_slot<HeadDim>(first + row, dim_out)) =
                 pack_f16(round_to_bf16(pair.x) * query_scale, round_to_bf16(pair.y) * query_scale);
-          };
-          rotate_queries<kTilesPerPass, Shared::kQueryBitsTileStride>(
-              split, query_bits + (first / kHeadsPerTile) * Shared::kQueryBitsTileStride, rq.query_dtype == DType::f16,
-              warp, lane, store);
+          });
+        };
+        if constexpr (kRotationLoads) {
+          // D = 256: each tile's operands in passes over the input dims.
+          for (int dim_tile = warp; dim_tile < kRotationTiles; dim_tile += kWarps) {
+#pragma unroll
+            for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
+              RotationSums<kTilesPerPass> sums;
+#pragma unroll 1
+              for (int step = 0; step < HeadDim / 16; step += kRotationKSteps) {
+                load_rotation_operands<HeadDim>(rotation, rq.PiT, dim_tile, lane, step);
+                accumulate_rotation<kTilesPerPass, kTileStride, kRowStride>(
+                    sums, split_rotation_operands(rotation), query_bits + (first / kHeadsPerTile) * kTileStride + 16 * step,
+                    f16_query, lane);
+              }
+              store_rows(first, dim_tile, sums);
+            }
+          }
+        } else {
+          const SplitRotationOperands<kRotationKSteps> split = split_rotation_operands(rotation);
+#pragma unroll
+          for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
+            RotationSums<kTilesPerPass> sums;
+            accumulate_rotation<kTilesPerPass, kTileStride, kRowStride>(
+                sums, split, query_bits + (first / kHeadsPerTile) * kTileStride, f16_query, lane);
+            store_rows(first, warp, sums);
+          }
         }
       }
     }
@@ -586,15 +634,15 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     const int c = lane & 3;
     const int g = lane >> 2;
     // Query operand (B of S^T = K Q^T), permuted: k-step ks, lane (g, c)
-    // holds head g of the tile, dims 32c + 4ks + {0, 1} and {2, 3}.
-    std::uint32_t qb[HeadTiles][8][2];
+    // holds head g of the tile, dims (D/4)c + 4ks + {0, 1} and {2, 3}.
+    std::uint32_t qb[HeadTiles][kDimTiles][2];
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
+      for (int ks = 0; ks < kDimTiles; ++ks) {
         const int row = kRows * head_slot + kHeadsPerTile * nt + g;
         // fp16: against fp8 keys (exact: e4m3 values are fp16 values) and against the table's scaled centroids.
-        const uint2 q = *reinterpret_cast<const uint2*>(query_rows + query_slot(row, 32 * c + 4 * ks));
+        const uint2 q = *reinterpret_cast<const uint2*>(query_rows + query_slot<HeadDim>(row, HeadDim / 4 * c + 4 * ks));
         qb[nt][ks][0] = q.x;
         qb[nt][ks][1] = q.y;
       }
@@ -607,10 +655,11 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     asm("mov.b32 %0, %1;" : "=r"(lane_lut) : "r"(static_cast<std::uint32_t>(lane) << 2));
     [[maybe_unused]] const std::uint8_t* lut = shared;
 
-    // Keys of tokens g and g + 8 (chunk c: dims 32c..32c+31): one 16-byte load
-    // (4-bit), two (fp8) or three 4-byte words (3-bit); values of tokens
-    // 2c, 2c + 1, 2c + 8, 2c + 9 (bytes 8g..8g+7 of the value data).
-    constexpr int kKeyLoads = kFp8 ? 2 : 1;  // key load bases per token
+    // Keys of tokens g and g + 8 (dims (D/4)c ..): for 4-bit keys one 8-byte
+    // load (D = 64), one 16-byte load (D = 128) or two (D = 256); for fp8
+    // keys D/64 16-byte loads; three 4-byte words (3-bit). Values of tokens
+    // 2c, 2c + 1, 2c + 8, 2c + 9 (dims (D/8)g ..: D/16 bytes of 4-bit values).
+    constexpr int kKeyLoads = Layout::kKeyLoads;  // key load bases per token
     int key_offset[2][kKeyLoads];
     [[maybe_unused]] int value_offset[4];  // 4-bit values
     // 3-bit values: words 0 and 1 of tokens 2c and 2c + 1 (those of 2c + 8
@@ -623,13 +672,16 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     for (int j = 0; j < 2; ++j) {
       const int token = 8 * j + g;
       if constexpr (kFp8) {
-        key_offset[j][0] = Layout::key_offset(token, c, 0);
-        key_offset[j][1] = Layout::key_offset(token, c, 1);
+#pragma unroll
+        for (int part = 0; part < kKeyLoads; ++part) key_offset[j][part] = Layout::key_offset(token, c, part);
       } else if constexpr (three_bit_keys(Format)) {
 #pragma unroll
         for (int w = 0; w < 3; ++w) key_word[w] = static_cast<int>(opaque(Layout::key_word_offset(g, c, w, head)));
       } else if (j == 0) {  // 4-bit keys: token g + 8's are Layout::kOffset8Tokens further
-        key_offset[0][0] = static_cast<int>(opaque(Layout::template key_offset<kBulkCopy>(token_at(token), c)));
+#pragma unroll
+        for (int part = 0; part < kKeyLoads; ++part) {
+          key_offset[0][part] = static_cast<int>(opaque(Layout::template key_offset<kBulkCopy>(token_at(token), c, part)));
+        }
       }
     }
     if constexpr (value_bits(Format) == 4) {
@@ -719,13 +771,13 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         score_odd[nt][0] = score_odd[nt][1] = score_odd[nt][2] = score_odd[nt][3] = 0.0f;
       }
       if constexpr (kFp8) {
-        // Word ks of the lane's 32 key bytes holds dims 32c + 4ks + {0..3}:
+        // Word ks of the lane's D/4 key bytes holds dims (D/4)c + 4ks + {0..3}:
         // its low fp8 pair is a0 / a1 (columns 2c, 2c + 1), its high pair a2 / a3.
-        std::uint32_t words[2][8];
+        std::uint32_t words[2][kDimTiles];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
 #pragma unroll
-          for (int part = 0; part < 2; ++part) {
+          for (int part = 0; part < kKeyLoads; ++part) {
             const uint4 chunk = load_shared<uint4>(stage + key_offset[j][part]);
             words[j][4 * part + 0] = chunk.x;
             words[j][4 * part + 1] = chunk.y;
@@ -734,7 +786,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
           }
         }
 #pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
+        for (int ks = 0; ks < kDimTiles; ++ks) {
           const std::uint32_t a[4] = {fp8_pair_to_f16(words[0][ks]), fp8_pair_to_f16(words[1][ks]),
                                       fp8_pair_to_f16(words[0][ks] >> 16), fp8_pair_to_f16(words[1][ks] >> 16)};
 #pragma unroll
@@ -766,20 +818,34 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
           return load_shared<std::uint32_t>(lut + ((x & 0x1f80u) | lane_lut));
         };
 #pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
+        for (int ks = 0; ks < kDimTiles; ++ks) {
           const std::uint32_t a[4] = {lookup(words[0], 12 * ks), lookup(words[1], 12 * ks), lookup(words[0], 12 * ks + 6),
                                       lookup(words[1], 12 * ks + 6)};
 #pragma unroll
           for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
         }
       } else {
-        const uint4 key_g = load_shared<uint4>(stage + key_offset[0][0]);
-        const uint4 key_g8 = load_shared<uint4>(stage + key_offset[0][0] + Layout::kOffset8Tokens);
-        const std::uint32_t words_g[4] = {key_g.x, key_g.y, key_g.z, key_g.w};
-        const std::uint32_t words_g8[4] = {key_g8.x, key_g8.y, key_g8.z, key_g8.w};
+        // The lane's D/32 key words of tokens g and g + 8.
+        constexpr int kKeyWords = HeadDim / 32;
+        std::uint32_t words_g[kKeyWords], words_g8[kKeyWords];
+        if constexpr (kKeyWords == 2) {
+          const uint2 key_g = load_shared<uint2>(stage + key_offset[0][0]);
+          const uint2 key_g8 = load_shared<uint2>(stage + key_offset[0][0] + Layout::kOffset8Tokens);
+          words_g[0] = key_g.x, words_g[1] = key_g.y, words_g8[0] = key_g8.x, words_g8[1] = key_g8.y;
+        } else {
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          // Byte b of word w holds dims 32c + 8w + 2b + {0, 1}: k-step 2w takes bytes 0, 1, k-step 2w + 1 bytes 2, 3.
+          for (int part = 0; part < kKeyLoads; ++part) {
+            const uint4 key_g = load_shared<uint4>(stage + key_offset[0][part]);
+            const uint4 key_g8 = load_shared<uint4>(stage + key_offset[0][part] + Layout::kOffset8Tokens);
+            words_g[4 * part] = key_g.x, words_g[4 * part + 1] = key_g.y, words_g[4 * part + 2] = key_g.z,
+            words_g[4 * part + 3] = key_g.w;
+            words_g8[4 * part] = key_g8.x, words_g8[4 * part + 1] = key_g8.y, words_g8[4 * part + 2] = key_g8.z,
+            words_g8[4 * part + 3] = key_g8.w;
+          }
+        }
+#pragma unroll
+        for (int w = 0; w < kKeyWords; ++w) {
+          // Byte b of word w holds dims (D/4)c + 8w + 2b + {0, 1}: k-step 2w takes bytes 0, 1, k-step 2w + 1 bytes 2, 3.
           // The table row of byte b: one permute (256-byte rows) or a shift and a LOP3 (128-byte rows).
           const auto lookup = [&](std::uint32_t word, int byte) {
             std::uint32_t offset;
@@ -978,16 +1044,26 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         return mask_or<kMask, kHalfOnes>(window);
       };
       if constexpr (value_bits(Format) == 4) {
-        // Byte m of each token's 8 bytes: low nibble dim 16g + 2m, high nibble 16g + 2m + 1.
-        const uint2 v0 = load_shared<uint2>(stage + value_offset[0]);
-        const uint2 v1 = load_shared<uint2>(stage + value_offset[1]);
-        const uint2 v2 = load_shared<uint2>(stage + value_offset[2]);
-        const uint2 v3 = load_shared<uint2>(stage + value_offset[3]);
+        // Byte m of each token's D/16 bytes: low nibble dim (D/8)g + 2m, high nibble (D/8)g + 2m + 1.
+        constexpr int kValueWords = HeadDim / 64;
+        std::uint32_t v[4][kValueWords];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if constexpr (kValueWords == 1) {
+            v[k][0] = load_shared<std::uint32_t>(stage + value_offset[k]);
+          } else if constexpr (kValueWords == 2) {
+            const uint2 words = load_shared<uint2>(stage + value_offset[k]);
+            v[k][0] = words.x, v[k][1] = words.y;
+          } else {
+            const uint4 words = load_shared<uint4>(stage + value_offset[k]);
+            v[k][0] = words.x, v[k][1] = words.y, v[k][2] = words.z, v[k][3] = words.w;
+          }
+        }
         static_for<kDimTiles>([&]<int Tile>() {
           constexpr int b = Tile & 3;
           constexpr std::uint32_t kSelector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
-          const std::uint32_t first = __byte_perm(Tile < 4 ? v0.x : v0.y, Tile < 4 ? v1.x : v1.y, kSelector);  // tokens 2c, 2c + 1
-          const std::uint32_t second = __byte_perm(Tile < 4 ? v2.x : v2.y, Tile < 4 ? v3.x : v3.y, kSelector);  // 2c + 8, 2c + 9
+          const std::uint32_t first = __byte_perm(v[0][Tile / 4], v[1][Tile / 4], kSelector);   // tokens 2c, 2c + 1
+          const std::uint32_t second = __byte_perm(v[2][Tile / 4], v[3][Tile / 4], kSelector);  // 2c + 8, 2c + 9
           mma_values(Tile, {operand.template operator()<2 * Tile>(first), operand.template operator()<2 * Tile + 1>(first),
                             operand.template operator()<2 * Tile>(second), operand.template operator()<2 * Tile + 1>(second)});
         });
@@ -1069,7 +1145,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         float* out = merge.out[head_warp][row];
 #pragma unroll
         for (int m = 0; m < kDimTiles; ++m) {
-          *reinterpret_cast<float2*>(out + merge_dim(row, 16 * g + 2 * m)) =
+          *reinterpret_cast<float2*>(out + merge_dim<HeadDim>(row, HeadDim / 8 * g + 2 * m)) =
               make_float2(code_sum(acc[nt][m][e], pv_sum[nt][e], zero_sum[nt][e], 2 * m),
                           code_sum(acc[nt][m][2 + e], pv_sum[nt][e], zero_sum[nt][e], 2 * m + 1));
         }
@@ -1107,7 +1183,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       // load per warp and head dim would be 64 loads per thread).
       float merged_out = 0.0f;
       const auto add_warp = [&](int w, float weight) {
-        merged_out = fmaf(weight, merge.out[w][row][merge_dim(row, dim)], merged_out);
+        merged_out = fmaf(weight, merge.out[w][row][merge_dim<HeadDim>(row, dim)], merged_out);
       };
       static_assert(kWarpsPerHead % 2 == 0, "the row's weights in 8- or 16-byte loads");
 #pragma unroll
@@ -1146,18 +1222,20 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   // reduction costs one round trip to L2 for N <= kRowBatch.
   // The merge rule is partition_merge.cuh's, shared with the CUDA and CPU reducers.
   static_assert(kMaxPartitions <= 32, "one lane per partition");
-  constexpr int kRowBatch = 16;  // 64 registers of partition rows
   constexpr int kRowParts = kWarps >= 2 * kCtaRows ? 2 : 1;
-  constexpr int kLaneDims = 4 / kRowParts;  // dims first_dim + kLaneDims lane, ...
-  using LaneVector = std::conditional_t<kRowParts == 2, float2, float4>;
+  constexpr int kLaneDims = HeadDim / 32 / kRowParts;  // dims first_dim + kLaneDims lane, ...
+  constexpr int kRowBatch = std::min(16, 64 / kLaneDims);  // at most 64 registers of partition rows
+  constexpr int kVectorDims = std::min(kLaneDims, 4);
+  constexpr int kVectors = kLaneDims / kVectorDims;
+  using LaneVector = std::conditional_t<kVectorDims == 4, float4, std::conditional_t<kVectorDims == 2, float2, float>>;
   union LaneValues {
-    LaneVector vector;
+    LaneVector vector[kVectors];
     float element[kLaneDims];
   };
   for (int item = warp; item < kCtaRows * kRowParts; item += kWarps) {
     const int row = item / kRowParts;
     if (!row_valid(row)) continue;
-    const int first_dim = (item % kRowParts) * (kHeadDim / kRowParts) + kLaneDims * lane;
+    const int first_dim = (item % kRowParts) * (HeadDim / kRowParts) + kLaneDims * lane;
     const std::int64_t hq = query_head(row);
     const std::int64_t base = (static_cast<std::int64_t>(batch) * p.num_q_heads + hq) * num_partitions;
     const bool present = lane < num_partitions;
@@ -1167,9 +1245,13 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     const auto load_rows = [&](int q0) {
 #pragma unroll
       for (int i = 0; i < kRowBatch; ++i) {
-        const float* partition_row = p.part_out + (base + q0 + i) * kHeadDim;
-        rows[i].vector =
-            q0 + i < num_partitions ? __ldcg(reinterpret_cast<const LaneVector*>(partition_row + first_dim)) : LaneVector{};
+        const float* partition_row = p.part_out + (base + q0 + i) * HeadDim;
+#pragma unroll
+        for (int v = 0; v < kVectors; ++v) {
+          rows[i].vector[v] = q0 + i < num_partitions
+                                  ? __ldcg(reinterpret_cast<const LaneVector*>(partition_row + first_dim + kVectorDims * v))
+                                  : LaneVector{};
+        }
       }
     };
     load_rows(0);
@@ -1205,26 +1287,27 @@ constexpr bool kBelowSm90 = false;
 // The wide-table and two-kv-head configurations need sm_90's shared memory
 // per CTA (155 KB and more) and are never launched below it (policy.cpp), so
 // their sm_80 code is a trap.
-template <int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
-__global__ void __launch_bounds__(KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kThreads,
-                                  KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas)
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
+__global__ void __launch_bounds__(KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>::kThreads,
+                                  KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas)
     decode_kernel(const __grid_constant__ FusedDecodeParams params, const __grid_constant__ CacheTensorMaps maps) {
   if constexpr ((Wide || HeadsPerCta > 1) && kBelowSm90) {
     __trap();
   } else {
-    decode_cta<HeadTiles, Format, Wide, HeadsPerCta>(params, maps);
+    decode_cta<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>(params, maps);
   }
 }
 
-template <int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta = 1>
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta = 1>
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
-  constexpr auto kernel = decode_kernel<HeadTiles, Format, Wide, HeadsPerCta>;
-  constexpr int kBytes = SharedLayout<HeadTiles, Format, Wide, HeadsPerCta>::kBytes;
+  using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
+  constexpr auto kernel = decode_kernel<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
+  constexpr int kBytes = SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>::kBytes;
   allow_dynamic_shared_memory<kernel>(kBytes);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(params.partitions.num_partitions, params.partitions.layout.num_kv_heads / HeadsPerCta,
                         params.partitions.batch);
-  config.blockDim = dim3(KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kThreads);
+  config.blockDim = dim3(Shape::kThreads);
   config.dynamicSmemBytes = kBytes;
   config.stream = stream;
   cudaLaunchAttribute programmatic{};
@@ -1234,31 +1317,44 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   config.numAttrs = params.programmatic_launch ? 1 : 0;
   // Only the bulk-copy shapes read the maps.
   const CacheTensorMaps maps =
-      KernelShape<HeadTiles, Format, Wide, HeadsPerCta>::kBulkCopy ? encode_cache_tensor_maps(params.partitions) : CacheTensorMaps{};
+      Shape::kBulkCopy ? encode_cache_tensor_maps(params.partitions) : CacheTensorMaps{};
   TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, maps));
 }
 
+// Head sizes 64 and 256 (the narrow configuration) for the formats that have them.
 template <CacheFormat Format>
+constexpr bool serves_head_dim(int head_dim) {
+  return head_dim == 128 || (!three_bit_keys(Format) && (head_dim == 64 || head_dim == 256));
+}
+
+template <int HeadDim, CacheFormat Format>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
-  if (group > kHeadsPerTile) {
+  if constexpr (HeadDim != 128) {
+    if constexpr (HeadDim == 64) {
+      if (group > kHeadsPerTile) return launch<HeadDim, 2, Format>(params, stream);
+    }
+    return launch<HeadDim, 1, Format>(params, stream);
+  } else {
+    if (group > kHeadsPerTile) {
+      if constexpr (Format == CacheFormat::mse4) {
+        if (params.wide_table) return launch<HeadDim, 2, Format, true>(params, stream);
+      }
+      return launch<HeadDim, 2, Format>(params, stream);
+    }
     if constexpr (Format == CacheFormat::mse4) {
-      if (params.wide_table) return launch<2, Format, true>(params, stream);
+      if (params.wide_table) {
+        if (params.kv_heads_per_cta == 8) return launch<HeadDim, 1, Format, true, 8>(params, stream);
+        if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, true, 4>(params, stream);
+        if (params.kv_heads_per_cta == 2) return launch<HeadDim, 1, Format, true, 2>(params, stream);
+        return launch<HeadDim, 1, Format, true>(params, stream);
+      }
     }
-    return launch<2, Format>(params, stream);
-  }
-  if constexpr (Format == CacheFormat::mse4) {
-    if (params.wide_table) {
-      if (params.kv_heads_per_cta == 8) return launch<1, Format, true, 8>(params, stream);
-      if (params.kv_heads_per_cta == 4) return launch<1, Format, true, 4>(params, stream);
-      if (params.kv_heads_per_cta == 2) return launch<1, Format, true, 2>(params, stream);
-      return launch<1, Format, true>(params, stream);
+    if constexpr (Format != CacheFormat::mse4) {  // 4-bit keys serve several kv heads on the wide table
+      if (params.kv_heads_per_cta == 2) return launch<HeadDim, 1, Format, false, 2>(params, stream);
     }
+    launch<HeadDim, 1, Format>(params, stream);
   }
-  if constexpr (Format != CacheFormat::mse4) {  // 4-bit keys serve several kv heads on the wide table
-    if (params.kv_heads_per_cta == 2) return launch<1, Format, false, 2>(params, stream);
-  }
-  launch<1, Format>(params, stream);
 }
 
 // The one map from preset to key format: visit.template operator()<Format>().
@@ -1272,26 +1368,58 @@ auto visit_key_format(Preset preset, Visit&& visit) {
   }
 }
 
-}  // namespace hopper
-
-// The one dispatch point: key format (preset) and group size.
-void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) {
-  hopper::visit_key_format(params.partitions.layout.preset,
-                           [&]<hopper::CacheFormat Format>() { hopper::launch_for_group<Format>(params, stream); });
+// The one map from head size to its template argument: visit.template operator()<D>().
+template <class Visit>
+auto visit_head_dim(int head_dim, Visit&& visit) {
+  switch (head_dim) {
+    case 64: return visit.template operator()<64>();
+    case 256: return visit.template operator()<256>();
+    default: return visit.template operator()<128>();
+  }
 }
 
-NarrowFootprint narrow_footprint(Preset preset, int group_size) {
+}  // namespace hopper
+
+bool tensor_core_serves(Preset preset, int head_dim) {
+  return hopper::visit_key_format(preset, [&]<hopper::CacheFormat Format>() { return hopper::serves_head_dim<Format>(head_dim); });
+}
+
+// The one dispatch point: key format (preset), head size and group size.
+void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) {
+  const CacheLayout& layout = params.partitions.layout;
+  TQ_REQUIRE(tensor_core_serves(layout.preset, layout.head_dim), "head_dim",
+             std::to_string(layout.head_dim) + " has no tensor-core kernel for " + preset_info(layout.preset).name);
+  hopper::visit_key_format(layout.preset, [&]<hopper::CacheFormat Format>() {
+    hopper::visit_head_dim(layout.head_dim, [&]<int HeadDim>() {
+      if constexpr (hopper::serves_head_dim<Format>(HeadDim)) hopper::launch_for_group<HeadDim, Format>(params, stream);
+    });
+  });
+}
+
+NarrowFootprint narrow_footprint(Preset preset, int group_size, int head_dim) {
   return hopper::visit_key_format(preset, [&]<hopper::CacheFormat Format>() -> NarrowFootprint {
-    if (group_size > kHeadsPerTile) {
-      return {hopper::SharedLayout<2, Format, false>::kBytes, hopper::KernelShape<2, Format, false>::kResidentCtas};
-    }
-    return {hopper::SharedLayout<1, Format, false>::kBytes, hopper::KernelShape<1, Format, false>::kResidentCtas};
+    return hopper::visit_head_dim(head_dim, [&]<int HeadDim>() -> NarrowFootprint {
+      if constexpr (!hopper::serves_head_dim<Format>(HeadDim)) {
+        return {0, 0};
+      } else {
+        if (group_size > kHeadsPerTile) {
+          if constexpr (HeadDim == 256) {
+            return {0, 0};  // one head tile only
+          } else {
+            return {hopper::SharedLayout<HeadDim, 2, Format, false>::kBytes,
+                    hopper::KernelShape<HeadDim, 2, Format, false>::kResidentCtas};
+          }
+        }
+        return {hopper::SharedLayout<HeadDim, 1, Format, false>::kBytes,
+                hopper::KernelShape<HeadDim, 1, Format, false>::kResidentCtas};
+      }
+    });
   });
 }
 
 bool tensor_core_kernel_runnable() {
   cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<1, hopper::CacheFormat::mse4, false, 1>) == cudaSuccess;
+  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<128, 1, hopper::CacheFormat::mse4, false, 1>) == cudaSuccess;
 }
 
 }  // namespace tqdecode::cuda

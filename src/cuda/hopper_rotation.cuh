@@ -9,14 +9,16 @@
 // term is under 2^-16 of each product, far below the bf16 rounding of q_rot
 // (2^-9). This replaces a loop of 256-512 FMAs per thread over PiT staged in
 // shared memory (64 KB per CTA, in two passes for the 32 KB table region)
-// by 16-24 mma per warp and head tile.
+// by 2-3 mma per k-step, warp and head tile.
 //
 // The query rows come through shared memory (each thread loads one element
-// per row, coalesced, as the kernel's other paths do); warp w (w < 8) then
-// computes output dims 16w..16w+15 of every query row as 16x8 tiles of the
-// transposed product, one per head tile:
+// per row, coalesced, as the kernel's other paths do); the warp computing
+// output-dim tile t (16 dims, D/16 tiles) computes it for every query row as
+// 16x8 tiles of the transposed product, one per head tile:
 //   q_rot^T[dims, rows] = PiT^T[dims, :] Q^T[:, rows]
-// (M = output dims, K = input dims in 8 k-steps, N = 8 query rows).
+// (M = output dims, K = input dims in k-steps of 16, N = 8 query rows), in
+// passes of at most 8 k-steps (D = 256: two), so PiT's operands of one pass
+// fit the registers.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -29,30 +31,35 @@
 
 namespace tqdecode::cuda::hopper {
 
-constexpr int kRotationWarps = kHeadDim / 16;  // one 16-dim output tile each
-// The query's bits in shared memory, row r of a head tile at
-// r * kQueryBitsStride: the 8-element pad makes the B-fragment reads
-// (lane (g, c): row g, elements 16ks + 2c, + 1) free of bank conflicts.
-constexpr int kQueryBitsStride = kHeadDim + 8;
+/// The query's bits in shared memory, row r of a head tile at
+/// r * query_bits_stride(D): the 8-element pad makes the B-fragment reads
+/// (lane (g, c): row g, elements 16ks + 2c, + 1) free of bank conflicts.
+constexpr int query_bits_stride(int head_dim) { return head_dim + 8; }
+/// k-steps of one pass of the product (input dims 16 ks ..): PiT's operands
+/// of up to 128 input dims stay in registers at once.
+constexpr int rotation_k_steps(int head_dim) { return head_dim < 128 ? head_dim / 16 : 8; }
 
-/// PiT's part of output-dim tile `dim_tile` from row-major fp32 PiT
-/// (PiT[i][j] = Pi[j][i]). The tile's rows g and g + 8 are output dims
-/// 16 dim_tile + 2g and + 1 (any order of a tile's rows gives the same
-/// product), so each lane reads both from one 8-byte load per PiT row: rows
-/// 16ks + 2c + {0, 1, 8, 9} of k-step ks. Every CTA reads PiT, so these are
-/// L2 hits, issued early for their latency to overlap the prologue.
+/// PiT's part of output-dim tile `dim_tile` for input dims 16 first_step ..
+/// from row-major fp32 D x D PiT (PiT[i][j] = Pi[j][i]). The tile's rows g
+/// and g + 8 are output dims 16 dim_tile + 2g and + 1 (any order of a tile's
+/// rows gives the same product), so each lane reads both from one 8-byte
+/// load per PiT row: rows 16ks + 2c + {0, 1, 8, 9} of k-step ks. Every CTA
+/// reads PiT, so these are L2 hits, issued early for their latency to
+/// overlap the prologue.
+template <int KSteps>
 struct RotationOperands {
-  float2 pit[8][4];  // [k-step][input dim 16ks + 2c + {0, 1, 8, 9}]: (output dim 2g, 2g + 1)
+  float2 pit[KSteps][4];  // [k-step][input dim 16ks + 2c + {0, 1, 8, 9}]: (output dim 2g, 2g + 1)
 };
 
-__device__ __forceinline__ void load_rotation_operands(RotationOperands& operands, const float* pit, int dim_tile,
-                                                       int lane) {
-  const float* lane_pit = pit + 2 * (lane & 3) * kHeadDim + 16 * dim_tile + 2 * (lane >> 2);
+template <int HeadDim, int KSteps>
+__device__ __forceinline__ void load_rotation_operands(RotationOperands<KSteps>& operands, const float* pit, int dim_tile,
+                                                       int lane, int first_step = 0) {
+  const float* lane_pit = pit + (16 * first_step + 2 * (lane & 3)) * HeadDim + 16 * dim_tile + 2 * (lane >> 2);
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
+  for (int ks = 0; ks < KSteps; ++ks) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      operands.pit[ks][r] = __ldg(reinterpret_cast<const float2*>(lane_pit + (16 * ks + (r & 1) + 8 * (r >> 1)) * kHeadDim));
+      operands.pit[ks][r] = __ldg(reinterpret_cast<const float2*>(lane_pit + (16 * ks + (r & 1) + 8 * (r >> 1)) * HeadDim));
     }
   }
 }
@@ -65,14 +72,16 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, std::uint32_t& hi
 
 /// PiT's operands as the A fragments of every k-step, split into bf16 high
 /// and low parts once for all the passes over the query rows.
+template <int KSteps>
 struct SplitRotationOperands {
-  std::uint32_t hi[8][4], lo[8][4];  // [k-step][a0..a3]: a0 / a1 rows g / g + 8, columns 2c, 2c + 1; a2 / a3 columns + 8
+  std::uint32_t hi[KSteps][4], lo[KSteps][4];  // [k-step][a0..a3]: a0 / a1 rows g / g + 8, columns 2c, 2c + 1; a2 / a3 columns + 8
 };
 
-__device__ __forceinline__ SplitRotationOperands split_rotation_operands(const RotationOperands& operands) {
-  SplitRotationOperands split;
+template <int KSteps>
+__device__ __forceinline__ SplitRotationOperands<KSteps> split_rotation_operands(const RotationOperands<KSteps>& operands) {
+  SplitRotationOperands<KSteps> split;
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
+  for (int ks = 0; ks < KSteps; ++ks) {
     const float2(&pit_rows)[4] = operands.pit[ks];
     split_bf16(pit_rows[0].x, pit_rows[1].x, split.hi[ks][0], split.lo[ks][0]);
     split_bf16(pit_rows[0].y, pit_rows[1].y, split.hi[ks][1], split.lo[ks][1]);
@@ -82,24 +91,26 @@ __device__ __forceinline__ SplitRotationOperands split_rotation_operands(const R
   return split;
 }
 
-/// Computes the warp's tile of q_rot for HeadTiles x 8 query rows whose bf16
-/// or fp16 bits are in shared memory (`query_bits`, kQueryBitsStride per row,
-/// TileStride elements from one head tile to the next)
-/// and hands each pair of dims to store(row, dim, float2 of dims dim, dim + 1)
-/// (fp32, not yet rounded to bf16).
-template <int HeadTiles, int TileStride = 8 * kQueryBitsStride, typename Store>
-__device__ __forceinline__ void rotate_queries(const SplitRotationOperands& operands, const std::uint16_t* query_bits,
-                                               bool f16_query, int dim_tile, int lane, Store&& store) {
+/// The fp32 accumulators of a warp's tile of q_rot^T for HeadTiles x 8 query
+/// rows, as the hi*hi chain and the chain of the low parts' products.
+template <int HeadTiles>
+struct RotationSums {
+  float high[HeadTiles][4] = {};
+  float low[HeadTiles][4] = {};
+};
+
+/// Adds KSteps k-steps of the warp's tile of q_rot^T for HeadTiles x 8 query
+/// rows whose bf16 or fp16 bits are in shared memory (`query_bits` at the
+/// pass's first input dim, RowStride elements per row, TileStride from one
+/// head tile to the next).
+template <int HeadTiles, int TileStride, int RowStride, int KSteps>
+__device__ __forceinline__ void accumulate_rotation(RotationSums<HeadTiles>& sums,
+                                                    const SplitRotationOperands<KSteps>& operands,
+                                                    const std::uint16_t* query_bits, bool f16_query, int lane) {
   const int g = lane >> 2;
   const int c = lane & 3;
-  float high[HeadTiles][4], low[HeadTiles][4];
 #pragma unroll
-  for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) high[nt][r] = low[nt][r] = 0.0f;
-  }
-#pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
+  for (int ks = 0; ks < KSteps; ++ks) {
     // a0 / a1: rows g / g + 8 (output dims 2g / 2g + 1), columns 2c, 2c + 1;
     // a2 / a3: the same rows, columns 2c + 8, 2c + 9.
     const std::uint32_t(&a_hi)[4] = operands.hi[ks];
@@ -107,7 +118,7 @@ __device__ __forceinline__ void rotate_queries(const SplitRotationOperands& oper
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) {
       // Elements 16ks + 2c + {0, 1} and + 8 of query row 8nt + g.
-      const std::uint16_t* row = query_bits + nt * TileStride + g * kQueryBitsStride + 16 * ks + 2 * c;
+      const std::uint16_t* row = query_bits + nt * TileStride + g * RowStride + 16 * ks + 2 * c;
       std::uint32_t b_hi[2], b_lo[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -120,17 +131,25 @@ __device__ __forceinline__ void rotate_queries(const SplitRotationOperands& oper
           b_lo[half] = 0u;
         }
       }
-      mma_bf16(high[nt], a_hi, b_hi[0], b_hi[1]);
-      mma_bf16(low[nt], a_lo, b_hi[0], b_hi[1]);
-      if (f16_query) mma_bf16(low[nt], a_hi, b_lo[0], b_lo[1]);
+      mma_bf16(sums.high[nt], a_hi, b_hi[0], b_hi[1]);
+      mma_bf16(sums.low[nt], a_lo, b_hi[0], b_hi[1]);
+      if (f16_query) mma_bf16(sums.low[nt], a_hi, b_lo[0], b_lo[1]);
     }
   }
+}
+
+/// Hands each pair of dims of the warp's finished tile to store(row, dim,
+/// float2 of dims dim, dim + 1) (fp32, not yet rounded to bf16).
+template <int HeadTiles, typename Store>
+__device__ __forceinline__ void store_rotation(const RotationSums<HeadTiles>& sums, int dim_tile, int lane, Store&& store) {
+  const int g = lane >> 2;
+  const int c = lane & 3;
   // C fragment: c0 / c1 = output dim 2g of query rows 2c / 2c + 1, c2 / c3 = output dim 2g + 1.
 #pragma unroll
   for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const float2 pair = make_float2(high[nt][e] + low[nt][e], high[nt][2 + e] + low[nt][2 + e]);
+      const float2 pair = make_float2(sums.high[nt][e] + sums.low[nt][e], sums.high[nt][2 + e] + sums.low[nt][2 + e]);
       store(8 * nt + 2 * c + e, 16 * dim_tile + 2 * g, pair);
     }
   }

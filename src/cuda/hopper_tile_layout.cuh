@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "hopper_fragments.cuh"
@@ -15,7 +16,6 @@
 
 namespace tqdecode::cuda::hopper {
 
-constexpr int kHeadDim = 128;
 constexpr int kTileTokens = kHopperTileTokens;
 
 // copy_to_shared<16> (device_utils.cuh) takes a generic pointer; the ring
@@ -52,40 +52,45 @@ struct FieldChunk {
 // instruction: copy i takes tokens kTokensPerCopy i .. + kTokensPerCopy - 1,
 // lane l chunk l % Chunks of token kTokensPerCopy i + l / Chunks. (Two copies
 // per sector cost a second L2 request for each.) A copy fills 512 stage
-// bytes; the layouts' swizzles repeat every two copies, so copy i lands at
-// destination[i & 1] + 1024 (i >> 1).
-template <int Chunks>
+// bytes; the layout's swizzle repeats every `Period` copies, so copy i lands
+// at destination[i % Period] + 512 Period (i / Period).
+template <int Chunks, int Period = 2>
 struct TokenRunCopy {
   static constexpr int kTokensPerCopy = 32 / Chunks;
   static constexpr int kCopies = kTileTokens / kTokensPerCopy;
+  static constexpr int kPeriod = std::min(Period, kCopies);
   std::uint32_t source;       // the lane's chunk, from the tile's first slot
   std::uint32_t copy_stride;  // kTokensPerCopy slots
-  std::uint32_t destination[2];
+  std::uint32_t destination[kPeriod];
 
   /// `destination_of(token, chunk)`: the chunk's offset within a stage.
   template <class Destination>
   __device__ static TokenRunCopy make(int slot_stride, int run_offset, int lane, Destination destination_of) {
     const int token = lane / Chunks;
     const int chunk = lane % Chunks;
-    return {static_cast<std::uint32_t>(token * slot_stride + run_offset + 16 * chunk),
-            static_cast<std::uint32_t>(kTokensPerCopy * slot_stride),
-            {static_cast<std::uint32_t>(destination_of(token, chunk)),
-             static_cast<std::uint32_t>(destination_of(token + kTokensPerCopy, chunk))}};
+    TokenRunCopy copy{static_cast<std::uint32_t>(token * slot_stride + run_offset + 16 * chunk),
+                      static_cast<std::uint32_t>(kTokensPerCopy * slot_stride)};
+#pragma unroll
+    for (int i = 0; i < kPeriod; ++i) {
+      copy.destination[i] = static_cast<std::uint32_t>(destination_of(token + kTokensPerCopy * i, chunk));
+    }
+    return copy;
   }
   __device__ void issue(std::uint32_t stage, const std::uint8_t* tile) const {
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
-      cp_async_16(stage + destination[i & 1] + 1024 * (i >> 1), tile + (source + i * copy_stride));
+      cp_async_16(stage + destination[i % kPeriod] + 512 * kPeriod * (i / kPeriod), tile + (source + i * copy_stride));
     }
   }
 };
 
 // Where one tile lives in a stage of a warp's ring and how it gets there, per
-// key format (value offsets take the kv head: turboquant_k3v4_nc's rows start
-// 0 or 16 bytes before the record). Lane (g, c) = (lane >> 2, lane & 3) reads the keys of tokens g
-// and g + 8 (dims 32c..32c+31) and the value bytes 8g..8g+7 of tokens 2c,
-// 2c + 1, 2c + 8, 2c + 9; every layout keeps those loads free of bank
-// conflicts. Offsets into the cache are within a block
+// key format and head size D (value offsets take the kv head:
+// turboquant_k3v4_nc's rows start 0 or 16 bytes before the record). Lane
+// (g, c) = (lane >> 2, lane & 3) reads the keys of tokens g and g + 8 (dims
+// (D/4)c .. (D/4)(c+1) - 1) and the values of dims (D/8)g .. (D/8)(g+1) - 1
+// of tokens 2c, 2c + 1, 2c + 8, 2c + 9; every layout keeps those loads free
+// of bank conflicts. Offsets into the cache are within a block
 // (hopper_unsupported_reason requires block_stride < 2^31).
 //   mse4     4-bit MSE keys, 4-bit values (turboquant_4bit_nc)
 //   mse3     3-bit MSE keys, 4-bit values (turboquant_k3v4_nc)
@@ -151,57 +156,80 @@ struct PackedRunCopy {
   }
 };
 
-template <CacheFormat Format>
+template <CacheFormat Format, int HeadDim>
 struct TileLayout;
 
-// 4-bit MSE keys: one 128-byte row per token (64 key bytes, then 64 value
-// bytes), its 16-byte chunks XOR-swizzled by token; then the 3 fp16 fields.
-// Bulk tensor copies (the wide shape's CTAs) put chunk j at
-// j ^ (token & 7), the copy engine's 128-byte swizzle; there tile index i
-// (an S^T row, an O^T k index) is token i ^ 4 (i & 1), so the two tokens of
-// a quarter warp's key loads fall in different halves of the bank space
-// and the four of a half warp's value loads in different quarters, free of
-// bank conflicts as cp.async's swizzle is. (`Bulk` selects the arrangement.)
-template <>
-struct TileLayout<CacheFormat::mse4> {
-  static constexpr int kRecordBytes = 128;  // key + value data of one (slot, head)
-  static constexpr int kFields = 3;         // key norm, value scale, value zero
+// 4-bit MSE keys: one D-byte row per token (D/2 key bytes, then D/2 value
+// bytes), its 16-byte chunks XOR-swizzled by token (chunk_offset); then the 3
+// fp16 fields. D = 128: bulk tensor copies (the wide shape's CTAs) put chunk
+// j at j ^ (token & 7), the copy engine's 128-byte swizzle; there tile index
+// i (an S^T row, an O^T k index) is token i ^ 4 (i & 1), so the two tokens of
+// a quarter warp's key loads fall in different halves of the bank space and
+// the four of a half warp's value loads in different quarters, free of bank
+// conflicts as cp.async's swizzle is. (`Bulk` selects the arrangement.)
+template <int HeadDim>
+struct TileLayout<CacheFormat::mse4, HeadDim> {
+  static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256);
+  static constexpr int kKeyBytes = HeadDim / 2;
+  static constexpr int kRecordBytes = HeadDim;  // key + value data of one (slot, head)
+  static constexpr int kFields = 3;             // key norm, value scale, value zero
   static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
-  static constexpr int kMetaOffset = kTileTokens * kRecordBytes;  // 2048
-  static constexpr int kStageBytes = kMetaOffset + 128;          // 3 x 32 B of fields, padded
+  static constexpr int kMetaOffset = kTileTokens * kRecordBytes;
+  static constexpr int kStageBytes = kMetaOffset + 128;  // 3 x 32 B of fields, padded
   // Token index i + 8's offsets are token index i's plus this (either arrangement).
   static constexpr int kOffset8Tokens = 8 * kRecordBytes;
+  static constexpr int kLaneKeyBytes = HeadDim / 8;     // a lane's D/4 key dims
+  static constexpr int kLaneValueBytes = HeadDim / 16;  // a lane's D/8 value dims
+  static constexpr int kKeyLoads = HeadDim == 256 ? 2 : 1;  // of 16 bytes (8 at D = 64) per token
+  // D = 256: the swizzle spans 8 tokens, 4 copies of 2 tokens.
+  static constexpr int kCopyPeriod = HeadDim == 256 ? 4 : 2;
 
   template <bool Bulk>
   __device__ static int token_at(int index) {
     return Bulk ? index ^ ((index & 1) << 2) : index;
   }
+  // D = 64: two tokens per 128-byte row, unit 4 (token & 1) + chunk stored
+  // at that ^ 2 (row & 3). D = 256: chunk ^ (token & 7) within each half
+  // row. Each keeps the 8- and 16-byte key loads (tokens g, chunks of c) and
+  // the value loads (tokens 2c + x, chunks of g) on distinct banks.
   template <bool Bulk>
   __device__ static int chunk_offset(int token, int chunk) {
-    const int swizzle = Bulk ? token & 7 : ((token & 1) << 2) ^ (token & 6);
-    return token * kRecordBytes + ((chunk ^ swizzle) << 4);
+    if constexpr (HeadDim == 64) {
+      const int row = token >> 1;
+      return row * 128 + (((4 * (token & 1) + chunk) ^ (2 * (row & 3))) << 4);
+    } else if constexpr (HeadDim == 256) {
+      return token * kRecordBytes + ((chunk ^ (token & 7)) << 4);
+    } else {
+      const int swizzle = Bulk ? token & 7 : ((token & 1) << 2) ^ (token & 6);
+      return token * kRecordBytes + ((chunk ^ swizzle) << 4);
+    }
   }
-  /// The lane's 16 key bytes (one load) of `token`.
   template <bool Bulk>
-  __device__ static int key_offset(int token, int c) {
-    return chunk_offset<Bulk>(token, c);
+  __device__ static int byte_offset(int token, int byte) {
+    return chunk_offset<Bulk>(token, byte >> 4) + (byte & 15);
   }
-  /// The lane's 8 value bytes of `token` (the same for every kv head).
+  /// The lane's key bytes of `token`, 16 bytes from `part` 16 (a load of
+  /// 8 bytes at D = 64, one of 16 at D = 128, two at D = 256).
+  template <bool Bulk>
+  __device__ static int key_offset(int token, int c, int part = 0) {
+    return byte_offset<Bulk>(token, kLaneKeyBytes * c + 16 * part);
+  }
+  /// The lane's value bytes of `token` (the same for every kv head).
   template <bool Bulk = false>
   __device__ static int value_offset(int token, int g, int /*head*/) {
-    return chunk_offset<Bulk>(token, 4 + (g >> 1)) + 8 * (g & 1);
+    return byte_offset<Bulk>(token, kKeyBytes + kLaneValueBytes * g);
   }
 
   struct alignas(16) IssuePlan {
-    std::uint32_t slot_stride;  // Hk * 128 bytes
-    TokenRunCopy<kRecordBytes / 16> records;
+    std::uint32_t slot_stride;  // Hk * D bytes
+    TokenRunCopy<kRecordBytes / 16, kCopyPeriod> records;
     FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
   };
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
     return {static_cast<std::uint32_t>(slot_stride),
-            TokenRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, chunk_offset<false>),
+            TokenRunCopy<kRecordBytes / 16, kCopyPeriod>::make(slot_stride, head * kRecordBytes, lane, chunk_offset<false>),
             FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
   }
 
@@ -212,25 +240,32 @@ struct TileLayout<CacheFormat::mse4> {
   }
 };
 
-// Value areas of the fp8 and 3-bit layouts: two tokens' 64 value bytes per
-// 128-byte row (token t at row t / 2, half t & 1), 16-byte unit u stored at
-// u ^ 2 (row & 3), so the lanes' 8-byte value loads never share a bank.
+// The value area of the fp8 layout: 4-bit values, D/2 bytes per token.
+// D = 64 and 128: 128 / (D/2) tokens per 128-byte row, 16-byte unit u of
+// the row stored at u ^ 2 (row & 3); D = 256: one token per row, chunk
+// ^ (token & 7). Either way the lanes' value loads (tokens 2c + x, bytes of
+// lane g) never share a bank.
+template <int HeadDim>
 struct ValueArea {
-  /// Bytes 8g..8g+7 of `token`'s values, from the area start.
-  __device__ static int offset(int token, int g) {
-    const int row = token >> 1;
-    return row * 128 + (((4 * (token & 1) + (g >> 1)) ^ (2 * (row & 3))) << 4) + 8 * (g & 1);
-  }
+  static constexpr int kTokenBytes = HeadDim / 2;
+  static constexpr int kTokensPerRow = 128 / std::min(kTokenBytes, 128);
+  static constexpr int kLaneBytes = HeadDim / 16;
   /// Unit `chunk` (bytes 16 chunk .. 16 chunk + 15) of `token`'s values.
   __device__ static int chunk_offset(int token, int chunk) {
-    const int row = token >> 1;
-    return row * 128 + (((4 * (token & 1) + chunk) ^ (2 * (row & 3))) << 4);
+    if constexpr (HeadDim == 256) return token * kTokenBytes + ((chunk ^ (token & 7)) << 4);
+    const int row = token / kTokensPerRow;
+    return row * 128 + ((((token % kTokensPerRow) * (kTokenBytes / 16) + chunk) ^ (2 * (row & 3))) << 4);
+  }
+  /// The lane's value bytes (dims (D/8)g ..) of `token`, from the area start.
+  __device__ static int offset(int token, int g) {
+    const int byte = kLaneBytes * g;
+    return chunk_offset(token, byte >> 4) + (byte & 15);
   }
   /// The values' copy plan of a layout whose value area starts at `area`.
   template <int Area>
-  __device__ static TokenRunCopy<4> copy_plan(int slot_stride, int value_offset, int lane) {
-    return TokenRunCopy<4>::make(slot_stride, value_offset, lane,
-                                 [](int token, int chunk) { return Area + chunk_offset(token, chunk); });
+  __device__ static TokenRunCopy<kTokenBytes / 16> copy_plan(int slot_stride, int value_offset, int lane) {
+    return TokenRunCopy<kTokenBytes / 16>::make(slot_stride, value_offset, lane,
+                                                [](int token, int chunk) { return Area + chunk_offset(token, chunk); });
   }
 };
 
@@ -246,9 +281,10 @@ struct ValueArea {
 // conflict-free, as are the values' 8-byte loads. Then the 3 fp16 fields.
 // (A dense 48-byte key area and a value area of two tokens per row cost
 // excess shared wavefronts and L2 sectors: docs/PERFORMANCE.md.)
-template <>
-struct TileLayout<CacheFormat::mse3> {
-  static constexpr int kKeyBytes = kHeadDim * 3 / 8;  // 48
+template <int HeadDim>
+struct TileLayout<CacheFormat::mse3, HeadDim> {
+  static_assert(HeadDim == 128, "3-bit keys: D = 128");
+  static constexpr int kKeyBytes = HeadDim * 3 / 8;  // 48
   static constexpr int kRecordBytes = kKeyBytes + 64;  // 112
   static constexpr int kRowBytes = 128;                // the window of one token
   static constexpr int kFields = 3;                    // key norm, value scale, value zero
@@ -268,6 +304,7 @@ struct TileLayout<CacheFormat::mse3> {
   }
   /// From a token's key words to those of the token 8 later (the same swizzle).
   static constexpr int kOffset8Tokens = 8 * kRowBytes;
+  static constexpr int kKeyLoads = 1;  // key_word_offset: three words
   /// The lane's 8 value bytes of `token`.
   __device__ static int value_offset(int token, int g, int head) {
     return row_offset(token, lead(head) + kKeyBytes + 8 * g);
@@ -308,10 +345,11 @@ struct TileLayout<CacheFormat::mse3> {
 // at most pairwise (as in any row layout of whole chunks). Then the 3 fp16
 // fields. (Dense 48-byte key and value areas take four copies a tile; this
 // layout three.)
-template <>
-struct TileLayout<CacheFormat::mse3_v3> {
-  static constexpr int kKeyBytes = kHeadDim * 3 / 8;    // 48
-  static constexpr int kValueBytes = kHeadDim * 3 / 8;  // 48
+template <int HeadDim>
+struct TileLayout<CacheFormat::mse3_v3, HeadDim> {
+  static_assert(HeadDim == 128, "3-bit keys: D = 128");
+  static constexpr int kKeyBytes = HeadDim * 3 / 8;    // 48
+  static constexpr int kValueBytes = HeadDim * 3 / 8;  // 48
   static constexpr int kRecordBytes = kKeyBytes + kValueBytes;  // 96
   static constexpr int kRowBytes = 128;
   static constexpr int kFields = 3;  // key norm, value scale, value zero
@@ -328,6 +366,7 @@ struct TileLayout<CacheFormat::mse3_v3> {
   __device__ static int key_word_offset(int token, int c, int w, int /*head*/) { return row_offset(token, 12 * c + 4 * w); }
   /// From a token's words to those of the token 8 later (rotation(t + 8) = rotation(t)).
   static constexpr int kOffset8Tokens = 8 * kRowBytes;
+  static constexpr int kKeyLoads = 1;  // key_word_offset: three words
   /// Value word w (of 2) of lane g for `token`.
   __device__ static int value_word_offset(int token, int g, int w) {
     return row_offset(token, kKeyBytes + ((6 * g) & ~3) + 4 * w);
@@ -354,37 +393,44 @@ struct TileLayout<CacheFormat::mse3_v3> {
   }
 };
 
-// fp8 keys (turboquant_k8v4): a key area of one 128-byte row per token
-// (16-byte chunk j at j ^ (token & 1)), the value area, then the 2 fp16 fields.
-template <>
-struct TileLayout<CacheFormat::fp8> {
-  static constexpr int kKeyBytes = kHeadDim;          // one fp8 byte per dim
-  static constexpr int kRecordBytes = kKeyBytes + 64;  // then 64 bytes of 4-bit values
-  static constexpr int kFields = 2;                    // value scale, value zero
+// fp8 keys (turboquant_k8v4): a key area of one D-byte row per token, the
+// value area (ValueArea), then the 2 fp16 fields. Key chunk j of a token is
+// stored at j ^ swizzle: none at D = 64 (two tokens per 128 bytes), token & 1
+// at D = 128, 2 (j >> 3) + (token & 1) at D = 256, so the lanes' 16-byte key
+// loads (tokens g, chunks of c) are free of bank conflicts.
+template <int HeadDim>
+struct TileLayout<CacheFormat::fp8, HeadDim> {
+  static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256);
+  using Values = ValueArea<HeadDim>;
+  static constexpr int kKeyBytes = HeadDim;                  // one fp8 byte per dim
+  static constexpr int kRecordBytes = kKeyBytes + HeadDim / 2;  // then the 4-bit values
+  static constexpr int kFields = 2;                          // value scale, value zero
   static constexpr int kValueScaleField = 0, kValueZeroField = 1;
-  static constexpr int kValueArea = kTileTokens * kKeyBytes;        // 2048
-  static constexpr int kMetaOffset = kValueArea + kTileTokens * 64;  // 3072
-  static constexpr int kStageBytes = kMetaOffset + 64;               // 3136
+  static constexpr int kValueArea = kTileTokens * kKeyBytes;
+  static constexpr int kMetaOffset = kValueArea + kTileTokens * HeadDim / 2;
+  static constexpr int kStageBytes = kMetaOffset + 64;
+  static constexpr int kKeyLoads = HeadDim / 64;  // 16-byte loads of a lane's D/4 key bytes per token
 
-  /// The lane's 32 key bytes of `token` are two 16-byte loads, part 0 and 1.
-  __device__ static int key_offset(int token, int c, int part) {
-    return token * kKeyBytes + (((2 * c + part) ^ (token & 1)) << 4);
+  __device__ static int key_chunk_offset(int token, int chunk) {
+    const int swizzle = HeadDim == 64 ? 0 : HeadDim == 128 ? token & 1 : 2 * ((chunk >> 3) & 1) + (token & 1);
+    return token * kKeyBytes + ((chunk ^ swizzle) << 4);
   }
-  __device__ static int value_offset(int token, int g, int /*head*/) { return kValueArea + ValueArea::offset(token, g); }
+  /// The lane's D/4 key bytes of `token` are kKeyLoads 16-byte loads, parts 0, 1, ...
+  __device__ static int key_offset(int token, int c, int part) { return key_chunk_offset(token, kKeyLoads * c + part); }
+  __device__ static int value_offset(int token, int g, int /*head*/) { return kValueArea + Values::offset(token, g); }
 
   struct alignas(16) IssuePlan {
-    std::uint32_t slot_stride;  // Hk * 192 bytes
+    std::uint32_t slot_stride;  // Hk * 3D/2 bytes
     TokenRunCopy<kKeyBytes / 16> keys;
-    TokenRunCopy<4> values;
+    TokenRunCopy<HeadDim / 32> values;
     FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..3
   };
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
-    const auto key_destination = [](int token, int chunk) { return token * kKeyBytes + ((chunk ^ (token & 1)) << 4); };
     return {static_cast<std::uint32_t>(slot_stride),
-            TokenRunCopy<kKeyBytes / 16>::make(slot_stride, head * kRecordBytes, lane, key_destination),
-            ValueArea::copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane),
+            TokenRunCopy<kKeyBytes / 16>::make(slot_stride, head * kRecordBytes, lane, key_chunk_offset),
+            Values::template copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane),
             FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
   }
 

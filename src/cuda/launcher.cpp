@@ -50,10 +50,11 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   }
   if (request == PathRequest::hopper || (request == PathRequest::automatic && not_hopper.empty())) {
     const cuda::GridChoice grid = cuda::choose_grid(DecodePath::hopper, args.layout.preset, args.group_size(), args.batch,
-                                                    args.layout.num_kv_heads, max_context, device.sm_count);
-    const std::string reason = request == PathRequest::hopper
-                                   ? "requested"
-                                   : std::string(preset_info(args.layout.preset).name) + ", D=128 on sm_90";
+                                                    args.layout.num_kv_heads, max_context, device.sm_count,
+                                                    args.layout.head_dim);
+    const std::string reason = request == PathRequest::hopper ? "requested"
+                                                              : std::string(preset_info(args.layout.preset).name) +
+                                                                    ", D=" + std::to_string(args.layout.head_dim) + " on sm_90";
     return {DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
             grid.kv_heads_per_cta};
   }
@@ -68,11 +69,12 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     plan.generic_kernel = GenericKernel::tensor_core;
     plan.num_partitions = cuda::choose_num_partitions(
         args.batch, args.layout.num_kv_heads, max_context, device.sm_count,
-        cuda::narrow_resident_ctas(args.layout.preset, args.group_size(), device));
+        cuda::narrow_resident_ctas(args.layout.preset, args.group_size(), device, args.layout.head_dim));
     plan.reason = reason + "; the tensor-core kernel (narrow configuration)";
   } else {
     const cuda::GridChoice grid = cuda::choose_grid(DecodePath::cuda_generic, args.layout.preset, args.group_size(),
-                                                    args.batch, args.layout.num_kv_heads, max_context, device.sm_count);
+                                                    args.batch, args.layout.num_kv_heads, max_context, device.sm_count,
+                                                    args.layout.head_dim);
     plan.num_partitions = grid.num_partitions;
     plan.reason = reason + "; the scalar kernel: " + not_tensor_core;
   }

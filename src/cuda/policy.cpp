@@ -50,23 +50,25 @@ int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, i
   return static_cast<int>(best);
 }
 
-bool wide_table_kernel(Preset preset) { return preset == Preset::turboquant_4bit_nc; }
+bool wide_table_kernel(Preset preset, int head_dim) { return preset == Preset::turboquant_4bit_nc && head_dim == 128; }
 
-int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table) {
+int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table, int head_dim) {
   if (path != DecodePath::hopper) return 2;
   // decode_hopper.cu, KernelShape: one CTA in the wide-table shape (16
-  // warps, 12 for groups over 8), else the narrow configuration's (two of 8
-  // warps up to group 8, one of 12 beyond).
-  return wide_table && wide_table_kernel(preset) ? 1 : narrow_footprint(preset, group_size).planned_ctas_per_sm;
+  // warps, 12 for groups over 8), else the narrow configuration's (at D =
+  // 128 two of 8 warps up to group 8, one of 12 beyond; two of 8 at D = 64,
+  // one of 8 at D = 256).
+  return wide_table && wide_table_kernel(preset, head_dim) ? 1
+                                                            : narrow_footprint(preset, group_size, head_dim).planned_ctas_per_sm;
 }
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
-                       int max_context_tokens, int sm_count) {
+                       int max_context_tokens, int sm_count, int head_dim) {
   // The wide shape streams faster per SM but exposes every wave's
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
   const auto waves_of = [&](long long ctas) { return (ctas + sm_count - 1) / sm_count; };
-  if (path == DecodePath::hopper && wide_table_kernel(preset)) {
+  if (path == DecodePath::hopper && wide_table_kernel(preset, head_dim)) {
     // Two head tiles: one CTA of 12 warps per SM either way, so the wide
     // table's shorter loop wins on every grid.
     if (group_size > kHeadsPerTile) {
@@ -101,12 +103,12 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // grid takes at most kWideTableMaxWaves waves. Two 8-warp CTAs sharing an
   // SM do not end together: one gets ahead and the other then streams alone,
   // with half the warps.
-  if (path == DecodePath::hopper && group_size <= kHeadsPerTile && num_kv_heads % 2 == 0) {
+  if (path == DecodePath::hopper && head_dim == 128 && group_size <= kHeadsPerTile && num_kv_heads % 2 == 0) {
     const int paired = choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, 1);
     if (waves_of(static_cast<long long>(batch) * (num_kv_heads / 2) * paired) <= kWideTableMaxWaves) return {paired, false, 2};
   }
   return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
-                                resident_ctas_per_sm(path, preset, group_size, false)),
+                                resident_ctas_per_sm(path, preset, group_size, false, head_dim)),
           false};
 }
 
@@ -132,8 +134,13 @@ std::string tensor_core_layout_unsupported_reason(const DecodeArgs& args, const 
   if (args.layout.token_slots()) {
     return std::string("token_slots layout: the ") + kernel + " reads the blocks order only";
   }
-  if (args.layout.head_dim != 128) {
-    return "head_dim " + std::to_string(args.layout.head_dim) + ": the " + kernel + " needs 128";
+  if (!tensor_core_serves(args.layout.preset, args.layout.head_dim)) {
+    return "head_dim " + std::to_string(args.layout.head_dim) + " with " + preset_info(args.layout.preset).name + ": the " +
+           kernel + " serves 128 for every preset, 64 and 256 for turboquant_4bit_nc and turboquant_k8v4";
+  }
+  if (args.layout.head_dim == 256 && args.group_size() > kHeadsPerTile) {
+    return "head_dim 256 with group size " + std::to_string(args.group_size()) + ": the " + kernel +
+           " serves groups up to " + std::to_string(kHeadsPerTile) + " at head size 256";
   }
   if (args.layout.block_stride % 16 != 0 || reinterpret_cast<std::uintptr_t>(args.cache) % 16 != 0) {
     return std::string("cache pointer or block_stride not a multiple of 16 bytes (the ") + kernel + " uses 16-byte loads)";
@@ -155,8 +162,8 @@ std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& 
   return tensor_core_layout_unsupported_reason(args, "Hopper kernel");
 }
 
-int narrow_resident_ctas(Preset preset, int group_size, const DeviceInfo& device) {
-  const NarrowFootprint footprint = narrow_footprint(preset, group_size);
+int narrow_resident_ctas(Preset preset, int group_size, const DeviceInfo& device, int head_dim) {
+  const NarrowFootprint footprint = narrow_footprint(preset, group_size, head_dim);
   if (footprint.shared_bytes > device.shared_per_block) return 0;
   constexpr int kReservedPerCta = 1024;  // shared memory the system keeps per resident CTA (sm_80 and newer)
   return std::min(footprint.planned_ctas_per_sm, device.shared_per_sm / (footprint.shared_bytes + kReservedPerCta));
@@ -167,9 +174,9 @@ std::string generic_tensor_core_unsupported_reason(const DecodeArgs& args, const
     return "device is sm_" + std::to_string(device.cc_major * 10 + device.cc_minor) + "; the tensor-core kernel needs sm_80 or newer";
   }
   if (std::string layout = tensor_core_layout_unsupported_reason(args, "tensor-core kernel"); !layout.empty()) return layout;
-  if (narrow_resident_ctas(args.layout.preset, args.group_size(), device) == 0) {
+  if (narrow_resident_ctas(args.layout.preset, args.group_size(), device, args.layout.head_dim) == 0) {
     return "the tensor-core kernel's CTA needs " +
-           std::to_string(narrow_footprint(args.layout.preset, args.group_size()).shared_bytes) +
+           std::to_string(narrow_footprint(args.layout.preset, args.group_size(), args.layout.head_dim).shared_bytes) +
            " bytes of shared memory; the device allows " + std::to_string(device.shared_per_block);
   }
   return {};

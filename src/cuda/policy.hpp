@@ -63,12 +63,13 @@ inline constexpr int kWideTableMaxWaves = 2;
 /// kv heads per CTA of the 16-warp kernel besides one.
 inline constexpr int kWideKvHeadsPerCta[] = {2, 4, 8};
 
-/// Whether the 64 KB-table Hopper kernel (16 warps, 12 for groups over 8) exists for this preset (4-bit keys).
-bool wide_table_kernel(Preset preset);
+/// Whether the 64 KB-table Hopper kernel (16 warps, 12 for groups over 8)
+/// exists for this preset and head size (4-bit keys, D = 128).
+bool wide_table_kernel(Preset preset, int head_dim = 128);
 
-/// Resident CTAs per SM of the kernel that serves `path` for this preset and
-/// group size (`wide_table`: the 64 KB-table Hopper kernel).
-int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table);
+/// Resident CTAs per SM of the kernel that serves `path` for this preset,
+/// group size and head size (`wide_table`: the 64 KB-table Hopper kernel).
+int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table, int head_dim = 128);
 
 struct GridChoice {
   int num_partitions;
@@ -87,8 +88,9 @@ struct GridChoice {
 /// SM. Groups over
 /// kHeadsPerTile (two head tiles) take the wide table (12 warps, one kv head
 /// per CTA) whatever the grid: the narrow one is also one CTA per SM there.
+/// Head sizes 64 and 256 have the narrow configuration only.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
-                       int max_context_tokens, int sm_count);
+                       int max_context_tokens, int sm_count, int head_dim = 128);
 
 /// Largest batch * N over batch <= max_batch and every grid a path plans
 /// (Hk kv heads per grid row, or Hk / h with h per CTA): the partition
@@ -101,7 +103,7 @@ std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& 
 /// Resident CTAs per SM of the tensor-core kernel's narrow configuration on
 /// `device` (its planned count, or fewer where shared memory holds fewer);
 /// 0 where not even one CTA fits.
-int narrow_resident_ctas(Preset preset, int group_size, const DeviceInfo& device);
+int narrow_resident_ctas(Preset preset, int group_size, const DeviceInfo& device, int head_dim = 128);
 
 /// Empty when the generic path's tensor-core kernel (GenericKernel) serves
 /// these arguments on `device`, else why not.

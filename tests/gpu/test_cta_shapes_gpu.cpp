@@ -29,6 +29,7 @@ struct ShapeCase {
   int batch;
   int num_kv_heads;
   int context;  ///< block-table width in tokens (block size 16)
+  int head_dim;
   // The plan expected on an H200 (132 SMs), from the policy (src/cuda/policy.cpp).
   bool wide_table;
   int kv_heads_per_cta;
@@ -38,15 +39,20 @@ struct ShapeCase {
 std::vector<ShapeCase> shape_cases() {
   const Preset q4 = Preset::turboquant_4bit_nc;
   return {
-      {"wide_one_kv_head", q4, 8, 1, 8, 4096, true, 1, 16},
-      {"wide_two_kv_heads", q4, 6, 48, 8, 2496, true, 2, 2},
-      {"wide_four_kv_heads", q4, 6, 38, 8, 4000, true, 4, 5},
-      {"wide_eight_kv_heads", q4, 8, 40, 8, 3008, true, 8, 3},
-      {"wide_two_head_tiles", q4, 16, 1, 2, 4096, true, 1, 16},
-      {"narrow_4bit_odd_hk", q4, 3, 300, 1, 1024, false, 1, 4},
-      {"narrow_k3v4", Preset::turboquant_k3v4_nc, 8, 48, 8, 2000, false, 1, 2},
-      {"narrow_k8v4_two_head_tiles", Preset::turboquant_k8v4, 12, 4, 2, 1504, false, 1, 6},
-      {"paired_3bit", Preset::turboquant_3bit_nc, 8, 2, 4, 2064, false, 2, 9},
+      {"wide_one_kv_head", q4, 8, 1, 8, 4096, 128, true, 1, 16},
+      {"wide_two_kv_heads", q4, 6, 48, 8, 2496, 128, true, 2, 2},
+      {"wide_four_kv_heads", q4, 6, 38, 8, 4000, 128, true, 4, 5},
+      {"wide_eight_kv_heads", q4, 8, 40, 8, 3008, 128, true, 8, 3},
+      {"wide_two_head_tiles", q4, 16, 1, 2, 4096, 128, true, 1, 16},
+      {"narrow_4bit_odd_hk", q4, 3, 300, 1, 1024, 128, false, 1, 4},
+      {"narrow_k3v4", Preset::turboquant_k3v4_nc, 8, 48, 8, 2000, 128, false, 1, 2},
+      {"narrow_k8v4_two_head_tiles", Preset::turboquant_k8v4, 12, 4, 2, 1504, 128, false, 1, 6},
+      {"paired_3bit", Preset::turboquant_3bit_nc, 8, 2, 4, 2064, 128, false, 2, 9},
+      {"d64_4bit", q4, 4, 2, 8, 4096, 64, false, 1, 16},
+      {"d64_4bit_two_head_tiles", q4, 16, 3, 2, 2048, 64, false, 1, 8},
+      {"d64_k8v4", Preset::turboquant_k8v4, 6, 2, 4, 1024, 64, false, 1, 4},
+      {"d256_4bit", q4, 8, 2, 4, 4096, 256, false, 1, 16},
+      {"d256_k8v4", Preset::turboquant_k8v4, 6, 3, 2, 2048, 256, false, 1, 8},
   };
 }
 
@@ -56,6 +62,7 @@ Scenario shape_scenario(const ShapeCase& c) {
   config.num_kv_heads = c.num_kv_heads;
   config.num_q_heads = c.group * c.num_kv_heads;
   config.block_size = 16;
+  config.head_dim = c.head_dim;
   Rng rng(77);
   config.seq_lens.resize(c.batch);
   for (int& length : config.seq_lens) length = static_cast<int>(rng.below(200));

@@ -113,6 +113,22 @@ std::vector<DecodeCase> decode_cases() {
       {"k3v4_large_values", Preset::turboquant_k3v4_nc, 16, 4, 128, 16, {2000, 333}, 16, false, DType::f16, 10000.0f},
       {"q4_d64", p4, 16, 4, 64, 16, {1, 300, 2049}},
       {"q4_d256_sinks", p4, 16, 4, 256, 32, {0, 999}, 0, true},
+      // Head sizes 64 and 256 on the tensor-core kernel (4-bit and fp8 keys):
+      // one and two head tiles at D = 64 (groups 3, 8, 16), groups 1 to 8 at
+      // D = 256 (group 16 there is the scalar kernel's), every block size,
+      // padded blocks, fp16 queries, sinks, large values, grids of several waves.
+      {"q4_d64_g3_bs128_f16", p4, 9, 3, 64, 128, {8191, 1, 130, 0, 4000}, 16, false, DType::f16},
+      {"q4_d64_g8_b40_waves", p4, 64, 8, 64, 16, random_lengths(40, 3000, 24), 0, true},
+      {"q4_d64_g16_bs32_sinks", p4, 32, 2, 64, 32, {4097, 33, 0, 1}, 32, true},
+      {"q4_d256_g6_bs16", p4, 12, 2, 256, 16, {5000, 17, 1, 0, 2049}, 0, false, DType::bf16},
+      {"q4_d256_g8_bs64_pad_f16", p4, 32, 4, 256, 64, {3001, 100, 0, 1000}, 64, true, DType::f16},
+      {"q4_d256_g1_b24_waves", p4, 8, 8, 256, 16, random_lengths(24, 2500, 25)},
+      {"q4_d256_g16_scalar", p4, 32, 2, 256, 16, {1500, 7}, 0, true},
+      {"q4_d256_large_values", p4, 16, 2, 256, 16, {3000, 17, 1200}, 0, true, DType::bf16, 10000.0f},
+      {"k8v4_d64_g16_bs128", Preset::turboquant_k8v4, 32, 2, 64, 128, {3000, 1, 0, 129}, 16, true, DType::f16},
+      {"k8v4_d256_g8_bs32_waves", Preset::turboquant_k8v4, 64, 8, 256, 32, random_lengths(20, 2000, 26), 0, true},
+      {"k8v4_d256_g2_large_values", Preset::turboquant_k8v4, 4, 2, 256, 16, {2000, 333}, 16, false, DType::f16,
+       10000.0f},
   };
   // The token_slots order: every preset in both renormalization modes (fp8
   // keys: raw only), head dims 64 / 128 / 256, groups 3 to 16, block sizes
@@ -237,7 +253,7 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
 INSTANTIATE_TEST_SUITE_P(Grid, DecodeGpu, ::testing::ValuesIn(decode_cases()),
                          [](const auto& info) { return info.param.name; });
 
-TEST(DecodeGpuPath, HopperKernelServesEveryPresetAtHeadDim128OnSm90) {
+TEST(DecodeGpuPath, HopperKernelServesEveryPresetAtHeadDim128And4BitAndFp8KeysAt64And256OnSm90) {
   TQ_SKIP_WITHOUT_GPU();
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
@@ -251,12 +267,30 @@ TEST(DecodeGpuPath, HopperKernelServesEveryPresetAtHeadDim128OnSm90) {
     EXPECT_EQ(choice.path, sm90 ? DecodePath::hopper : DecodePath::cuda_generic) << preset_info(preset).name;
     EXPECT_FALSE(choice.reason.empty());
   }
-  const Scenario small_heads = build({"d64", Preset::turboquant_4bit_nc, 32, 8, 64, 16, {100}});
-  DeviceScenario small_device(small_heads);
-  const LaunchPlan generic = plan_decode(small_device.args());
+  // Head sizes 64 and 256: the tensor-core kernel for 4-bit and fp8 keys
+  // (at D = 256 up to group 8), the scalar kernel for 3-bit keys.
+  for (const Preset preset : {Preset::turboquant_4bit_nc, Preset::turboquant_k8v4}) {
+    for (const int d : {64, 256}) {
+      const Scenario scenario = build({"d", preset, 32, 8, d, 16, {100}});
+      DeviceScenario device(scenario);
+      const LaunchPlan plan = plan_decode(device.args());
+      EXPECT_EQ(plan.path, sm90 ? DecodePath::hopper : DecodePath::cuda_generic) << d << " " << plan.reason;
+      if (!sm90) EXPECT_EQ(plan.generic_kernel, GenericKernel::tensor_core) << d << " " << plan.reason;
+      EXPECT_FALSE(plan.wide_table);
+      EXPECT_EQ(plan.kv_heads_per_cta, 1);
+    }
+  }
+  const Scenario three_bit = build({"d64", Preset::turboquant_k3v4_nc, 32, 8, 64, 16, {100}});
+  DeviceScenario three_bit_device(three_bit);
+  const LaunchPlan generic = plan_decode(three_bit_device.args());
   EXPECT_EQ(generic.path, DecodePath::cuda_generic);
   EXPECT_EQ(generic.generic_kernel, GenericKernel::scalar);
   EXPECT_NE(generic.reason.find("head_dim 64"), std::string::npos) << generic.reason;
+  const Scenario large_group = build({"d256_g16", Preset::turboquant_4bit_nc, 32, 2, 256, 16, {100}});
+  DeviceScenario large_group_device(large_group);
+  const LaunchPlan scalar = plan_decode(large_group_device.args());
+  EXPECT_EQ(scalar.generic_kernel, GenericKernel::scalar);
+  EXPECT_NE(scalar.reason.find("group size 16"), std::string::npos) << scalar.reason;
 }
 
 TEST(DecodeGpuPath, GenericPathTakesTheTensorCoreKernelOnSm80AndNewerUnlessTheScalarIsRequested) {

@@ -116,6 +116,23 @@ TEST(PartitionPolicy, NarrowConfigurationResidentCtasFollowTheDevicesSharedMemor
   EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 16).shared_bytes, 156160);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 16, a100), 1);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 16, sm86), 0);  // 120576 > 101376
+  // Head sizes 64 (two CTAs of 8 warps, one or two head tiles) and 256 (one
+  // CTA of 8 warps, groups up to 8); 3-bit keys have no kernel there.
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 64).shared_bytes, 72832);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16, 64).shared_bytes, 75008);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 256).shared_bytes, 177792);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 8, 256).shared_bytes, 204288);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 16, h200, 64), 2);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 8, sm86, 64), 1);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 8, h200, 256), 1);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 16, h200, 256), 0);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, h200, 64), 0);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 8, a100, 256), 0);  // 204288 > 166912
+  const GridChoice d256 = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 6, 16, 2, 32768, 132, 256);
+  EXPECT_FALSE(d256.wide_table);
+  EXPECT_EQ(d256.kv_heads_per_cta, 1);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 6, false, 256), 1);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 4, false, 64), 2);
 }
 
 // The benchmark shapes (Hq 64, Hk 8 unless stated): the wide shape with one
