@@ -20,7 +20,7 @@ namespace {
 using tqdecode::Preset;
 
 constexpr std::uint64_t kSeed = 0x5e1fc4ecULL;
-constexpr double kLazyRescaleLog2 = 4.0;  // the Hopper kernel's threshold (decode_hopper.cu)
+constexpr double kLazyRescaleLog2 = 4.0;  // the Hopper kernel's threshold (tensor_core/shape.cuh)
 
 Shape check_shape(const char* name, Preset preset, int batch, int context, int q_heads, int kv_heads, int head_dim,
                   int block_size, Lengths lengths, int max_model_len, Scores scores) {

@@ -29,23 +29,36 @@ if len(sys.argv) != 2:
 tree = Path(__file__).resolve().parent.parent
 root = sys.argv[1]
 shutil.copytree(tree, root, ignore=shutil.ignore_patterns("build*", ".git", ".device", "__pycache__"))
-p = root + '/src/cuda/decode_hopper.cu'
-s = open(p).read()
+kernel_dir = root + '/src/cuda/tensor_core'
 def rep(old, new, count=1):
     global s
     assert s.count(old) == count, (old, s.count(old))
     s = s.replace(old, new)
+# The recording helpers, in epilogue.cuh (kernel.cuh includes it before its
+# own code); every instance in one file, so the kernels and tq_phase share a module.
+p = kernel_dir + '/epilogue.cuh'
+s = open(p).read()
 helpers = r'''
-namespace tqdecode::cuda::hopper {
+namespace tqdecode::cuda::tensor_core {
 __device__ long long tq_phase[4096][16];
 __device__ __forceinline__ long long tq_globaltimer() { long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
 __device__ __forceinline__ int tq_cta() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
 #define TQ_MARK(i) do { if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][i] = clock64(); } while (0)
 }
 '''
-# the recording helpers, before the kernel's namespace
 i = s.index('namespace tqdecode')
 s = s[:i] + helpers + s[i:]
+rep("  if (!is_last) return;\n", "  TQ_MARK(7);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n  if (!is_last) return;\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][9] = 1;\n")
+rep("    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);\n  }\n}\n",
+    "    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);\n  }\n  TQ_MARK(8);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n}\n")
+open(p, 'w').write(s)
+for instance in Path(kernel_dir, 'instances').glob('*.cu'):
+    instance.write_text('// every instance is in all.cu in this profiling copy\n')
+p = kernel_dir + '/instances/all.cu'
+s = '#include "../kernel.cuh"\nnamespace tqdecode::cuda::tensor_core {\nTQ_TENSOR_CORE_INSTANCES(TQ_TENSOR_CORE_INSTANTIATE)\n}\n'
+open(p, 'w').write(s)
+p = kernel_dir + '/kernel.cuh'
+s = open(p).read()
 rep("  extern __shared__ __align__(128) std::uint8_t shared[];\n",
     "  extern __shared__ __align__(128) std::uint8_t shared[];\n  if (threadIdx.x == 0 && tq_cta() < 4096) { tq_phase[tq_cta()][10] = tq_globaltimer(); tq_phase[tq_cta()][9] = 0; }\n  TQ_MARK(0);\n")
 rep("  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up\n#endif\n",
@@ -72,9 +85,9 @@ rep("    __syncthreads();\n    for (int row = first_row; row < kCtaRows; row += 
 rep("  if (num_partitions == 1) return;  // finish_row wrote the output\n",
     "  TQ_MARK(6);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n"
     "  if (num_partitions == 1) return;  // finish_row wrote the output\n")
-rep("  if (!is_last) return;\n", "  TQ_MARK(7);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n  if (!is_last) return;\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][9] = 1;\n")
-rep("    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);\n  }\n}\n",
-    "    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);\n  }\n  TQ_MARK(8);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n}\n")
+open(p, 'w').write(s)
+p = kernel_dir + '/instances/all.cu'
+s = open(p).read()
 s += r'''
 #include <algorithm>
 #include <cstdio>
@@ -82,7 +95,7 @@ s += r'''
 namespace tqdecode::cuda {
 void dump_phase_times(int ctas) {
   std::vector<long long> h(4096 * 16);
-  cudaMemcpyFromSymbol(h.data(), hopper::tq_phase, h.size() * sizeof(long long));
+  cudaMemcpyFromSymbol(h.data(), tensor_core::tq_phase, h.size() * sizeof(long long));
   ctas = 0;
   while (ctas < 4096 && h[ctas * 16 + 10] != 0) ++ctas;
   if (ctas == 0) { std::printf("  no phase records\n"); return; }
@@ -116,7 +129,7 @@ void dump_phase_times(int ctas) {
   for (int c = 0; c < ctas; ++c) { const long long* r = &h[c * 16]; long long last = r[9] == 1 ? r[8] : r[7]; cyc += last - r[0]; ns += r[11] - r[10]; }
   std::printf("  clock: %.3f cycles per ns (CTA clocks over globaltimer)\n", cyc / ns);
   std::fill(h.begin(), h.end(), 0LL);
-  cudaMemcpyToSymbol(hopper::tq_phase, h.data(), h.size() * sizeof(long long));
+  cudaMemcpyToSymbol(tensor_core::tq_phase, h.data(), h.size() * sizeof(long long));
 }
 }  // namespace tqdecode::cuda
 '''

@@ -1,5 +1,5 @@
 // Tensor maps of the cache for the bulk tensor copies of the wide shape
-// (decode_hopper.cu). Encoding is host-only work (no device call), so it is
+// (tensor_core/kernel.cuh). Encoding is host-only work (no device call), so it is
 // done per launch and is safe during graph capture; the driver function is
 // looked up once.
 #include <cudaTypedefs.h>

@@ -84,7 +84,7 @@ struct ReduceParams {
 };
 
 /// The wide shape's tensor maps over the cache, its kernel's second argument
-/// (launch_decode_hopper encodes them per launch; cache_tensor_maps.cpp).
+/// (launch_decode_tensor_core encodes them per launch; cache_tensor_maps.cpp).
 /// `records`: the data region as [block][slot][kv head][128 bytes], a box of
 /// 16 slots of one kv head, 128-byte swizzled; `fields`: the metadata region
 /// as [block][kv head x 3 fields][slot] fp16, a box of 16 slots of a kv
@@ -107,7 +107,7 @@ struct FusedDecodeParams {
   bool programmatic_launch;    ///< launched as a programmatic dependent (DecodeWorkspace::set_programmatic_launch)
   /// partitions.scale x log2(e), the base-2 score scale, which the bulk-copy
   /// shapes read here (computed in the kernel, it is reloaded and multiplied
-  /// again per tile at 168 registers; decode_hopper.cu). Last, so the other
+  /// again per tile at 168 registers; tensor_core/kernel.cuh). Last, so the other
   /// fields' offsets, which the narrow shapes' loops are scheduled around,
   /// stay where they were.
   float scale_log2;
@@ -165,7 +165,7 @@ void launch_partitions_generic(const PartitionParams& params, CUstream_st* strea
 /// warps, or 12 for two head tiles at D = 128) also on sm_80 and newer (the
 /// generic path's tensor-core kernel). D = 64 and 256 have the narrow
 /// configuration only (D = 256: groups up to 8).
-void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream);
+void launch_decode_tensor_core(const FusedDecodeParams& params, CUstream_st* stream);
 
 /// Whether the tensor-core kernel exists for this preset and head size.
 bool tensor_core_serves(Preset preset, int head_dim);

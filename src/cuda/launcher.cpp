@@ -178,7 +178,7 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
     // path's plan has the narrow configuration, launched plainly (programmatic
     // dependent launch is an sm_90 feature).
     const bool programmatic = plan.path == DecodePath::hopper && workspace.programmatic_launch() && call.constants_stable;
-    cuda::launch_decode_hopper({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta, programmatic,
+    cuda::launch_decode_tensor_core({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta, programmatic,
                                  call.scale * cuda::kLog2e},
                                stream);
   } else {

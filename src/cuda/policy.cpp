@@ -54,7 +54,7 @@ bool wide_table_kernel(Preset preset, int head_dim) { return preset == Preset::t
 
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table, int head_dim) {
   if (path != DecodePath::hopper) return 2;
-  // decode_hopper.cu, KernelShape: one CTA in the wide-table shape (16
+  // tensor_core/shape.cuh, KernelShape: one CTA in the wide-table shape (16
   // warps, 12 for groups over 8), else the narrow configuration's (at D =
   // 128 two of 8 warps up to group 8, one of 12 beyond; two of 8 at D = 64,
   // one of 8 at D = 256).

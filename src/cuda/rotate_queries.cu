@@ -5,7 +5,7 @@
 // kColumnsPerBlock output columns: PiT's columns and the rows are staged in
 // shared memory with one round of copies, then each thread sums over i in
 // order with fmaf (the CPU reference's order) for RowsPerThread rows of its
-// column. (The Hopper kernel rotates on the tensor cores, hopper_rotation.cuh:
+// column. (The Hopper kernel rotates on the tensor cores, tensor_core/rotation.cuh:
 // the same fp32 product to about 2^-16, not the same bits.) Few rows (small batches) are latency-bound: one row per thread,
 // many small CTAs, one round trip to L2. Many rows are bound by the FMAs and
 // by each CTA's copy of PiT's columns: eight rows per thread use every

@@ -364,7 +364,7 @@ INSTANTIATE_TEST_SUITE_P(QueryDtypes, DecodeCpu, testing::Values(DType::bf16, DT
 // The GPU decode tests' large-value cases (test_decode_gpu.cpp) rely on
 // this: values of amplitude 10^4 stay in fp16 range, and many vectors get a
 // value scale over 4094, the largest the Hopper kernel's lazy rescale takes
-// (decode_hopper.cu, kMaxLazyValueScale), so their tiles take the exact path.
+// (tensor_core/shape.cuh, kMaxLazyValueScale), so their tiles take the exact path.
 TEST(ScenarioValues, AmplitudeTenThousandGivesScalesPastTheLazyRescaleLimit) {
   ScenarioConfig config;
   config.seq_lens = {3000, 17, 1200, 0, 2500};

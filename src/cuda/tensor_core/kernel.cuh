@@ -1,6 +1,7 @@
 // The tensor-core ("Hopper") kernel: the whole decode step for every preset at
 // D = 128 — turboquant_4bit_nc (the headline profile), turboquant_k3v4_nc,
-// turboquant_3bit_nc and turboquant_k8v4 — in one launch, built for sm_90a
+// turboquant_3bit_nc and turboquant_k8v4 — and for turboquant_4bit_nc and
+// turboquant_k8v4 at D = 64 and 256 (shape.cuh), in one launch, built for sm_90a
 // (the Hopper path) and sm_80 (its narrow configuration, 128-byte table
 // rows, also serves the generic path on sm_80 and newer: GenericKernel::tensor_core).
 // The presets share everything after the scores; they differ in how keys
@@ -23,13 +24,13 @@
 // serving two kv heads; one CTA of 12 warps for groups over 8, with the wide
 // table for 4-bit keys (KernelShape). On
 // the Hopper path the kernel is launched as a programmatic dependent
-// (launch_decode_hopper): its CTAs may start while the previous kernel of
+// (launch_decode_tensor_core): its CTAs may start while the previous kernel of
 // the stream drains. A CTA
 // 0. builds the key lookup table from the centroids (and in the 16-warp
 //    shapes loads PiT's operands), model constants that no kernel writes
 //    just before a decode (decode.hpp), then waits for the previous kernel;
 // 1. puts its first tiles in flight, then rotates the query heads of its
-//    group (q_rot = bf16(q @ PiT) on the tensor cores, hopper_rotation.cuh);
+//    group (q_rot = bf16(q @ PiT) on the tensor cores, rotation.cuh);
 // 2. streams its token range in 16-token tiles, warps taking tiles round
 //    robin, each warp keeping kStages tiles in flight in its own ring of
 //    shared-memory stages (cp.async; in the wide shape bulk tensor copies,
@@ -75,276 +76,43 @@
 // Shared-memory tiles are XOR-swizzled by token so the 16- and 8-byte
 // operand loads are free of bank conflicts.
 //
-// Files: the tile layouts and their copies are in hopper_tile_layout.cuh, the
-// bulk tensor copies and barriers in hopper_bulk_copy.cuh (their tensor maps
-// in cache_tensor_maps.cpp), the register-level operations (packing, mma,
-// transpose) in hopper_fragments.cuh, the query rotation in hopper_rotation.cuh.
+// Files (src/cuda/tensor_core/), by stage:
+//   shape.cuh        instance shapes (warps, resident CTAs) and shared-memory layouts
+//   tile_layout.cuh  where a tile lives in a ring stage, per key format and head size; its cp.async copies
+//   bulk_copy.cuh    the wide shape's bulk tensor copies and barriers (tensor maps: ../cache_tensor_maps.cpp)
+//   prologue.cuh     the key lookup table
+//   rotation.cuh     the query rotation on the tensor cores
+//   fragments.cuh    register-level operations (packing, mma, transpose)
+//   kernel.cuh       this file: decode_cta (stages 0 to 3), the kernel, its launch
+//   epilogue.cuh     writing outputs, stage 4 (the partitions' reduction)
+//   launch.hpp       the instances; instances/<format>_d<D>.cu compile one each
+//   dispatch.cu      the one dispatch of a call to its instance (../dispatch.hpp), the policy's footprints
+#pragma once
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda_check.hpp"
-#include "device_utils.cuh"
-#include "dynamic_shared_memory.hpp"
-#include "hopper_bulk_copy.cuh"
-#include "hopper_fragments.cuh"
-#include "hopper_rotation.cuh"
-#include "hopper_tile_layout.cuh"
-#include "kernel_params.hpp"
-#include "partition_merge.cuh"
-#include "policy.hpp"
-#include "tqdecode/error.hpp"
+#include "../cuda_check.hpp"
+#include "../device_utils.cuh"
+#include "../dynamic_shared_memory.hpp"
+#include "../kernel_params.hpp"
+#include "../partition_merge.cuh"
+#include "../policy.hpp"
+#include "bulk_copy.cuh"
+#include "epilogue.cuh"
+#include "fragments.cuh"
+#include "launch.hpp"
+#include "prologue.cuh"
+#include "rotation.cuh"
+#include "shape.cuh"
+#include "tile_layout.cuh"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/partition.hpp"
 
-namespace tqdecode::cuda {
-
-namespace hopper {
-
-constexpr int kStages = 4;          // tiles in flight per warp
-constexpr float kLn2 = 0.6931471805599453f;
-
-static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
-
-/// Per-warp partial results of a CTA, merged before the partition's are
-/// written: first each row's maximum, sum and warp weights, once per row,
-/// then the weighted outputs, one head dim per thread.
-template <int Warps, int Rows, int HeadDim>
-struct MergeStorage {
-  static_assert(Warps <= 32, "one lane per warp in the row merge");
-  float out[Warps][Rows][HeadDim];
-  float max[Warps][Rows];
-  float sum[Warps][Rows];
-  alignas(16) float weight[Rows][Warps];  // exp2(max - the row's merged max), 0 for a warp without tiles
-  float merged_max[Rows];     // base-2 units
-  float merged_sum[Rows];     // NaN when a warp's row is NaN
-};
-
-// The online softmax moves a row's reference maximum only when a score
-// exceeds it by more than this (base-2 units), as FlashAttention-4 does: a
-// maximum that creeps up in small steps (a new record in about 1 of k tiles
-// at tile k) no longer costs a rescale of the 40 accumulators each time.
-// The sums and outputs are exact for any reference.
-constexpr float kLazyRescaleLog2 = 4.0f;
-// P' = p * value scale is an fp16 mma operand; with p <= 2^kLazyRescaleLog2 it
-// stays finite for scales up to this (value ranges up to about 61000).
-constexpr float kMaxLazyValueScale = 65504.0f / 16.0f;
-static_assert(kLazyRescaleLog2 == 4.0f, "kMaxLazyValueScale assumes p <= 16");
-
-// Slot of (row, dim) in the query rows, which hold the mma operand's 16-bit
-// fp16 values: the 8-byte units u (4 dims) are XOR-swizzled by the row mod 4
-// (and at D = 128 the half row, at D = 256 the lane's quarter u >> 4), so the
-// operand build's 8-byte reads (lane (g, c): row g, dims (D/4)c + 4ks..+3)
-// are free of bank conflicts per half warp.
-template <int HeadDim>
-__device__ __forceinline__ int query_slot(int row, int dim) {
-  if constexpr (HeadDim == 64) return row * HeadDim + (dim ^ ((row & 3) << 2));
-  if constexpr (HeadDim == 256) return row * HeadDim + (dim ^ (((4 * (row & 3) + (dim >> 6)) & 15) << 2));
-  return row * HeadDim + (dim ^ ((2 * (row & 3) + ((dim >> 6) & 1)) << 2));
-}
-
-// Position of `dim` in a merge row: dim pairs XOR-swizzled within each
-// 32-dim chunk by the row pair (and at D = 128 and 256 the lane's dim run),
-// so the merge's 8-byte stores (lane (g, c): dims (D/8)g + 2m, + 1 of rows
-// 2c + e) are free of bank conflicts per half warp (unswizzled they were
-// 16-way), and the reads of whole rows stay so.
-template <int HeadDim>
-__device__ __forceinline__ int merge_dim(int row, int dim) {
-  if constexpr (HeadDim == 64) return dim ^ (2 * ((row >> 1) & 3));
-  if constexpr (HeadDim == 256) return dim ^ (2 * ((4 * ((dim >> 5) & 3) + ((row >> 1) & 3)) & 15));
-  return dim ^ ((4 * ((row >> 1) & 3) + 2 * (dim >> 5)) & 15);
-}
-
-/// Shape of a kernel instance. Wide: 4-bit keys, one CTA per SM sharing a
-/// 64 KB lookup table whose 256-byte rows make each lookup's address one
-/// byte permute (entry byte in bits 8..15, lane in bits 2..6). At two head
-/// tiles (groups over 8) always, 12 warps; at one, 16 warps, chosen for
-/// grids of few waves (policy.cpp, choose_grid), and with two, four or eight
-/// kv heads per CTA for larger grids: kv heads hy .. hy + h - 1 of one
-/// sequence, 16 / h warps each, sharing the table, the block table and the
-/// rotation, so an SM streams h work items at once with the wide table's
-/// shorter loop. Otherwise the narrow configuration, a table of 128-byte rows
-/// (a shift and a LOP3 per 4-bit lookup): two CTAs of 8 warps per SM, or at
-/// two head tiles one CTA of 12 warps at 168 registers (the other presets,
-/// and 4-bit keys on sm_80); on sm_90 the other presets also have one CTA of
-/// 16 warps per SM serving two kv heads, 8 warps each (HeadsPerCta 2), as two
-/// 8-warp CTAs would but with the SM's issue slots shared evenly: two CTAs on
-/// one SM do not end together, and the one left streams with half the warps.
-/// Head sizes 64 and 256 have the narrow configuration with one kv head per
-/// CTA: two CTAs of 8 warps per SM at D = 64 (one or two head tiles), one of
-/// 8 warps at D = 256 (one head tile; its accumulators take as many
-/// registers as two head tiles at D = 128, about 205 a thread).
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
-struct KernelShape {
-  static_assert(HeadDim == 128 || (!Wide && HeadsPerCta == 1 && (HeadDim == 64 || HeadTiles == 1)),
-                "D = 64: the narrow configuration; D = 256: also one head tile");
-  static_assert(!Wide || Format == CacheFormat::mse4, "the wide table serves 4-bit keys");
-  static_assert(HeadsPerCta == 1 ||
-                    (HeadTiles == 1 && (Wide ? HeadsPerCta == 2 || HeadsPerCta == 4 || HeadsPerCta == 8
-                                             : HeadsPerCta == 2 && Format != CacheFormat::mse4)),
-                "two, four or eight kv heads per CTA in the wide shape, two in the narrow one (not 4-bit keys, "
-                "which have the wide shape), with one head tile only");
-  static constexpr bool kWideTable = Wide;
-  // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
-  // warps fill the register file (8 leave a third of it idle, and two warps
-  // per scheduler to cover the loop's latencies); 16 warps at 128 registers
-  // need the query operand in shared memory and one S^T chain per head tile,
-  // which is slower (docs/PERFORMANCE.md).
-  static constexpr int kWarps = HeadDim != 128 ? 8 : HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 ? 16 : 8;
-  static constexpr int kHeadsPerCta = HeadsPerCta;
-  static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kResidentCtas = kWarps > 8 || HeadDim == 256 ? 1 : 2;
-  static constexpr int kHeadDim = HeadDim;
-  // The S^T product's k-steps and the O^T product's dim tiles (16 dims each).
-  static constexpr int kDimTiles = HeadDim / 16;
-  // MSE keys: PiT's operands are loaded before the wait for the previous
-  // kernel instead of after the first tiles are issued, so the rotation
-  // overlaps that kernel's tail. In the 16-warp shapes; the others keep
-  // PiT's operand registers free across the tile issue.
-  static constexpr bool kPiTBeforeWait = kWarps >= 12;
-  // The wide shape's tiles come by bulk tensor copies (hopper_bulk_copy.cuh):
-  // one instruction by one lane per tile and tensor map, where cp.async took
-  // a copy plan read back from shared memory and five 16-byte copies per
-  // lane, and its stream is unrolled by the ring's stages, so every stage
-  // and barrier address is an immediate: fewer instructions a tile, which
-  // matters most where the loop is bound by issue (group 16).
-  static constexpr bool kBulkCopy = kWideTable;
-  // The softmax takes each score less its row's maximum as one FFMA (score
-  // sum x norm - max) instead of a multiply and, for the exponent, a
-  // subtraction: fewer instructions a tile at two head tiles, whose loop is
-  // bound by its instruction count; the rescale, which then recovers the
-  // scores, costs more, so the other shapes are slower with it.
-  static constexpr bool kScoresLessMax = kBulkCopy && HeadTiles == 2;
-  // P' = fp16(p) x value scale, one HMUL2 per token and head pair, instead of
-  // two FMULs and a pack. In the bulk-copy shapes only, like the fields'
-  // one-offset addressing and the host's score scale: in the narrow 3-bit
-  // loops the compiler schedules them worse at the same instruction count.
-  static constexpr bool kHalfScaledProbabilities = kBulkCopy;
-  static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
-  static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
-  // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
-  static constexpr int kRowStep = kThreads / HeadDim;
-  static_assert(kThreads % HeadDim == 0, "whole rows per thread group");
-  static constexpr int kRowsPerThread = (kCtaRows + kRowStep - 1) / kRowStep;
-};
-
-/// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][query bits][issue plans]
-/// (the wide shape keeps the query bits in the rings before the main loop).
-/// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
-/// to an fp16 pair, one copy per lane.
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
-struct SharedLayout {
-  using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
-  static constexpr int kCodebookSize = Format == CacheFormat::mse4 ? 16 : three_bit_keys(Format) ? 8 : 0;
-  static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
-  static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
-  static constexpr int kLutBytes = kLutEntries * kLutRowBytes;
-  using Layout = TileLayout<Format, HeadDim>;
-  // The rings. With cp.async, warp w's stage s at kLutBytes + (w kStages + s)
-  // kStageBytes, fields included. With bulk tensor copies (the wide shape),
-  // the tiles' fields first, (w kStages + s) kFieldsStride from kFieldsOffset,
-  // then the records, stage s of warp w at records + (s kWarps + w) 2048
-  // with `records` rounded up to 1024 bytes at run time (the copy engine's
-  // 128-byte swizzle repeats every 1024 bytes; the dynamic shared memory
-  // follows the static), so the last stages of all warps are one area.
-  static constexpr bool kBulkCopy = Shape::kBulkCopy;
-  static constexpr int kFieldBytes = Layout::kFields * kTileTokens * 2;  // of a tile
-  static constexpr int kFieldsStride = 128;  // a bulk tensor copy's destination is 128-byte aligned
-  static constexpr int kFieldsOffset = kLutBytes;
-  static constexpr int kRecordsOffset = kBulkCopy ? kFieldsOffset + Shape::kWarps * kStages * kFieldsStride : kLutBytes;
-  static constexpr int kRecordsAlign = 1024;
-  static constexpr int kStageStride = kBulkCopy ? Shape::kWarps * Layout::kMetaOffset : Layout::kStageBytes;  // a warp's stage s to s + 1
-  static constexpr int kWarpRingStride = kBulkCopy ? Layout::kMetaOffset : kStages * Layout::kStageBytes;     // warp w's ring to w + 1's
-  static constexpr int kRingEnd =
-      kBulkCopy ? kRecordsOffset + kRecordsAlign + kStages * kStageStride : kLutBytes + Shape::kWarps * kStages * Layout::kStageBytes;
-  using Merge = MergeStorage<Shape::kWarpsPerHead, Shape::kCtaRows, HeadDim>;
-  // The merge reuses the table and the rings once the stream is done.
-  static constexpr int kMainBytes = std::max(kRingEnd, static_cast<int>(sizeof(Merge)));
-  // The query rows as the mma operand's 16-bit values (query_slot).
-  static constexpr int kQueryOffset = kMainBytes;
-  static constexpr int kQueryBytes = Shape::kCtaRows * HeadDim * 2;
-  // MSE keys: the query's bits, the rotation's input (hopper_rotation.cuh),
-  // in head tiles of 8 rows. The bulk-copy shapes keep them in the rings'
-  // last stages, which nothing uses before the main loop issues its first
-  // tiles there; the others after the query rows.
-  static constexpr int kQueryBitsStride = query_bits_stride(HeadDim);
-  static constexpr int kQueryBitsTileBytes = kHeadsPerTile * kQueryBitsStride * 2;
-  static constexpr bool kQueryBitsInRings = kBulkCopy;
-  static_assert(!kQueryBitsInRings || Shape::kCtaRows / kHeadsPerTile * kQueryBitsTileBytes <= kStageStride,
-                "the query bits fit the last stages of the bulk-copy rings");
-  /// Elements from one head tile of query bits to the next.
-  static constexpr int kQueryBitsTileStride = kQueryBitsTileBytes / 2;
-  static constexpr int kQueryBitsBytes = kCodebookSize && !kQueryBitsInRings ? Shape::kCtaRows * kQueryBitsStride * 2 : 0;
-  // One copy plan per lane, the same for every warp of the CTA: read back
-  // from here for each tile, since recomputing it in the loop (what the
-  // compiler does at 128 registers) costs about 70 instructions per tile.
-  // Bulk copies need none; they have one barrier per stage.
-  static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
-  static constexpr int kPlanBytes = kBulkCopy ? 0 : HeadsPerCta * 32 * static_cast<int>(sizeof(typename Layout::IssuePlan));
-  static constexpr int kBarrierOffset = kPlanOffset + kPlanBytes;
-  // D = 128: 208384 (4-bit, wide), 210432, 214528 and 222720 (two, four
-  // and eight kv heads), 175488 (4-bit, wide, two head tiles), each with up
-  // to 1 KB of alignment, 107648 (4-bit), 82048 (k3v4), 82560 (3bit), 103936
-  // (fp8); two kv heads (16 warps): 155904 (k3v4), 156928 (3bit), 207872
-  // (fp8); two head tiles (12 warps): 146688, 120576, 121088, 156160
-  static constexpr int kBytes = kBarrierOffset + (kBulkCopy ? Shape::kWarps * kStages * 8 : 0);
-  // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
-  // per CTA, 128 bytes static.
-  static_assert(kBytes <= 227 * 1024, "dynamic shared memory per CTA");
-  static_assert(Shape::kResidentCtas * (kBytes + 1024 + 128) <= 228 * 1024, "resident CTAs per SM must fit");
-};
-
-// 2^exponent for exponents in [-126, 127].
-__device__ __forceinline__ float power_of_two(int exponent) { return __uint_as_float(static_cast<unsigned>(127 + exponent) << 23); }
-
-// The key lookup table, each warp writing whole 32-lane rows: entry (high
-// code, low code) -> fp16 (centroid[low], centroid[high]) x 2^e. fp16 keeps
-// 11 significant bits of each centroid where bf16 kept 8, and the scores'
-// error on sharply peaked attention drops with it; e (returned) brings the
-// largest centroid into [1, 2) (codebooks of unit vectors hold values under
-// 1), never below: the rotated query is scaled by 2^-e, so the product needs
-// no correction. 0 for a zero or non-finite largest centroid.
-template <class Shared, int Warps>
-__device__ __forceinline__ int build_lookup_table(std::uint8_t* shared, const float* centroids, int warp, int lane) {
-  constexpr int kCodes = Shared::kCodebookSize;
-  float codebook[kCodes];
-  float largest = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kCodes; ++i) {
-    codebook[i] = __ldg(centroids + i);
-    largest = fmaxf(largest, fabsf(codebook[i]));
-  }
-  const int floor_log2 = static_cast<int>((__float_as_uint(largest) >> 23) & 0xffu) - 127;
-  const int exponent = largest > 0.0f && largest < INFINITY ? max(0, min(60, -floor_log2)) : 0;
-  const float scale = power_of_two(exponent);
-  for (int low_code = warp; low_code < kCodes; low_code += Warps) {
-    const float low = __ldg(centroids + low_code);  // not codebook[low_code]: a runtime index puts the array on the stack
-#pragma unroll
-    for (int high_code = 0; high_code < kCodes; ++high_code) {
-      reinterpret_cast<std::uint32_t*>(shared)[(high_code * kCodes + low_code) * (Shared::kLutRowBytes / 4) + lane] =
-          pack_f16(low * scale, codebook[high_code] * scale);
-    }
-  }
-  return exponent;
-}
-
-// Element `dim` of the output row of (sequence `batch`, query head `hq`).
-__device__ __forceinline__ void store_output(const ReduceParams& r, int batch, std::int64_t hq, int dim, float value) {
-  store_from_float(r.output, r.output_dtype, batch * r.output_stride_batch + hq * r.output_stride_head + dim, value);
-}
-
-// An output element of a row with one partition (max in natural-log units):
-// the fused reduction's arithmetic for N = 1, without the trip through memory.
-__device__ __forceinline__ float single_partition_element(float max, float sum, float out, bool has_sink, float sink) {
-  const float merged_max = merge_max(sink, max_for_merge(max));
-  const float weight = partition_weight(max, sum, merged_max);
-  const float own_weight = output_weight(weight, weight, partition_has_tokens(max, sum), partition_is_nan(max, sum),
-                                         has_sink, sink, merged_max);
-  return own_weight != 0.0f ? fmaf(own_weight, out, 0.0f) : 0.0f;
-}
+namespace tqdecode::cuda::tensor_core {
 
 // HeadTiles: 8-head tiles of the query group (1 for groups up to 8, else 2).
 // Keys: 4-bit (turboquant_4bit_nc) or 3-bit (turboquant_k3v4_nc) MSE keys
@@ -385,7 +153,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   // kernel just before the decode); every other input may be. PiT's loads
   // (KernelShape::kPiTBeforeWait) are in flight until the rotation uses them.
   // MSE keys: warp w computes output-dim tiles w, w + kWarps, ... of the
-  // rotated query (hopper_rotation.cuh) in passes of kRotationKSteps k-steps;
+  // rotated query (rotation.cuh) in passes of kRotationKSteps k-steps;
   // with one tile and one pass per warp (D = 64, 128) PiT's operands load once.
   constexpr int kRotationTiles = HeadDim / 16;
   constexpr int kRotationKSteps = rotation_k_steps(HeadDim);
@@ -566,7 +334,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         }
       }
     } else {
-      // MSE keys: the rotation on the tensor cores (hopper_rotation.cuh).
+      // MSE keys: the rotation on the tensor cores (rotation.cuh).
       // The wide shape: in the rings' last stages (SharedLayout).
       auto* query_bits = reinterpret_cast<std::uint16_t*>(
           shared + (Shared::kQueryBitsInRings ? records_offset + (kStages - 1) * Shared::kStageStride
@@ -1203,79 +971,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   if (num_partitions == 1) return;  // finish_row wrote the output
 
   // ---- 4. the last CTA of (sequence, kv heads) reduces the partitions --------
-  // The barriers around thread 0's acquire-release arrival order this CTA's
-  // partition writes before it and the earlier CTAs' writes before the
-  // reduction's loads (arrive_acq_rel).
-  __shared__ bool is_last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned* arrival = params.arrivals + static_cast<std::int64_t>(batch) * num_kv_heads + first_head;
-    is_last = arrive_acq_rel(arrival) == static_cast<unsigned>(num_partitions - 1);
-    if (is_last) *arrival = 0u;  // ready for the next launch (graph replay)
-  }
-  __syncthreads();
-  if (!is_last) return;
-  // One warp per output row, or per half row where the CTA has twice as many
-  // warps as rows (the 16-warp shape with one kv head: all warps load); lane
-  // q holds partition q's max and sum. The partitions' rows are loaded
-  // together with their maxima and sums, kRowBatch at a time, so the
-  // reduction costs one round trip to L2 for N <= kRowBatch.
-  // The merge rule is partition_merge.cuh's, shared with the CUDA and CPU reducers.
-  static_assert(kMaxPartitions <= 32, "one lane per partition");
-  constexpr int kRowParts = kWarps >= 2 * kCtaRows ? 2 : 1;
-  constexpr int kLaneDims = HeadDim / 32 / kRowParts;  // dims first_dim + kLaneDims lane, ...
-  constexpr int kRowBatch = std::min(16, 64 / kLaneDims);  // at most 64 registers of partition rows
-  constexpr int kVectorDims = std::min(kLaneDims, 4);
-  constexpr int kVectors = kLaneDims / kVectorDims;
-  using LaneVector = std::conditional_t<kVectorDims == 4, float4, std::conditional_t<kVectorDims == 2, float2, float>>;
-  union LaneValues {
-    LaneVector vector[kVectors];
-    float element[kLaneDims];
-  };
-  for (int item = warp; item < kCtaRows * kRowParts; item += kWarps) {
-    const int row = item / kRowParts;
-    if (!row_valid(row)) continue;
-    const int first_dim = (item % kRowParts) * (HeadDim / kRowParts) + kLaneDims * lane;
-    const std::int64_t hq = query_head(row);
-    const std::int64_t base = (static_cast<std::int64_t>(batch) * p.num_q_heads + hq) * num_partitions;
-    const bool present = lane < num_partitions;
-    const float max = present ? __ldcg(p.part_max + base + lane) : -INFINITY;
-    const float sum = present ? __ldcg(p.part_sum + base + lane) : 0.0f;
-    LaneValues rows[kRowBatch];  // dims first_dim .. + kLaneDims - 1 of partitions q0 + i
-    const auto load_rows = [&](int q0) {
-#pragma unroll
-      for (int i = 0; i < kRowBatch; ++i) {
-        const float* partition_row = p.part_out + (base + q0 + i) * HeadDim;
-#pragma unroll
-        for (int v = 0; v < kVectors; ++v) {
-          rows[i].vector[v] = q0 + i < num_partitions
-                                  ? __ldcg(reinterpret_cast<const LaneVector*>(partition_row + first_dim + kVectorDims * v))
-                                  : LaneVector{};
-        }
-      }
-    };
-    load_rows(0);
-    const float sink = has_sink ? __ldg(r.sinks + hq) : -INFINITY;
-    const bool any_tokens = __any_sync(kFullMask, partition_has_tokens(max, sum));
-    const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
-    const float merged_max = merge_max(sink, warp_max(max_for_merge(max)));
-    const float weight = present ? partition_weight(max, sum, merged_max) : 0.0f;
-    const float own_weight = output_weight(weight, warp_sum(weight), any_tokens, any_nan, has_sink, sink, merged_max);
-    float value[kLaneDims] = {};
-    for (int q0 = 0; q0 < num_partitions; q0 += kRowBatch) {
-      if (q0 > 0) load_rows(q0);
-#pragma unroll
-      for (int i = 0; i < kRowBatch; ++i) {
-        const float w = __shfl_sync(kFullMask, own_weight, (q0 + i) & 31);
-        if (q0 + i < num_partitions && w != 0.0f) {
-#pragma unroll
-          for (int j = 0; j < kLaneDims; ++j) value[j] = fmaf(w, rows[i].element[j], value[j]);
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);
-  }
+  reduce_partitions_in_cta<Shape>(params, batch, first_head, group, warp, lane);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -1321,12 +1017,9 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, maps));
 }
 
-// Head sizes 64 and 256 (the narrow configuration) for the formats that have them.
-template <CacheFormat Format>
-constexpr bool serves_head_dim(int head_dim) {
-  return head_dim == 128 || (!three_bit_keys(Format) && (head_dim == 64 || head_dim == 256));
-}
-
+// The instance of a (head size, key format) for the call's group size and
+// the plan's shape (wide table, kv heads per CTA): launch.hpp declares it,
+// instances/ define one per file.
 template <int HeadDim, CacheFormat Format>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
@@ -1357,69 +1050,4 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   }
 }
 
-// The one map from preset to key format: visit.template operator()<Format>().
-template <class Visit>
-auto visit_key_format(Preset preset, Visit&& visit) {
-  switch (preset) {
-    case Preset::turboquant_k8v4: return visit.template operator()<CacheFormat::fp8>();
-    case Preset::turboquant_k3v4_nc: return visit.template operator()<CacheFormat::mse3>();
-    case Preset::turboquant_3bit_nc: return visit.template operator()<CacheFormat::mse3_v3>();
-    default: return visit.template operator()<CacheFormat::mse4>();
-  }
-}
-
-// The one map from head size to its template argument: visit.template operator()<D>().
-template <class Visit>
-auto visit_head_dim(int head_dim, Visit&& visit) {
-  switch (head_dim) {
-    case 64: return visit.template operator()<64>();
-    case 256: return visit.template operator()<256>();
-    default: return visit.template operator()<128>();
-  }
-}
-
-}  // namespace hopper
-
-bool tensor_core_serves(Preset preset, int head_dim) {
-  return hopper::visit_key_format(preset, [&]<hopper::CacheFormat Format>() { return hopper::serves_head_dim<Format>(head_dim); });
-}
-
-// The one dispatch point: key format (preset), head size and group size.
-void launch_decode_hopper(const FusedDecodeParams& params, CUstream_st* stream) {
-  const CacheLayout& layout = params.partitions.layout;
-  TQ_REQUIRE(tensor_core_serves(layout.preset, layout.head_dim), "head_dim",
-             std::to_string(layout.head_dim) + " has no tensor-core kernel for " + preset_info(layout.preset).name);
-  hopper::visit_key_format(layout.preset, [&]<hopper::CacheFormat Format>() {
-    hopper::visit_head_dim(layout.head_dim, [&]<int HeadDim>() {
-      if constexpr (hopper::serves_head_dim<Format>(HeadDim)) hopper::launch_for_group<HeadDim, Format>(params, stream);
-    });
-  });
-}
-
-NarrowFootprint narrow_footprint(Preset preset, int group_size, int head_dim) {
-  return hopper::visit_key_format(preset, [&]<hopper::CacheFormat Format>() -> NarrowFootprint {
-    return hopper::visit_head_dim(head_dim, [&]<int HeadDim>() -> NarrowFootprint {
-      if constexpr (!hopper::serves_head_dim<Format>(HeadDim)) {
-        return {0, 0};
-      } else {
-        if (group_size > kHeadsPerTile) {
-          if constexpr (HeadDim == 256) {
-            return {0, 0};  // one head tile only
-          } else {
-            return {hopper::SharedLayout<HeadDim, 2, Format, false>::kBytes,
-                    hopper::KernelShape<HeadDim, 2, Format, false>::kResidentCtas};
-          }
-        }
-        return {hopper::SharedLayout<HeadDim, 1, Format, false>::kBytes,
-                hopper::KernelShape<HeadDim, 1, Format, false>::kResidentCtas};
-      }
-    });
-  });
-}
-
-bool tensor_core_kernel_runnable() {
-  cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, hopper::decode_kernel<128, 1, hopper::CacheFormat::mse4, false, 1>) == cudaSuccess;
-}
-
-}  // namespace tqdecode::cuda
+}  // namespace tqdecode::cuda::tensor_core

@@ -1,6 +1,6 @@
 // Where one 16-token tile of the paged cache lives in a stage of a Hopper
 // decode warp's shared-memory ring, and how cp.async gets it there, per cache
-// format (internal; used by decode_hopper.cu). Every layout keeps the lanes'
+// format (internal; used by kernel.cuh). Every layout keeps the lanes'
 // operand loads free of bank conflicts (or at most pairwise) and makes each
 // 32-byte sector of the cache come from one copy instruction.
 #pragma once
@@ -11,10 +11,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "hopper_fragments.cuh"
-#include "kernel_params.hpp"
+#include "fragments.cuh"
+#include "../kernel_params.hpp"
 
-namespace tqdecode::cuda::hopper {
+namespace tqdecode::cuda::tensor_core {
 
 constexpr int kTileTokens = kHopperTileTokens;
 
@@ -97,6 +97,16 @@ struct TokenRunCopy {
 //   mse3_v3  3-bit MSE keys, 3-bit values (turboquant_3bit_nc)
 //   fp8      fp8 keys, 4-bit values (turboquant_k8v4)
 enum class CacheFormat { mse4, mse3, mse3_v3, fp8 };
+
+/// The key format of a preset.
+constexpr CacheFormat cache_format(Preset preset) {
+  switch (preset) {
+    case Preset::turboquant_k8v4: return CacheFormat::fp8;
+    case Preset::turboquant_k3v4_nc: return CacheFormat::mse3;
+    case Preset::turboquant_3bit_nc: return CacheFormat::mse3_v3;
+    default: return CacheFormat::mse4;
+  }
+}
 
 constexpr bool three_bit_keys(CacheFormat format) { return format == CacheFormat::mse3 || format == CacheFormat::mse3_v3; }
 constexpr int value_bits(CacheFormat format) { return format == CacheFormat::mse3_v3 ? 3 : 4; }
@@ -462,4 +472,4 @@ __device__ __forceinline__ __half tile_field(const std::uint8_t* fields, int fie
   return load_shared<__half>(fields + 32 * field + 2 * token);
 }
 
-}  // namespace tqdecode::cuda::hopper
+}  // namespace tqdecode::cuda::tensor_core

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-namespace tqdecode::cuda::hopper {
+namespace tqdecode::cuda::tensor_core {
 
 constexpr std::uint32_t kHalfOnes = 0x3c003c00u;  // fp16 (1, 1)
 
@@ -80,4 +80,4 @@ __device__ __forceinline__ std::uint32_t mask_or(std::uint32_t x) {
   return result;
 }
 
-}  // namespace tqdecode::cuda::hopper
+}  // namespace tqdecode::cuda::tensor_core

@@ -1,12 +1,12 @@
 // The bulk tensor copy engine (TMA) and its shared-memory barriers, as the
 // wide shape's tile copies use them (internal; sm_90 only, used by
-// decode_hopper.cu): one instruction by one lane per tile and tensor map
+// tensor_core/kernel.cuh): one instruction by one lane per tile and tensor map
 // instead of one cp.async per 16 bytes and lane, and no per-lane copy plan.
 #pragma once
 
 #include <cstdint>
 
-namespace tqdecode::cuda::hopper {
+namespace tqdecode::cuda::tensor_core {
 
 /// True in one lane of the (converged) warp.
 __device__ __forceinline__ bool elect_one_lane() {
@@ -70,4 +70,4 @@ __device__ __forceinline__ void bulk_tensor_load(std::uint32_t destination, cons
       : "memory");
 }
 
-}  // namespace tqdecode::cuda::hopper
+}  // namespace tqdecode::cuda::tensor_core

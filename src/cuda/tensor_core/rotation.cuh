@@ -26,10 +26,10 @@
 
 #include <cstdint>
 
-#include "hopper_fragments.cuh"
-#include "hopper_tile_layout.cuh"
+#include "fragments.cuh"
+#include "tile_layout.cuh"
 
-namespace tqdecode::cuda::hopper {
+namespace tqdecode::cuda::tensor_core {
 
 /// The query's bits in shared memory, row r of a head tile at
 /// r * query_bits_stride(D): the 8-element pad makes the B-fragment reads
@@ -155,4 +155,4 @@ __device__ __forceinline__ void store_rotation(const RotationSums<HeadTiles>& su
   }
 }
 
-}  // namespace tqdecode::cuda::hopper
+}  // namespace tqdecode::cuda::tensor_core

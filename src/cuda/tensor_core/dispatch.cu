@@ -1,0 +1,71 @@
+// The tensor-core decode kernel's entry points (internal, kernel_params.hpp):
+// the one dispatch of a call to its instance, and what the policy asks of
+// the kernel's shapes.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "../dispatch.hpp"
+#include "../kernel_params.hpp"
+#include "../policy.hpp"
+#include "launch.hpp"
+#include "shape.cuh"
+#include "tqdecode/error.hpp"
+
+namespace tqdecode::cuda {
+
+namespace {
+
+// Compiled with the same targets as the instances: if the device can run it, it can run them.
+__global__ void tensor_core_probe_kernel() {}
+
+}  // namespace
+
+bool tensor_core_serves(Preset preset, int head_dim) {
+  return visit_preset(preset, [&]<Preset P>() { return tensor_core::serves_head_dim<tensor_core::cache_format(P)>(head_dim); });
+}
+
+// The one dispatch point: key format (preset), head size, then (in the
+// instance) group size and the plan's shape.
+void launch_decode_tensor_core(const FusedDecodeParams& params, CUstream_st* stream) {
+  const CacheLayout& layout = params.partitions.layout;
+  TQ_REQUIRE(tensor_core_serves(layout.preset, layout.head_dim), "head_dim",
+             std::to_string(layout.head_dim) + " has no tensor-core kernel for " + preset_info(layout.preset).name);
+  visit_preset(layout.preset, [&]<Preset P>() {
+    visit_head_dim(layout.head_dim, [&]<int HeadDim>() {
+      constexpr tensor_core::CacheFormat kFormat = tensor_core::cache_format(P);
+      if constexpr (tensor_core::serves_head_dim<kFormat>(HeadDim)) {
+        tensor_core::launch_for_group<HeadDim, kFormat>(params, stream);
+      }
+    });
+  });
+}
+
+NarrowFootprint narrow_footprint(Preset preset, int group_size, int head_dim) {
+  using tensor_core::KernelShape;
+  using tensor_core::SharedLayout;
+  return visit_preset(preset, [&]<Preset P>() -> NarrowFootprint {
+    constexpr tensor_core::CacheFormat kFormat = tensor_core::cache_format(P);
+    return visit_head_dim(head_dim, [&]<int HeadDim>() -> NarrowFootprint {
+      if constexpr (!tensor_core::serves_head_dim<kFormat>(HeadDim)) {
+        return {0, 0};
+      } else {
+        if (group_size > kHeadsPerTile) {
+          if constexpr (HeadDim == 256) {
+            return {0, 0};  // one head tile only
+          } else {
+            return {SharedLayout<HeadDim, 2, kFormat, false>::kBytes, KernelShape<HeadDim, 2, kFormat, false>::kResidentCtas};
+          }
+        }
+        return {SharedLayout<HeadDim, 1, kFormat, false>::kBytes, KernelShape<HeadDim, 1, kFormat, false>::kResidentCtas};
+      }
+    });
+  });
+}
+
+bool tensor_core_kernel_runnable() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, tensor_core_probe_kernel) == cudaSuccess;
+}
+
+}  // namespace tqdecode::cuda

@@ -1,0 +1,128 @@
+// Epilogue stages of the tensor-core decode kernel (internal): writing an
+// output row, and the split-KV reduction that the last CTA of a (sequence,
+// kv heads) runs over the N partitions. The merge rule is
+// partition_merge.cuh's, shared with the CUDA and CPU reducers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../device_utils.cuh"
+#include "../kernel_params.hpp"
+#include "../partition_merge.cuh"
+#include "../policy.hpp"
+#include "tqdecode/numeric.hpp"
+
+namespace tqdecode::cuda::tensor_core {
+
+// Element `dim` of the output row of (sequence `batch`, query head `hq`).
+__device__ __forceinline__ void store_output(const ReduceParams& r, int batch, std::int64_t hq, int dim, float value) {
+  store_from_float(r.output, r.output_dtype, batch * r.output_stride_batch + hq * r.output_stride_head + dim, value);
+}
+
+// An output element of a row with one partition (max in natural-log units):
+// the fused reduction's arithmetic for N = 1, without the trip through memory.
+__device__ __forceinline__ float single_partition_element(float max, float sum, float out, bool has_sink, float sink) {
+  const float merged_max = merge_max(sink, max_for_merge(max));
+  const float weight = partition_weight(max, sum, merged_max);
+  const float own_weight = output_weight(weight, weight, partition_has_tokens(max, sum), partition_is_nan(max, sum),
+                                         has_sink, sink, merged_max);
+  return own_weight != 0.0f ? fmaf(own_weight, out, 0.0f) : 0.0f;
+}
+
+// The last CTA of (sequence `batch`, kv heads first_head ..) to finish
+// reduces the N partitions of its query rows with the sink and writes the
+// output (then resets the arrival counter, so CUDA-graph replays need no
+// memset). `Shape` is the kernel's (shape.cuh); `group` is Hq / Hk.
+template <class Shape>
+__device__ __forceinline__ void reduce_partitions_in_cta(const FusedDecodeParams& params, int batch, int first_head,
+                                                         int group, int warp, int lane) {
+  constexpr int HeadDim = Shape::kHeadDim;
+  constexpr int kWarps = Shape::kWarps;
+  constexpr int kRows = Shape::kRows;
+  constexpr int kCtaRows = Shape::kCtaRows;
+  const PartitionParams& p = params.partitions;
+  const ReduceParams& r = params.reduce;
+  const int num_kv_heads = p.layout.num_kv_heads;
+  const int num_partitions = p.num_partitions;
+  const bool has_sink = r.sinks != nullptr;
+  const auto row_valid = [&](int row) { return row % kRows < group; };
+  const auto query_head = [&](int row) { return std::int64_t(first_head + row / kRows) * group + row % kRows; };
+  // The barriers around thread 0's acquire-release arrival order this CTA's
+  // partition writes before it and the earlier CTAs' writes before the
+  // reduction's loads (arrive_acq_rel).
+  __shared__ bool is_last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* arrival = params.arrivals + static_cast<std::int64_t>(batch) * num_kv_heads + first_head;
+    is_last = arrive_acq_rel(arrival) == static_cast<unsigned>(num_partitions - 1);
+    if (is_last) *arrival = 0u;  // ready for the next launch (graph replay)
+  }
+  __syncthreads();
+  if (!is_last) return;
+  // One warp per output row, or per half row where the CTA has twice as many
+  // warps as rows (the 16-warp shape with one kv head: all warps load); lane
+  // q holds partition q's max and sum. The partitions' rows are loaded
+  // together with their maxima and sums, kRowBatch at a time, so the
+  // reduction costs one round trip to L2 for N <= kRowBatch.
+  // The merge rule is partition_merge.cuh's, shared with the CUDA and CPU reducers.
+  static_assert(kMaxPartitions <= 32, "one lane per partition");
+  constexpr int kRowParts = kWarps >= 2 * kCtaRows ? 2 : 1;
+  constexpr int kLaneDims = HeadDim / 32 / kRowParts;  // dims first_dim + kLaneDims lane, ...
+  constexpr int kRowBatch = std::min(16, 64 / kLaneDims);  // at most 64 registers of partition rows
+  constexpr int kVectorDims = std::min(kLaneDims, 4);
+  constexpr int kVectors = kLaneDims / kVectorDims;
+  using LaneVector = std::conditional_t<kVectorDims == 4, float4, std::conditional_t<kVectorDims == 2, float2, float>>;
+  union LaneValues {
+    LaneVector vector[kVectors];
+    float element[kLaneDims];
+  };
+  for (int item = warp; item < kCtaRows * kRowParts; item += kWarps) {
+    const int row = item / kRowParts;
+    if (!row_valid(row)) continue;
+    const int first_dim = (item % kRowParts) * (HeadDim / kRowParts) + kLaneDims * lane;
+    const std::int64_t hq = query_head(row);
+    const std::int64_t base = (static_cast<std::int64_t>(batch) * p.num_q_heads + hq) * num_partitions;
+    const bool present = lane < num_partitions;
+    const float max = present ? __ldcg(p.part_max + base + lane) : -INFINITY;
+    const float sum = present ? __ldcg(p.part_sum + base + lane) : 0.0f;
+    LaneValues rows[kRowBatch];  // dims first_dim .. + kLaneDims - 1 of partitions q0 + i
+    const auto load_rows = [&](int q0) {
+#pragma unroll
+      for (int i = 0; i < kRowBatch; ++i) {
+        const float* partition_row = p.part_out + (base + q0 + i) * HeadDim;
+#pragma unroll
+        for (int v = 0; v < kVectors; ++v) {
+          rows[i].vector[v] = q0 + i < num_partitions
+                                  ? __ldcg(reinterpret_cast<const LaneVector*>(partition_row + first_dim + kVectorDims * v))
+                                  : LaneVector{};
+        }
+      }
+    };
+    load_rows(0);
+    const float sink = has_sink ? __ldg(r.sinks + hq) : -INFINITY;
+    const bool any_tokens = __any_sync(kFullMask, partition_has_tokens(max, sum));
+    const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
+    const float merged_max = merge_max(sink, warp_max(max_for_merge(max)));
+    const float weight = present ? partition_weight(max, sum, merged_max) : 0.0f;
+    const float own_weight = output_weight(weight, warp_sum(weight), any_tokens, any_nan, has_sink, sink, merged_max);
+    float value[kLaneDims] = {};
+    for (int q0 = 0; q0 < num_partitions; q0 += kRowBatch) {
+      if (q0 > 0) load_rows(q0);
+#pragma unroll
+      for (int i = 0; i < kRowBatch; ++i) {
+        const float w = __shfl_sync(kFullMask, own_weight, (q0 + i) & 31);
+        if (q0 + i < num_partitions && w != 0.0f) {
+#pragma unroll
+          for (int j = 0; j < kLaneDims; ++j) value[j] = fmaf(w, rows[i].element[j], value[j]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);
+  }
+}
+
+}  // namespace tqdecode::cuda::tensor_core

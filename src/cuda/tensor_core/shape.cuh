@@ -1,0 +1,212 @@
+// Shapes of the tensor-core decode kernel (internal): per instance (head
+// size, head tiles, key format, wide table, kv heads per CTA) its warps,
+// resident CTAs and the arrangement of its shared memory, and the
+// swizzles of the query rows and the merge buffer. The policy reads the
+// shared-memory sizes through narrow_footprint (dispatch.cu).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../kernel_params.hpp"
+#include "../policy.hpp"
+#include "rotation.cuh"
+#include "tile_layout.cuh"
+
+namespace tqdecode::cuda::tensor_core {
+
+constexpr int kStages = 4;          // tiles in flight per warp
+constexpr float kLn2 = 0.6931471805599453f;
+
+static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
+
+/// Per-warp partial results of a CTA, merged before the partition's are
+/// written: first each row's maximum, sum and warp weights, once per row,
+/// then the weighted outputs, one head dim per thread.
+template <int Warps, int Rows, int HeadDim>
+struct MergeStorage {
+  static_assert(Warps <= 32, "one lane per warp in the row merge");
+  float out[Warps][Rows][HeadDim];
+  float max[Warps][Rows];
+  float sum[Warps][Rows];
+  alignas(16) float weight[Rows][Warps];  // exp2(max - the row's merged max), 0 for a warp without tiles
+  float merged_max[Rows];     // base-2 units
+  float merged_sum[Rows];     // NaN when a warp's row is NaN
+};
+
+// The online softmax moves a row's reference maximum only when a score
+// exceeds it by more than this (base-2 units), as FlashAttention-4 does: a
+// maximum that creeps up in small steps (a new record in about 1 of k tiles
+// at tile k) no longer costs a rescale of the 40 accumulators each time.
+// The sums and outputs are exact for any reference.
+constexpr float kLazyRescaleLog2 = 4.0f;
+// P' = p * value scale is an fp16 mma operand; with p <= 2^kLazyRescaleLog2 it
+// stays finite for scales up to this (value ranges up to about 61000).
+constexpr float kMaxLazyValueScale = 65504.0f / 16.0f;
+static_assert(kLazyRescaleLog2 == 4.0f, "kMaxLazyValueScale assumes p <= 16");
+
+// Slot of (row, dim) in the query rows, which hold the mma operand's 16-bit
+// fp16 values: the 8-byte units u (4 dims) are XOR-swizzled by the row mod 4
+// (and at D = 128 the half row, at D = 256 the lane's quarter u >> 4), so the
+// operand build's 8-byte reads (lane (g, c): row g, dims (D/4)c + 4ks..+3)
+// are free of bank conflicts per half warp.
+template <int HeadDim>
+__device__ __forceinline__ int query_slot(int row, int dim) {
+  if constexpr (HeadDim == 64) return row * HeadDim + (dim ^ ((row & 3) << 2));
+  if constexpr (HeadDim == 256) return row * HeadDim + (dim ^ (((4 * (row & 3) + (dim >> 6)) & 15) << 2));
+  return row * HeadDim + (dim ^ ((2 * (row & 3) + ((dim >> 6) & 1)) << 2));
+}
+
+// Position of `dim` in a merge row: dim pairs XOR-swizzled within each
+// 32-dim chunk by the row pair (and at D = 128 and 256 the lane's dim run),
+// so the merge's 8-byte stores (lane (g, c): dims (D/8)g + 2m, + 1 of rows
+// 2c + e) are free of bank conflicts per half warp (unswizzled they were
+// 16-way), and the reads of whole rows stay so.
+template <int HeadDim>
+__device__ __forceinline__ int merge_dim(int row, int dim) {
+  if constexpr (HeadDim == 64) return dim ^ (2 * ((row >> 1) & 3));
+  if constexpr (HeadDim == 256) return dim ^ (2 * ((4 * ((dim >> 5) & 3) + ((row >> 1) & 3)) & 15));
+  return dim ^ ((4 * ((row >> 1) & 3) + 2 * (dim >> 5)) & 15);
+}
+
+/// Shape of a kernel instance. Wide: 4-bit keys, one CTA per SM sharing a
+/// 64 KB lookup table whose 256-byte rows make each lookup's address one
+/// byte permute (entry byte in bits 8..15, lane in bits 2..6). At two head
+/// tiles (groups over 8) always, 12 warps; at one, 16 warps, chosen for
+/// grids of few waves (policy.cpp, choose_grid), and with two, four or eight
+/// kv heads per CTA for larger grids: kv heads hy .. hy + h - 1 of one
+/// sequence, 16 / h warps each, sharing the table, the block table and the
+/// rotation, so an SM streams h work items at once with the wide table's
+/// shorter loop. Otherwise the narrow configuration, a table of 128-byte rows
+/// (a shift and a LOP3 per 4-bit lookup): two CTAs of 8 warps per SM, or at
+/// two head tiles one CTA of 12 warps at 168 registers (the other presets,
+/// and 4-bit keys on sm_80); on sm_90 the other presets also have one CTA of
+/// 16 warps per SM serving two kv heads, 8 warps each (HeadsPerCta 2), as two
+/// 8-warp CTAs would but with the SM's issue slots shared evenly: two CTAs on
+/// one SM do not end together, and the one left streams with half the warps.
+/// Head sizes 64 and 256 have the narrow configuration with one kv head per
+/// CTA: two CTAs of 8 warps per SM at D = 64 (one or two head tiles), one of
+/// 8 warps at D = 256 (one head tile; its accumulators take as many
+/// registers as two head tiles at D = 128, about 205 a thread).
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
+struct KernelShape {
+  static_assert(HeadDim == 128 || (!Wide && HeadsPerCta == 1 && (HeadDim == 64 || HeadTiles == 1)),
+                "D = 64: the narrow configuration; D = 256: also one head tile");
+  static_assert(!Wide || Format == CacheFormat::mse4, "the wide table serves 4-bit keys");
+  static_assert(HeadsPerCta == 1 ||
+                    (HeadTiles == 1 && (Wide ? HeadsPerCta == 2 || HeadsPerCta == 4 || HeadsPerCta == 8
+                                             : HeadsPerCta == 2 && Format != CacheFormat::mse4)),
+                "two, four or eight kv heads per CTA in the wide shape, two in the narrow one (not 4-bit keys, "
+                "which have the wide shape), with one head tile only");
+  static constexpr bool kWideTable = Wide;
+  // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
+  // warps fill the register file (8 leave a third of it idle, and two warps
+  // per scheduler to cover the loop's latencies); 16 warps at 128 registers
+  // need the query operand in shared memory and one S^T chain per head tile,
+  // which is slower (docs/PERFORMANCE.md).
+  static constexpr int kWarps = HeadDim != 128 ? 8 : HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 ? 16 : 8;
+  static constexpr int kHeadsPerCta = HeadsPerCta;
+  static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kResidentCtas = kWarps > 8 || HeadDim == 256 ? 1 : 2;
+  static constexpr int kHeadDim = HeadDim;
+  // The S^T product's k-steps and the O^T product's dim tiles (16 dims each).
+  static constexpr int kDimTiles = HeadDim / 16;
+  // MSE keys: PiT's operands are loaded before the wait for the previous
+  // kernel instead of after the first tiles are issued, so the rotation
+  // overlaps that kernel's tail. In the 16-warp shapes; the others keep
+  // PiT's operand registers free across the tile issue.
+  static constexpr bool kPiTBeforeWait = kWarps >= 12;
+  // The wide shape's tiles come by bulk tensor copies (bulk_copy.cuh):
+  // one instruction by one lane per tile and tensor map, where cp.async took
+  // a copy plan read back from shared memory and five 16-byte copies per
+  // lane, and its stream is unrolled by the ring's stages, so every stage
+  // and barrier address is an immediate: fewer instructions a tile, which
+  // matters most where the loop is bound by issue (group 16).
+  static constexpr bool kBulkCopy = kWideTable;
+  // The softmax takes each score less its row's maximum as one FFMA (score
+  // sum x norm - max) instead of a multiply and, for the exponent, a
+  // subtraction: fewer instructions a tile at two head tiles, whose loop is
+  // bound by its instruction count; the rescale, which then recovers the
+  // scores, costs more, so the other shapes are slower with it.
+  static constexpr bool kScoresLessMax = kBulkCopy && HeadTiles == 2;
+  // P' = fp16(p) x value scale, one HMUL2 per token and head pair, instead of
+  // two FMULs and a pack. In the bulk-copy shapes only, like the fields'
+  // one-offset addressing and the host's score scale: in the narrow 3-bit
+  // loops the compiler schedules them worse at the same instruction count.
+  static constexpr bool kHalfScaledProbabilities = kBulkCopy;
+  static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
+  static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
+  // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
+  static constexpr int kRowStep = kThreads / HeadDim;
+  static_assert(kThreads % HeadDim == 0, "whole rows per thread group");
+  static constexpr int kRowsPerThread = (kCtaRows + kRowStep - 1) / kRowStep;
+};
+
+/// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][query bits][issue plans]
+/// (the wide shape keeps the query bits in the rings before the main loop).
+/// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
+/// to an fp16 pair, one copy per lane.
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
+struct SharedLayout {
+  using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
+  static constexpr int kCodebookSize = Format == CacheFormat::mse4 ? 16 : three_bit_keys(Format) ? 8 : 0;
+  static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
+  static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
+  static constexpr int kLutBytes = kLutEntries * kLutRowBytes;
+  using Layout = TileLayout<Format, HeadDim>;
+  // The rings. With cp.async, warp w's stage s at kLutBytes + (w kStages + s)
+  // kStageBytes, fields included. With bulk tensor copies (the wide shape),
+  // the tiles' fields first, (w kStages + s) kFieldsStride from kFieldsOffset,
+  // then the records, stage s of warp w at records + (s kWarps + w) 2048
+  // with `records` rounded up to 1024 bytes at run time (the copy engine's
+  // 128-byte swizzle repeats every 1024 bytes; the dynamic shared memory
+  // follows the static), so the last stages of all warps are one area.
+  static constexpr bool kBulkCopy = Shape::kBulkCopy;
+  static constexpr int kFieldBytes = Layout::kFields * kTileTokens * 2;  // of a tile
+  static constexpr int kFieldsStride = 128;  // a bulk tensor copy's destination is 128-byte aligned
+  static constexpr int kFieldsOffset = kLutBytes;
+  static constexpr int kRecordsOffset = kBulkCopy ? kFieldsOffset + Shape::kWarps * kStages * kFieldsStride : kLutBytes;
+  static constexpr int kRecordsAlign = 1024;
+  static constexpr int kStageStride = kBulkCopy ? Shape::kWarps * Layout::kMetaOffset : Layout::kStageBytes;  // a warp's stage s to s + 1
+  static constexpr int kWarpRingStride = kBulkCopy ? Layout::kMetaOffset : kStages * Layout::kStageBytes;     // warp w's ring to w + 1's
+  static constexpr int kRingEnd =
+      kBulkCopy ? kRecordsOffset + kRecordsAlign + kStages * kStageStride : kLutBytes + Shape::kWarps * kStages * Layout::kStageBytes;
+  using Merge = MergeStorage<Shape::kWarpsPerHead, Shape::kCtaRows, HeadDim>;
+  // The merge reuses the table and the rings once the stream is done.
+  static constexpr int kMainBytes = std::max(kRingEnd, static_cast<int>(sizeof(Merge)));
+  // The query rows as the mma operand's 16-bit values (query_slot).
+  static constexpr int kQueryOffset = kMainBytes;
+  static constexpr int kQueryBytes = Shape::kCtaRows * HeadDim * 2;
+  // MSE keys: the query's bits, the rotation's input (rotation.cuh),
+  // in head tiles of 8 rows. The bulk-copy shapes keep them in the rings'
+  // last stages, which nothing uses before the main loop issues its first
+  // tiles there; the others after the query rows.
+  static constexpr int kQueryBitsStride = query_bits_stride(HeadDim);
+  static constexpr int kQueryBitsTileBytes = kHeadsPerTile * kQueryBitsStride * 2;
+  static constexpr bool kQueryBitsInRings = kBulkCopy;
+  static_assert(!kQueryBitsInRings || Shape::kCtaRows / kHeadsPerTile * kQueryBitsTileBytes <= kStageStride,
+                "the query bits fit the last stages of the bulk-copy rings");
+  /// Elements from one head tile of query bits to the next.
+  static constexpr int kQueryBitsTileStride = kQueryBitsTileBytes / 2;
+  static constexpr int kQueryBitsBytes = kCodebookSize && !kQueryBitsInRings ? Shape::kCtaRows * kQueryBitsStride * 2 : 0;
+  // One copy plan per lane, the same for every warp of the CTA: read back
+  // from here for each tile, since recomputing it in the loop (what the
+  // compiler does at 128 registers) costs about 70 instructions per tile.
+  // Bulk copies need none; they have one barrier per stage.
+  static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
+  static constexpr int kPlanBytes = kBulkCopy ? 0 : HeadsPerCta * 32 * static_cast<int>(sizeof(typename Layout::IssuePlan));
+  static constexpr int kBarrierOffset = kPlanOffset + kPlanBytes;
+  // D = 128: 208384 (4-bit, wide), 210432, 214528 and 222720 (two, four
+  // and eight kv heads), 175488 (4-bit, wide, two head tiles), each with up
+  // to 1 KB of alignment, 107648 (4-bit), 82048 (k3v4), 82560 (3bit), 103936
+  // (fp8); two kv heads (16 warps): 155904 (k3v4), 156928 (3bit), 207872
+  // (fp8); two head tiles (12 warps): 146688, 120576, 121088, 156160
+  static constexpr int kBytes = kBarrierOffset + (kBulkCopy ? Shape::kWarps * kStages * 8 : 0);
+  // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
+  // per CTA, 128 bytes static.
+  static_assert(kBytes <= 227 * 1024, "dynamic shared memory per CTA");
+  static_assert(Shape::kResidentCtas * (kBytes + 1024 + 128) <= 228 * 1024, "resident CTAs per SM must fit");
+};
+
+}  // namespace tqdecode::cuda::tensor_core
