@@ -99,6 +99,28 @@ void place_blocks(Scenario& s, Rng& rng) {
   }
 }
 
+// The varlen form: query_start_loc from config.query_lens and a query of
+// that many rows (the sinks, set from one query per sequence, stay comparable).
+void set_query_tokens(Scenario& s) {
+  const ScenarioConfig& config = s.config;
+  TQ_REQUIRE(config.query_lens.size() == config.seq_lens.size(), "query_lens", "needs one length per sequence");
+  s.query_start_loc.assign(1, 0);
+  int longest = 1;
+  for (std::size_t b = 0; b < config.query_lens.size(); ++b) {
+    TQ_REQUIRE(config.query_lens[b] >= 0 && config.query_lens[b] <= config.seq_lens[b], "query_lens",
+               "a length is negative or over its seq_len");
+    s.query_start_loc.push_back(s.query_start_loc.back() + config.query_lens[b]);
+    longest = std::max(longest, config.query_lens[b]);
+  }
+  s.max_query_len = config.max_query_len > 0 ? config.max_query_len : longest;
+  const SyntheticShape shape{config.num_kv_heads, config.num_q_heads, config.head_dim};
+  s.query = synthetic_queries(s.query_start_loc.back(), shape, config.seed ^ 0x746f6b656e73ull);
+  for (float& value : s.query) value *= config.query_amplitude;
+  const std::vector<std::uint8_t> query_data = to_dtype(s.query, config.query_dtype);
+  s.query_bits.resize(s.query.size());
+  std::memcpy(s.query_bits.data(), query_data.data(), query_data.size());
+}
+
 }  // namespace
 
 CacheLayout scenario_layout(const ScenarioConfig& config) {
@@ -151,6 +173,7 @@ Scenario make_scenario(const ScenarioConfig& config) {
   s.query_bits.resize(s.query.size());  // 2-byte elements: bf16 or fp16
   std::memcpy(s.query_bits.data(), query_data.data(), query_data.size());
   if (config.sinks) s.sinks = comparable_sinks(s, rng);
+  if (!config.query_lens.empty()) set_query_tokens(s);
 
   s.cache = random_bytes(std::size_t(s.num_blocks * s.layout.block_stride), config.seed ^ 0x6a756e6bull);
   store_cpu(s.store_args(s.cache.data(), key_data.data(), value_data.data(), config.kv_dtype));
@@ -179,6 +202,11 @@ DecodeArgs Scenario::host_args(void* output) const {
   args.scale = scale;
   args.sinks = sinks.empty() ? nullptr : sinks.data();
   args.output = output;
+  if (varlen()) {
+    args.query_start_loc = query_start_loc.data();
+    args.num_tokens = query_rows();
+    args.max_query_len = max_query_len;
+  }
   return args;
 }
 
@@ -199,8 +227,24 @@ StoreArgs Scenario::store_args(std::uint8_t* cache_bytes, const void* key, const
 std::vector<float> Scenario::exact_output() const {
   TQ_REQUIRE(!keys.empty() || total_tokens() == 0, "scenario", "built with keep_unquantized = false");
   std::vector<float> out(query.size());
-  exact_attention(query.data(), keys.data(), values.data(), token_offsets.data(), batch(), config.num_q_heads,
-                  config.num_kv_heads, config.head_dim, scale, sinks.empty() ? nullptr : sinks.data(), out.data());
+  const float* sink_data = sinks.empty() ? nullptr : sinks.data();
+  if (!varlen()) {
+    exact_attention(query.data(), keys.data(), values.data(), token_offsets.data(), batch(), config.num_q_heads,
+                    config.num_kv_heads, config.head_dim, scale, sink_data, out.data());
+    return out;
+  }
+  // Token j of a sequence's q new tokens: one sequence of the first
+  // seq_len - q + j + 1 positions.
+  const std::size_t row = std::size_t(config.num_q_heads) * config.head_dim;
+  for (int b = 0; b < batch(); ++b) {
+    const int query_len = query_start_loc[b + 1] - query_start_loc[b];
+    for (int j = 0; j < query_len; ++j) {
+      const std::int64_t prefix[2] = {token_offsets[b], token_offsets[b] + seq_lens[b] - query_len + j + 1};
+      const std::size_t at = (query_start_loc[b] + j) * row;
+      exact_attention(query.data() + at, keys.data(), values.data(), prefix, 1, config.num_q_heads,
+                      config.num_kv_heads, config.head_dim, scale, sink_data, out.data() + at);
+    }
+  }
   return out;
 }
 
