@@ -4,6 +4,7 @@
 #include <string>
 
 #include "tqdecode/error.hpp"
+#include "workspace_defaults.hpp"
 
 namespace tqdecode {
 
@@ -31,7 +32,12 @@ void validate_query_shapes(const DecodeArgs& args) {
   }
   TQ_REQUIRE(args.max_query_len >= 1 && args.max_query_len <= kMaxQueryLen, "max_query_len",
              std::to_string(args.max_query_len) + " is out of range; accepted: 1 to " + std::to_string(kMaxQueryLen));
+  // Pools hold a row per query slot (sequence, token): as many as a batch may have.
   const std::int64_t slots = std::int64_t(args.batch) * args.max_query_len;
+  TQ_REQUIRE(slots <= kMaxBatchLimit, "max_query_len",
+             std::to_string(args.max_query_len) + " with batch " + std::to_string(args.batch) + " gives " +
+                 std::to_string(slots) + " query slots; accepted: batch * max_query_len <= " +
+                 std::to_string(kMaxBatchLimit));
   TQ_REQUIRE(args.num_tokens >= 0 && args.num_tokens <= slots, "num_tokens",
              std::to_string(args.num_tokens) + " is out of range; accepted: 0 to batch * max_query_len = " +
                  std::to_string(slots));
