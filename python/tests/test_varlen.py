@@ -1,6 +1,7 @@
 """Several query tokens per sequence through the binding (docs/FORMAT.md
 section 5b): ``tqdecode.varlen_decode_attention`` and the ops behind it,
-``torch.ops.tqdecode.varlen_decode`` / ``varlen_decode_out``.
+``torch.ops.tqdecode.varlen_decode`` / ``varlen_decode_out`` (their
+opcheck is in test_torch_ops.py's OpCheckTest).
 
 Oracles: the same tokens sent as rows of the one-token op (each token its own
 row, with its prefix as seq_len and its sequence's block-table row: the
@@ -148,30 +149,6 @@ class VarlenCompileTest(unittest.TestCase):
 
         compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
         self.assertTrue(torch.equal(compiled(query, starts), step(query, starts)))
-
-
-class VarlenOpCheckTest(unittest.TestCase):
-    """torch.library.opcheck on the varlen ops (as OpCheckTest in test_torch_ops.py)."""
-
-    def check_ops(self, device):
-        case = lengths_case(CONFIGS[0], (37, 0, 1, 160, 95))
-        if device != "cpu":
-            case = case.to(device)
-        query, starts = varlen_inputs(case, (5, 0, 1, 128, 17))
-        args = (query, case.kv_cache, case.block_table, case.seq_lens, starts, 128, case.centroids, case.PiT,
-                case.scale, 4, 4, False, case.sinks)
-        ops = torch.ops.tqdecode
-        for op, kwargs in ((ops.varlen_decode.default, {}),
-                           (ops.varlen_decode_out.default, {"out": torch.empty_like(query)})):
-            with self.subTest(op=str(op), device=device):
-                torch.library.opcheck(op, args, kwargs)
-
-    def test_opcheck_cpu(self):
-        self.check_ops("cpu")
-
-    @requires_cuda
-    def test_opcheck_cuda(self):
-        self.check_ops("cuda")
 
 
 @requires_cuda

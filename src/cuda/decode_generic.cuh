@@ -125,7 +125,8 @@ struct Config {
   static constexpr int kQueryOffset = 0;                            ///< float [R][D]: rotated queries of the rows
   static constexpr int kCentroidOffset = kQueryOffset + R * D * 4;  ///< float [16]
   static constexpr int kRowLimitOffset = kCentroidOffset + 16 * 4;  ///< int [R]: positions each row sees (causal)
-  static constexpr int kWeightOffset = kRowLimitOffset + R * 4;     ///< float [warp][token][row]: p_t * vscale_t
+  /// float [warp][token][row]: p_t * vscale_t (16-byte aligned: read as float4)
+  static constexpr int kWeightOffset = kRowLimitOffset + round_up(R * 4, 16);
   static constexpr int kStageOffset = round_up(kWeightOffset + kWarps * kTileTokens * kHeadsPerWarp * 4, 16);
   /// Per token group, two tile buffers.
   static constexpr int kStageBytes = kTokenGroups * 2 * kTileBytes;

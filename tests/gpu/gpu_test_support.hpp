@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "support/scenario.hpp"
+#include "tqdecode/decode.hpp"
 
 namespace tqdecode::test {
 
@@ -121,6 +122,58 @@ inline void expect_close(const std::vector<float>& actual, const std::vector<flo
   std::printf("[ measure  ] %-40s cosine %.7f  rel_l2 %.2e  max_abs %.2e\n", what.c_str(), error.cosine,
               error.relative_l2, error.max_abs);
   EXPECT_TRUE(failure.empty()) << what << ": " << failure;
+}
+
+/// One decode call captured in a CUDA graph on a non-blocking stream of its
+/// own, after an eager warm-up call (the pool allocates there, not during
+/// the capture). The arguments' pointers are the graph's: change what they
+/// point to, then replay.
+class DecodeGraph {
+ public:
+  DecodeGraph(const DecodeArgs& args, DecodeWorkspace& workspace, PathRequest request = PathRequest::automatic)
+      : args_(args), workspace_(workspace), request_(request) {
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    eager();
+    check_cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    decode(args_, workspace_, stream_, request_);
+    check_cuda(cudaStreamEndCapture(stream_, &graph_), "cudaStreamEndCapture");
+    check_cuda(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
+  }
+  ~DecodeGraph() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+    cudaStreamDestroy(stream_);
+  }
+  DecodeGraph(const DecodeGraph&) = delete;
+  DecodeGraph& operator=(const DecodeGraph&) = delete;
+
+  /// Replays the graph and waits for it.
+  void replay() const {
+    check_cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  /// The same call, eager, on the same stream; waits for it.
+  void eager() const {
+    decode(args_, workspace_, stream_, request_);
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+ private:
+  DecodeArgs args_;
+  DecodeWorkspace& workspace_;
+  PathRequest request_;
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+/// A replay's output is an eager call's, every element finite and bit for bit.
+inline void expect_replay_equals_eager(const std::vector<float>& replayed, const std::vector<float>& eager, int replay) {
+  ASSERT_EQ(replayed.size(), eager.size());
+  for (std::size_t i = 0; i < eager.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(replayed[i])) << "replay " << replay << " element " << i;
+    ASSERT_EQ(replayed[i], eager[i]) << "replay " << replay << " element " << i;
+  }
 }
 
 /// The first element that is not zero of a row of `output` ([B, Hq, D])

@@ -292,18 +292,7 @@ TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
     const Scenario scenario = build(c);
     DeviceScenario device(scenario);
     DecodeWorkspace workspace(16);
-    cudaStream_t stream;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    const DecodeArgs args = device.args();
-    decode(args, workspace, stream, request);  // warm-up: the pool allocates here, not during capture
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    decode(args, workspace, stream, request);
-    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    const test::DecodeGraph graph(device.args(), workspace, request);
 
     Rng rng(99);
     const int batch = scenario.batch();
@@ -321,19 +310,12 @@ TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
       }
       device.upload_lengths(lengths, table);
       device.poison_output();
-      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      graph.replay();
       const std::vector<float> replayed = device.output();
-
       device.poison_output();
-      decode(args, workspace, stream, request);
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      graph.eager();
       const std::vector<float> eager = device.output();
-      ASSERT_EQ(replayed.size(), eager.size());
-      for (std::size_t i = 0; i < eager.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(replayed[i])) << "replay " << replay << " element " << i;
-        ASSERT_EQ(replayed[i], eager[i]) << "replay " << replay << " element " << i;
-      }
+      test::expect_replay_equals_eager(replayed, eager, replay);
       // And both against the reference with the new inputs.
       DecodeArgs host = scenario.host_args(nullptr);
       host.seq_lens = lengths.data();
@@ -342,9 +324,6 @@ TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
       decode_reference(host, expected.data());
       expect_close(eager, expected, "graph replay " + std::to_string(replay));
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
   }
 }
 

@@ -187,18 +187,7 @@ TEST(VarlenGpuGraph, ReplayWithNewLengthsAndQueryStartLocMatchesEager) {
   const Scenario scenario = make_scenario(config_of(c));
   DeviceScenario device(scenario);
   DecodeWorkspace workspace(16);
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  const DecodeArgs args = device.args();
-  decode(args, workspace, stream);  // warm-up: the pool allocates here, not during capture
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  decode(args, workspace, stream);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  const test::DecodeGraph graph(device.args(), workspace);
 
   Rng rng(5);
   const int batch = scenario.batch();
@@ -228,19 +217,12 @@ TEST(VarlenGpuGraph, ReplayWithNewLengthsAndQueryStartLocMatchesEager) {
     device.upload_lengths(lengths, table);
     device.upload_query_start_loc(starts);
     device.poison_output();
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    graph.replay();
     const std::vector<float> replayed = device.output();
-
     device.poison_output();
-    decode(args, workspace, stream);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    graph.eager();
     const std::vector<float> eager = device.output();
-    ASSERT_EQ(replayed.size(), eager.size());
-    for (std::size_t i = 0; i < eager.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(replayed[i])) << "replay " << replay << " element " << i;
-      ASSERT_EQ(replayed[i], eager[i]) << "replay " << replay << " element " << i;
-    }
+    test::expect_replay_equals_eager(replayed, eager, replay);
     DecodeArgs host = scenario.host_args(nullptr);
     host.seq_lens = lengths.data();
     host.block_table = table.data();
@@ -249,9 +231,6 @@ TEST(VarlenGpuGraph, ReplayWithNewLengthsAndQueryStartLocMatchesEager) {
     decode_reference(host, expected.data());
     expect_close(eager, expected, "varlen graph replay " + std::to_string(replay));
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // Offsets and lengths the CUDA path does not check on the host (device
