@@ -658,7 +658,8 @@ void fuzz_varlen_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::
   args.cache = cache.empty() ? nullptr : cache.data();
   const int D = layout.head_dim;
   args.batch = static_cast<int>(small_or_any(in, -1, 4));
-  args.num_q_heads = layout.num_kv_heads * usual_or_any(in, {1, 2, 3, 4, 8, 16});  // wraps: fine, rejected
+  args.num_q_heads =  // wraps: fine, rejected
+      static_cast<int>(static_cast<std::int64_t>(layout.num_kv_heads) * usual_or_any(in, {1, 2, 3, 4, 8, 16}));
   args.max_blocks_per_seq = static_cast<int>(small_or_any(in, -1, 4));
   args.query_dtype = in.ConsumeBool() ? DType::bf16 : DType::f16;
   args.max_query_len = usual_or_any(in, {1, 2, 4, 8, 17, 0});

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "random.hpp"
 #include "support/synthetic.hpp"
@@ -28,6 +29,16 @@ std::vector<std::uint8_t> to_dtype(std::vector<float>& values, DType dtype) {
     values[i] = load_as_float(data.data(), dtype, std::int64_t(i));
   }
   return data;
+}
+
+// The query a caller holds: `values` times the configured amplitude, rounded
+// to the query dtype, and its raw elements.
+void set_query(Scenario& s, std::vector<float> values) {
+  for (float& value : values) value *= s.config.query_amplitude;
+  const std::vector<std::uint8_t> data = to_dtype(values, s.config.query_dtype);
+  s.query = std::move(values);
+  s.query_bits.resize(s.query.size());  // 2-byte elements: bf16 or fp16
+  if (!data.empty()) std::memcpy(s.query_bits.data(), data.data(), data.size());
 }
 
 // Sinks near each head's typical largest score, so they take a visible
@@ -114,11 +125,7 @@ void set_query_tokens(Scenario& s) {
   }
   s.max_query_len = config.max_query_len > 0 ? config.max_query_len : longest;
   const SyntheticShape shape{config.num_kv_heads, config.num_q_heads, config.head_dim};
-  s.query = synthetic_queries(s.query_start_loc.back(), shape, config.seed ^ 0x746f6b656e73ull);
-  for (float& value : s.query) value *= config.query_amplitude;
-  const std::vector<std::uint8_t> query_data = to_dtype(s.query, config.query_dtype);
-  s.query_bits.resize(s.query.size());
-  std::memcpy(s.query_bits.data(), query_data.data(), query_data.size());
+  set_query(s, synthetic_queries(s.query_start_loc.back(), shape, config.seed ^ 0x746f6b656e73ull));
 }
 
 }  // namespace
@@ -165,13 +172,9 @@ Scenario make_scenario(const ScenarioConfig& config) {
   s.keys = synthetic_keys(total, shape, config.seed);
   s.values = synthetic_values(total, shape, config.seed);
   for (float& value : s.values) value *= config.value_amplitude;
-  s.query = synthetic_queries(batch, shape, config.seed);  // same seed as the keys: shared outlier channels
-  for (float& value : s.query) value *= config.query_amplitude;
+  set_query(s, synthetic_queries(batch, shape, config.seed));  // same seed as the keys: shared outlier channels
   const std::vector<std::uint8_t> key_data = to_dtype(s.keys, config.kv_dtype);
   const std::vector<std::uint8_t> value_data = to_dtype(s.values, config.kv_dtype);
-  const std::vector<std::uint8_t> query_data = to_dtype(s.query, config.query_dtype);
-  s.query_bits.resize(s.query.size());  // 2-byte elements: bf16 or fp16
-  std::memcpy(s.query_bits.data(), query_data.data(), query_data.size());
   if (config.sinks) s.sinks = comparable_sinks(s, rng);
   if (!config.query_lens.empty()) set_query_tokens(s);
 
