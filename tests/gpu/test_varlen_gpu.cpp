@@ -44,13 +44,17 @@ struct VarlenCase {
   DType dtype = DType::bf16;
   CacheOrder order = CacheOrder::blocks;
   int declared_max_query_len = 0;  ///< 0: the longest query
+  int longest_query = 128;         ///< query lengths drawn up to this (speculative decoding: a few)
 };
 
-// Query lengths drawn from 0, 1, 2-8, 17 and 128.
-std::vector<int> random_query_lens(int batch, Rng& rng) {
-  static const int kChoices[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 17, 128};
+// Query lengths drawn from 0, 1, 2-8, 17 and 128, those up to `longest`.
+std::vector<int> random_query_lens(int batch, int longest, Rng& rng) {
+  std::vector<int> choices;
+  for (const int length : {0, 1, 2, 3, 4, 5, 6, 7, 8, 17, 128}) {
+    if (length <= longest) choices.push_back(length);
+  }
   std::vector<int> lengths(batch);
-  for (int& length : lengths) length = kChoices[rng.below(sizeof kChoices / sizeof kChoices[0])];
+  for (int& length : lengths) length = choices[rng.below(choices.size())];
   return lengths;
 }
 
@@ -62,8 +66,8 @@ ScenarioConfig config_of(const VarlenCase& c) {
   config.num_kv_heads = c.num_kv_heads;
   config.head_dim = c.head_dim;
   config.block_size = c.block_size;
-  config.query_lens = random_query_lens(c.batch, rng);
-  config.query_lens[0] = 128;  // every case has a long chunk and a sequence without tokens
+  config.query_lens = random_query_lens(c.batch, c.longest_query, rng);
+  config.query_lens[0] = c.longest_query;  // every case has its longest query and a sequence without tokens
   if (c.batch > 1) config.query_lens[1] = 0;
   for (const int query_len : config.query_lens) {
     config.seq_lens.push_back(query_len + static_cast<int>(rng.below(c.max_context + 1)));
@@ -90,6 +94,13 @@ std::vector<VarlenCase> varlen_cases() {
       {"q4_d128_g16_sinks", p4, 32, 2, 128, 16, 6, 2100, 6, true},
       {"q4_slots_renorm_g8", p4, 32, 4, 128, 16, 6, 1000, 7, true, DType::bf16, CacheOrder::token_slots},
       {"k8v4_slots_g5", Preset::turboquant_k8v4, 10, 2, 64, 32, 5, 600, 8, false, DType::f16, CacheOrder::token_slots},
+      // Speculative-decoding verification: up to 4 tokens at group 8 (32 rows, one query tile), up to 8 at
+      // group 2 (16 rows) and 3 at group 3 (9 rows, a bucket of 16).
+      {"q4_d128_g8_spec4", p4, 64, 8, 128, 16, 12, 2500, 9, true, DType::bf16, CacheOrder::blocks, 0, 4},
+      {"k3v4_d64_g2_spec8", Preset::turboquant_k3v4_nc, 8, 4, 64, 32, 9, 900, 10, false, DType::f16, CacheOrder::blocks,
+       0, 8},
+      {"k8v4_d256_g3_spec3", Preset::turboquant_k8v4, 6, 2, 256, 16, 7, 700, 11, true, DType::bf16, CacheOrder::blocks,
+       0, 3},
   };
   // Every preset at every head dim, with groups 1 to 16 spread over them.
   const int groups[] = {1, 2, 4, 6, 8, 16, 3, 5, 7, 9, 12, 16};
