@@ -72,8 +72,9 @@ constexpr int max_of(int a, int b) { return a > b ? a : b; }
 constexpr int min_of(int a, int b) { return a < b ? a : b; }
 
 /// Compile-time shape of one kernel instance: preset P, head dim D, and rows
-/// bucket R (the instance serves G/2 < rows <= R query rows per CTA: a group
-/// of QG heads, or QG x query tokens).
+/// bucket R: the smallest of 1, 2, 4, 8, 16, 32 holding QG x tokens_per_cta
+/// query rows (one token per sequence: the QG heads); a CTA whose sequence
+/// has fewer tokens left holds fewer.
 template <Preset P, int D, int R>
 struct Config {
   static constexpr int kHeadDim = D;
