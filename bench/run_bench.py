@@ -355,27 +355,33 @@ def method_lines(meta):
 
 def query_tokens_lines(records):
     """Shapes of several query tokens per sequence: the varlen entry beside the same tokens sent as rows of the
-    one-token entry, and against the one-token step of the same shape (q_len 1), where that ran."""
+    one-token entry, and against the one-token step of the same problem (q_len 1: automatic, and the scalar kernel
+    the varlen entry runs on), where those ran."""
     ok = [r for r in records if r["status"] == "ok"]
     varlen = [r for r in ok if r["request"] == "varlen"]
     if not varlen:
         return []
-    same = ("preset", "B", "L", "Hq", "Hk", "D", "block_size", "lengths", "max_model_len", "scores", "tp")
+    same = ("preset", "B", "L", "Hq", "Hk", "D", "block_size", "lengths", "max_model_len", "scores")
     lines = ["## Several query tokens per sequence (single step)", "",
              "Each sequence has q_len new tokens. varlen: one call of the varlen entry; rows: the same tokens as rows "
-             "of the one-token entry (a row per token over its own prefix), as engines send them without it.", "",
-             "| shape | q_len | varlen | path | % read | rows | rows / varlen | q_len 1 step | varlen / q_len 1 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "of the one-token entry (a row per token over its own prefix), as engines send them without it; q_len 1: "
+             "the one-token step of the same problem (automatic path, and the scalar kernel).", "",
+             "| shape | q_len | varlen | path | % read | rows | rows / varlen | q_len 1 step | varlen / q_len 1 | "
+             "q_len 1, scalar kernel | varlen / scalar q_len 1 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(a, b):
+        return fmt(a / b if a and b else None, ".2f", "x")
+
     for r in varlen:
         rows = next((o for o in ok if o["name"] == r["name"] and o["request"] == "rows"), None)
-        single = next((o for o in ok if o["request"] == "automatic" and o["q_len"] == 1
-                       and all(o[k] == r[k] for k in same)), None)
-        rows_us, single_us = rows and rows["tq_us"], single and single["tq_us"]
+        one_token = [o for o in ok if o["q_len"] == 1 and all(o[k] == r[k] for k in same)]
+        single = next((o for o in one_token if o["request"] == "automatic"), None)
+        scalar = next((o for o in one_token if o["request"] == "cuda_generic_scalar"), None)
+        rows_us, single_us, scalar_us = rows and rows["tq_us"], single and single["tq_us"], scalar and scalar["tq_us"]
         lines.append(f"| {r['name']} | {r['q_len']} | {fmt(r['tq_us'], '.1f', ' us')} | "
                      f"{' '.join(filter(None, (r['path'], r['kernel'])))} | {percent(r['frac_of_read'])} | "
-                     f"{fmt(rows_us, '.1f', ' us')} | {fmt(rows_us / r['tq_us'] if rows_us and r['tq_us'] else None, '.2f', 'x')} | "
-                     f"{fmt(single_us, '.1f', ' us')} | "
-                     f"{fmt(r['tq_us'] / single_us if single_us and r['tq_us'] else None, '.2f', 'x')} |")
+                     f"{fmt(rows_us, '.1f', ' us')} | {ratio(rows_us, r['tq_us'])} | {fmt(single_us, '.1f', ' us')} | "
+                     f"{ratio(r['tq_us'], single_us)} | {fmt(scalar_us, '.1f', ' us')} | {ratio(r['tq_us'], scalar_us)} |")
     return lines + [""]
 
 
