@@ -54,12 +54,6 @@ ScenarioConfig config_for(Preset preset, const VarlenShape& shape, std::uint64_t
   return config;
 }
 
-std::vector<float> decode(const Scenario& scenario) {
-  std::vector<float> out(scenario.query.size());
-  decode_reference(scenario.host_args(), out.data());
-  return out;
-}
-
 // The direct computation, written out: token j of sequence b (q new tokens)
 // scores every position t <= seq_len - q + j against the dequantized keys in
 // double, with the sink in the denominator, over the same query the
@@ -112,7 +106,7 @@ TEST_P(VarlenReference, IsCausalAttentionOnTheDequantizedCache) {
     config.identity_rotation = true;
     const Scenario scenario = make_scenario(config);
     ASSERT_EQ(scenario.query_rows(), scenario.query_start_loc.back());
-    const double error = relative_l2(decode(scenario), causal_attention(scenario, dequantize(scenario)));
+    const double error = relative_l2(scenario.reference_output(), causal_attention(scenario, dequantize(scenario)));
     std::printf("[ measure  ] %-20s shape %zu: rel_l2 %.2e against the direct computation\n",
                 preset_info(GetParam()).name, i, error);
     EXPECT_LE(error, 2e-6) << "shape " << i;
@@ -124,7 +118,7 @@ TEST_P(VarlenReference, IsCausalAttentionOnTheDequantizedCache) {
 TEST_P(VarlenReference, EachTokenIsTheOneTokenDecodeOfItsPrefix) {
   for (std::size_t i = 0; i < kShapes.size(); ++i) {
     const Scenario scenario = make_scenario(config_for(GetParam(), kShapes[i], 600 + i));
-    const std::vector<float> varlen = decode(scenario);
+    const std::vector<float> varlen = scenario.reference_output();
     const int D = scenario.config.head_dim;
     const std::size_t row = std::size_t(scenario.config.num_q_heads) * D;
     for (int b = 0; b < scenario.batch(); ++b) {
@@ -151,7 +145,7 @@ TEST_P(VarlenReference, EachTokenIsTheOneTokenDecodeOfItsPrefix) {
 
 TEST_P(VarlenReference, MatchesExactAttentionWithinQuantizationError) {
   const Scenario scenario = make_scenario(config_for(GetParam(), kShapes[0], 700));
-  const std::vector<float> out = decode(scenario);
+  const std::vector<float> out = scenario.reference_output();
   const std::vector<float> exact = scenario.exact_output();
   const double cos = cosine_similarity(out, exact);
   std::printf("[ accuracy ] %-20s cos %.5f rel_l2 %.4f\n", preset_info(GetParam()).name, cos, relative_l2(out, exact));

@@ -14,8 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "random.hpp"
+#include "support/device_scenario.hpp"
 #include "support/scenario.hpp"
 #include "tqdecode/decode.hpp"
+#include "tqdecode/reference.hpp"
 
 namespace tqdecode::test {
 
@@ -167,13 +170,46 @@ class DecodeGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
-/// A replay's output is an eager call's, every element finite and bit for bit.
-inline void expect_replay_equals_eager(const std::vector<float>& replayed, const std::vector<float>& eager, int replay) {
+
+/// A random order of the scenario's sequences, and its block table with row
+/// i taken from row order[i] (graph replays move sequences onto other blocks).
+struct ReorderedSequences {
+  std::vector<int> order;
+  std::vector<std::int32_t> block_table;
+};
+inline ReorderedSequences reorder_sequences(const Scenario& scenario, Rng& rng) {
+  const int batch = scenario.batch();
+  const std::size_t columns = scenario.max_blocks_per_seq;
+  ReorderedSequences reordered{std::vector<int>(batch), std::vector<std::int32_t>(scenario.block_table.size())};
+  for (int i = 0; i < batch; ++i) reordered.order[i] = i;
+  for (int i = batch - 1; i > 0; --i) std::swap(reordered.order[i], reordered.order[rng.below(i + 1)]);
+  for (int i = 0; i < batch; ++i) {
+    std::copy_n(scenario.block_table.begin() + reordered.order[i] * columns, columns,
+                reordered.block_table.begin() + i * columns);
+  }
+  return reordered;
+}
+
+/// Replays `graph`, then runs its call eagerly, each into `device`'s output
+/// poisoned first: the two are equal bit for bit, every element finite, and
+/// close to the CPU reference of `host` (the scenario's host arguments with
+/// the inputs the replay saw).
+inline void expect_replay_matches_eager_and_reference(const DecodeGraph& graph, DeviceScenario& device,
+                                                      const DecodeArgs& host, const std::string& what) {
+  device.poison_output();
+  graph.replay();
+  const std::vector<float> replayed = device.output();
+  device.poison_output();
+  graph.eager();
+  const std::vector<float> eager = device.output();
   ASSERT_EQ(replayed.size(), eager.size());
   for (std::size_t i = 0; i < eager.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(replayed[i])) << "replay " << replay << " element " << i;
-    ASSERT_EQ(replayed[i], eager[i]) << "replay " << replay << " element " << i;
+    ASSERT_TRUE(std::isfinite(replayed[i])) << what << " element " << i;
+    ASSERT_EQ(replayed[i], eager[i]) << what << " element " << i;
   }
+  std::vector<float> expected(eager.size());
+  decode_reference(host, expected.data());
+  expect_close(eager, expected, what);
 }
 
 /// The first element that is not zero of a row of `output` ([B, Hq, D])

@@ -119,12 +119,6 @@ std::vector<VarlenCase> varlen_cases() {
   return cases;
 }
 
-std::vector<float> reference_output(const Scenario& scenario) {
-  std::vector<float> out(scenario.query.size());
-  decode_reference(scenario.host_args(nullptr), out.data());
-  return out;
-}
-
 class VarlenGpu : public ::testing::TestWithParam<VarlenCase> {};
 
 TEST_P(VarlenGpu, MatchesCpuReferenceOnSameCacheBytes) {
@@ -132,7 +126,7 @@ TEST_P(VarlenGpu, MatchesCpuReferenceOnSameCacheBytes) {
   const VarlenCase& c = GetParam();
   const Scenario scenario = make_scenario(config_of(c));
   DeviceScenario device(scenario);
-  const std::vector<float> expected = reference_output(scenario);
+  const std::vector<float> expected = scenario.reference_output();
   const LaunchPlan plan = plan_decode(device.args());
   std::printf("[ path     ] %s: T = %d, max_query_len %d: %s (%s), N = %d, %d token(s) per CTA\n", c.name.c_str(),
               scenario.query_rows(), scenario.max_query_len, decode_path_name(plan.path), plan.reason.c_str(),
@@ -203,44 +197,31 @@ TEST(VarlenGpuGraph, ReplayWithNewLengthsAndQueryStartLocMatchesEager) {
   Rng rng(5);
   const int batch = scenario.batch();
   const int total = scenario.query_rows();
-  const int columns = scenario.max_blocks_per_seq;
   for (int replay = 0; replay < 4; ++replay) {
     // The same T tokens split differently (each at most 128), and sequence i
-    // on the blocks of sequence perm[i] with a length no longer than that one's.
-    std::vector<int> perm(batch);
-    for (int i = 0; i < batch; ++i) perm[i] = i;
-    for (int i = batch - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
+    // on the blocks of sequence order[i] with a length no longer than that one's.
+    const test::ReorderedSequences reordered = test::reorder_sequences(scenario, rng);
+    const auto capacity = [&](int b) { return scenario.seq_lens[reordered.order[b]]; };
     std::vector<std::int32_t> query_lens(batch, 0);
     for (int left = total; left > 0;) {
       const int b = static_cast<int>(rng.below(batch));
-      const int room = std::min(128 - query_lens[b], scenario.seq_lens[perm[b]] - query_lens[b]);
+      const int room = std::min(128, capacity(b)) - query_lens[b];
       const int take = std::min(left, std::min(room, 1 + static_cast<int>(rng.below(9))));
       query_lens[b] += take;
       left -= take;
     }
-    std::vector<std::int32_t> starts(batch + 1, 0), lengths(batch), table(scenario.block_table.size());
+    std::vector<std::int32_t> starts(batch + 1, 0), lengths(batch);
     for (int i = 0; i < batch; ++i) {
       starts[i + 1] = starts[i] + query_lens[i];
-      lengths[i] = query_lens[i] + static_cast<std::int32_t>(rng.below(scenario.seq_lens[perm[i]] - query_lens[i] + 1));
-      std::copy_n(scenario.block_table.begin() + std::size_t(perm[i]) * columns, columns,
-                  table.begin() + std::size_t(i) * columns);
+      lengths[i] = query_lens[i] + static_cast<std::int32_t>(rng.below(capacity(i) - query_lens[i] + 1));
     }
-    device.upload_lengths(lengths, table);
+    device.upload_lengths(lengths, reordered.block_table);
     device.upload_query_start_loc(starts);
-    device.poison_output();
-    graph.replay();
-    const std::vector<float> replayed = device.output();
-    device.poison_output();
-    graph.eager();
-    const std::vector<float> eager = device.output();
-    test::expect_replay_equals_eager(replayed, eager, replay);
     DecodeArgs host = scenario.host_args(nullptr);
     host.seq_lens = lengths.data();
-    host.block_table = table.data();
+    host.block_table = reordered.block_table.data();
     host.query_start_loc = starts.data();
-    std::vector<float> expected(eager.size());
-    decode_reference(host, expected.data());
-    expect_close(eager, expected, "varlen graph replay " + std::to_string(replay));
+    test::expect_replay_matches_eager_and_reference(graph, device, host, "varlen graph replay " + std::to_string(replay));
   }
 }
 
@@ -261,7 +242,7 @@ TEST(VarlenGpuArguments, InconsistentOffsetsAndLengthsStayInsideTheCall) {
   config.keep_unquantized = false;
   const Scenario scenario = make_scenario(config);
   DeviceScenario device(scenario);
-  const std::vector<float> expected = reference_output(scenario);
+  const std::vector<float> expected = scenario.reference_output();
   const std::size_t row = std::size_t(config.num_q_heads) * config.head_dim;
   const int total = scenario.query_rows();  // 20
   const std::size_t guard_rows = 64;

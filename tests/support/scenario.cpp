@@ -227,6 +227,12 @@ StoreArgs Scenario::store_args(std::uint8_t* cache_bytes, const void* key, const
           .num_centroids = static_cast<int>(constants.centroids.size())};
 }
 
+std::vector<float> Scenario::reference_output() const {
+  std::vector<float> out(query.size());
+  decode_reference(host_args(nullptr), out.data());
+  return out;
+}
+
 std::vector<float> Scenario::exact_output() const {
   TQ_REQUIRE(!keys.empty() || total_tokens() == 0, "scenario", "built with keep_unquantized = false");
   std::vector<float> out(query.size());

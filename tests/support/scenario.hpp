@@ -86,6 +86,9 @@ struct Scenario {
   /// `kv_dtype`) into `cache`: how make_scenario wrote `cache`.
   StoreArgs store_args(std::uint8_t* cache, const void* key, const void* value, DType kv_dtype) const;
 
+  /// decode_reference over the scenario's host arguments: [query rows, Hq, D].
+  std::vector<float> reference_output() const;
+
   /// Exact fp32 attention over the unquantized K/V: [query rows, Hq, D],
   /// each varlen token over the positions up to its own.
   std::vector<float> exact_output() const;
