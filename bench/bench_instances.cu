@@ -128,6 +128,8 @@ Instances::Instances(const Shape& shape, const InstancePlan& plan, cudaStream_t 
     args_.push_back(args);
   }
 
+  if (shape.q_len > 1) add_query_tokens(shape, tables, stream);
+
   if (shape.scores == Scores::peaked) {
     const int threads = shape.batch * shape.num_kv_heads * kPeaksPerSequence;
     for (int r = 0; r < instances; ++r) {
@@ -140,6 +142,40 @@ Instances::Instances(const Shape& shape, const InstancePlan& plan, cudaStream_t 
     }
   }
   BENCH_SYNC(stream, "plant_peaks_kernel, the queries' fill and the uploads");  // the host vectors above die here
+}
+
+void Instances::add_query_tokens(const Shape& shape, const std::vector<std::int32_t>& tables, cudaStream_t stream) {
+  const int q_len = shape.q_len;
+  const std::int64_t rows = std::int64_t(shape.batch) * q_len;
+  const std::int64_t width = plan_.table_width;
+  std::vector<std::int32_t> starts(shape.batch + 1);
+  for (int b = 0; b <= shape.batch; ++b) starts[b] = b * q_len;
+  std::vector<std::int32_t> row_tables(rows * width * plan_.instances), row_lengths(rows * plan_.instances);
+  for (int r = 0; r < plan_.instances; ++r) {
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const std::int64_t b = row / q_len;
+      const std::int64_t at = r * rows + row;
+      row_lengths[at] = plan_.lengths[b] - q_len + static_cast<std::int32_t>(row % q_len) + 1;
+      std::copy_n(tables.begin() + (std::int64_t(r) * shape.batch + b) * width, width, row_tables.begin() + at * width);
+    }
+  }
+  query_start_loc_ = DeviceArray<std::int32_t>(shape.batch + 1);
+  row_tables_ = DeviceArray<std::int32_t>(static_cast<std::int64_t>(row_tables.size()));
+  row_lengths_ = DeviceArray<std::int32_t>(static_cast<std::int64_t>(row_lengths.size()));
+  upload(query_start_loc_, starts, stream);
+  upload(row_tables_, row_tables, stream);
+  upload(row_lengths_, row_lengths, stream);
+  BENCH_SYNC(stream, "the uploads of the varlen offsets and the rows form");  // the host vectors die here
+  for (int r = 0; r < plan_.instances; ++r) {
+    tqdecode::DecodeArgs rows_form = args_[r];
+    rows_form.batch = static_cast<int>(rows);
+    rows_form.block_table = row_tables_.get() + r * rows * width;
+    rows_form.seq_lens = row_lengths_.get() + r * rows;
+    rows_args_.push_back(rows_form);
+    args_[r].query_start_loc = query_start_loc_.get();
+    args_[r].num_tokens = static_cast<int>(rows);
+    args_[r].max_query_len = q_len;
+  }
 }
 
 std::vector<float> Instances::output(int instance, cudaStream_t stream) const {

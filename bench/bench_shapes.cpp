@@ -170,19 +170,23 @@ InstancePlan plan_instances(const Shape& shape) {
   if (plan.layout.block_stride % 16 != 0) throw std::runtime_error(shape.name + ": block stride is not a multiple of 16 bytes");
   plan.lengths = sequence_lengths(shape);
   for (const std::int32_t length : plan.lengths) {
+    if (length < shape.q_len) throw std::runtime_error(shape.name + ": a sequence is shorter than q_len");
     plan.tokens += length;
     plan.max_len = std::max(plan.max_len, static_cast<int>(length));
     plan.blocks += (length + shape.block_size - 1) / shape.block_size;
   }
   const int table_tokens = shape.max_model_len > 0 ? shape.max_model_len : plan.max_len;
   plan.table_width = (table_tokens + shape.block_size - 1) / shape.block_size;
-  plan.query_elements = std::int64_t(shape.batch) * shape.num_q_heads * shape.head_dim;
+  const std::int64_t query_rows = std::int64_t(shape.batch) * shape.q_len;
+  plan.query_elements = query_rows * shape.num_q_heads * shape.head_dim;
   plan.cache_bytes = plan.tokens * shape.num_kv_heads * plan.layout.bytes_per_token_head();
   plan.bytes = plan.cache_bytes + 2 * plan.query_elements * 2;
   const tqdecode::PresetInfo info = tqdecode::preset_info(shape.preset);
   plan.constant_elements = info.key_fp8 ? 0 : std::int64_t(shape.head_dim) * shape.head_dim + (std::int64_t{1} << info.key_bits);
   plan.instance_bytes = plan.blocks * plan.layout.block_stride + 2 * plan.query_elements * 2 +
                         std::int64_t(shape.batch) * plan.table_width * 4 + shape.batch * 4 + plan.constant_elements * 4;
+  // q_len > 1: the rows form's block table and lengths (a row per token).
+  if (shape.q_len > 1) plan.instance_bytes += query_rows * plan.table_width * 4 + query_rows * 4;
   plan.layers = static_cast<int>(std::clamp<std::int64_t>(kSingleStepBudgetBytes / plan.instance_bytes, kMinSingleStepLayers,
                                                           kMaxSingleStepLayers));
   plan.back_to_back = shape.back_to_back

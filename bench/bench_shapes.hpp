@@ -27,7 +27,7 @@ struct Shape {
   Lengths lengths = Lengths::uniform;
   int max_model_len = 0;  // block-table width in tokens; 0: the longest sequence
   Scores scores = Scores::flat;
-  int q_len = 1;  // query tokens per sequence; above 1 needs the varlen entry (not supported yet)
+  int q_len = 1;  // query tokens per sequence; above 1: the varlen entry, and the same tokens as rows of the one-token entry
   int tp = 0;     // tensor-parallel degree this per-GPU shape is a shard of; 0: not a shard row
   bool back_to_back = false;
   bool engine = false;
@@ -64,7 +64,7 @@ struct InstancePlan {
   int max_len = 0;
   int table_width = 0;           // max_blocks_per_seq: max_model_len (else max_len) in blocks
   std::int64_t blocks = 0;       // physical blocks one instance uses
-  std::int64_t query_elements = 0;  // B * Hq * D (also the output's)
+  std::int64_t query_elements = 0;  // B * q_len * Hq * D (also the output's)
   std::int64_t cache_bytes = 0;     // cache bytes one decode reads
   std::int64_t bytes = 0;           // cache + query + output: what one decode moves
   std::int64_t constant_elements = 0;  // PiT and centroids of one instance (floats)

@@ -395,8 +395,8 @@ def main():
                 "D": shape["D"], "lengths": shape["lengths"], "q_len": shape["q_len"], "tokens": plan["tokens"],
                 "max_len": plan["max_len"], "bytes": plan["bytes"]}
         if shape["q_len"] > 1:
-            print(f"  {shape['name']}: not supported yet (q_len {shape['q_len']}: the varlen rows come with tqdecode's "
-                  "varlen entry)", flush=True)
+            print(f"  {shape['name']}: not supported yet (q_len {shape['q_len']}: no bf16 baseline with several query "
+                  "tokens per sequence yet; tqdecode_bench measures its varlen entry and the rows pattern)", flush=True)
             document["records"].append({**base, "status": "not supported yet", "same_as": None})
         elif key in measured:
             first, first_plan, record = measured[key]

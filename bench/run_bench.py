@@ -353,6 +353,38 @@ def method_lines(meta):
     ]
 
 
+def query_tokens_lines(records):
+    """Shapes of several query tokens per sequence: the varlen entry beside the same tokens sent as rows of the
+    one-token entry, and against the one-token step of the same problem (q_len 1: automatic, and the scalar kernel
+    the varlen entry runs on), where those ran."""
+    ok = [r for r in records if r["status"] == "ok"]
+    varlen = [r for r in ok if r["request"] == "varlen"]
+    if not varlen:
+        return []
+    same = ("preset", "B", "L", "Hq", "Hk", "D", "block_size", "lengths", "max_model_len", "scores")
+    lines = ["## Several query tokens per sequence (single step)", "",
+             "Each sequence has q_len new tokens. varlen: one call of the varlen entry; rows: the same tokens as rows "
+             "of the one-token entry (a row per token over its own prefix), as engines send them without it; q_len 1: "
+             "the one-token step of the same problem (automatic path, and the scalar kernel).", "",
+             "| shape | q_len | varlen | path | % read | rows | rows / varlen | q_len 1 step | varlen / q_len 1 | "
+             "q_len 1, scalar kernel | varlen / scalar q_len 1 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(a, b):
+        return fmt(a / b if a and b else None, ".2f", "x")
+
+    for r in varlen:
+        rows = next((o for o in ok if o["name"] == r["name"] and o["request"] == "rows"), None)
+        one_token = [o for o in ok if o["q_len"] == 1 and all(o[k] == r[k] for k in same)]
+        single = next((o for o in one_token if o["request"] == "automatic"), None)
+        scalar = next((o for o in one_token if o["request"] == "cuda_generic_scalar"), None)
+        rows_us, single_us, scalar_us = rows and rows["tq_us"], single and single["tq_us"], scalar and scalar["tq_us"]
+        lines.append(f"| {r['name']} | {r['q_len']} | {fmt(r['tq_us'], '.1f', ' us')} | "
+                     f"{' '.join(filter(None, (r['path'], r['kernel'])))} | {percent(r['frac_of_read'])} | "
+                     f"{fmt(rows_us, '.1f', ' us')} | {ratio(rows_us, r['tq_us'])} | {fmt(single_us, '.1f', ' us')} | "
+                     f"{ratio(r['tq_us'], single_us)} | {fmt(scalar_us, '.1f', ' us')} | {ratio(r['tq_us'], scalar_us)} |")
+    return lines + [""]
+
+
 def write_markdown(path, meta, records, engine, targets, bf16_parts):
     ceilings = meta.get("ceilings") or {}
     lines = [
@@ -407,6 +439,8 @@ def write_markdown(path, meta, records, engine, targets, bf16_parts):
                          + (f" {e['error']}" if e["error"] else ""))
         lines.append("")
 
+    lines += query_tokens_lines(records)
+
     shards = sorted((r for r in records if r["tp"] and r["request"] == "automatic"),
                     key=lambda r: (r["tp"], -r["B"] * r["L"], r["B"]))
     if shards:
@@ -423,9 +457,6 @@ def write_markdown(path, meta, records, engine, targets, bf16_parts):
               "| shape | request | path | N | layers | tq us (min-max) | % read | bf16 us | bf16 impl | speedup | "
               "back-to-back (throughput) tq us | back-to-back bf16 us |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-        if r["status"] == "not supported yet":
-            lines.append(f"| {r['name']} | - | not supported yet (q_len {r['q_len']}: the varlen entry) | | | | | | | | | |")
-            continue
         if r["status"] != "ok":
             lines.append(f"| {r['name']} | {r['request'] or '-'} | ERROR | | | | | | | | | {r['error']} |")
             continue
@@ -517,8 +548,6 @@ READ_TBPS = 4.5  # the H200's measured read ceiling, for the estimate only
 def estimate_seconds(shape, tq, bf16, flush_bytes=256 << 20):
     """Rough device seconds of one shape in each program (the bf16 one 0 when an earlier shape shares its problem)."""
     flush_us = flush_bytes / (READ_TBPS * 1e6)
-    if shape["q_len"] > 1:
-        return 0.0, 0.0
 
     def call_us(nbytes, efficiency):
         return nbytes / (efficiency * READ_TBPS * 1e6) + 10
@@ -527,8 +556,11 @@ def estimate_seconds(shape, tq, bf16, flush_bytes=256 << 20):
                   "cuda_generic_scalar": 0.12}
     gemm_us = shape_plan.gemm_weight_bytes() / (0.85 * READ_TBPS * 1e6)
     tq_s = 0.3 + tq["instance_bytes"] * tq["instances"] / 2e11  # allocation, fills, tables, constants, plans
-    for request in shape["requests"]:
-        t = call_us(tq["bytes"], efficiency[request])
+    # q_len > 1: the varlen form (the scalar kernel, its FMAs growing with q_len) and the rows form (q_len reads).
+    forms = ({"varlen": efficiency["cuda_generic_scalar"] / shape["q_len"], "rows": efficiency["automatic"] / shape["q_len"]}
+             if shape["q_len"] > 1 else {request: efficiency[request] for request in shape["requests"]})
+    for form_efficiency in forms.values():
+        t = call_us(tq["bytes"], form_efficiency)
         us = tq["instances"] * (t + 20) + tq["layers"] * 2000
         us += shape_plan.single_step_replays(tq["layers"]) * (flush_us + t + 10)
         if tq["back_to_back_instances"]:
@@ -596,7 +628,7 @@ def dry_run(args, shapes):
         options = [shape["preset"].replace("turboquant_", ""), f"Hq {shape['Hq']} Hk {shape['Hk']} D {shape['D']} "
                    f"bs {shape['block_size']}", shape["lengths"], shape["scores"]]
         options += [f"max_model_len {shape['max_model_len']}"] if shape["max_model_len"] else []
-        options += [f"q_len {shape['q_len']}: not supported yet"] if shape["q_len"] > 1 else []
+        options += [f"q_len {shape['q_len']}: varlen and rows"] if shape["q_len"] > 1 else []
         options += [f"tp {shape['tp']}"] if shape["tp"] else []
         options += ["requests " + "/".join(shape["requests"])] if len(shape["requests"]) > 1 else []
         bf16_text = (f"{bf16['bytes'] / 1e6:9.1f} {bf16['layers']:3d} {bf16['back_to_back_instances']:4d} "

@@ -168,11 +168,14 @@ def tq_plan(shape):
     per_token_head = bytes_per_token_head(shape["preset"], shape["D"])
     blocks = sum(-(-n // bs) for n in lengths)
     width = -(-(shape["max_model_len"] or max(lengths)) // bs)
-    query = shape["B"] * shape["Hq"] * shape["D"]
+    query_rows = shape["B"] * shape["q_len"]
+    query = query_rows * shape["Hq"] * shape["D"]
     constants = 0 if key_fp8 else shape["D"] ** 2 + (1 << key_bits)
     cache_bytes = sum(lengths) * shape["Hk"] * per_token_head
     instance_bytes = (blocks * bs * shape["Hk"] * per_token_head + 2 * query * 2 + shape["B"] * width * 4
                       + shape["B"] * 4 + constants * 4)
+    if shape["q_len"] > 1:  # the rows form's block table and lengths (a row per token)
+        instance_bytes += query_rows * width * 4 + query_rows * 4
     return {"tokens": sum(lengths), "max_len": max(lengths), "table_width": width, "blocks": blocks,
             "cache_bytes": cache_bytes, "bytes": cache_bytes + 2 * query * 2, "instance_bytes": instance_bytes,
             **_instance_counts(shape, instance_bytes)}

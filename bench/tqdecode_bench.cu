@@ -232,8 +232,11 @@ Spread measure_floor(const L2Flush& flush, cudaStream_t stream) {
 struct Record {
   Shape shape;
   InstancePlan plan;
-  std::string status = "error";  // ok, error, or "not supported yet"
-  std::string request;           // automatic, cuda_generic or cuda_generic_scalar
+  std::string status = "error";  // ok or error
+  /// automatic, cuda_generic or cuda_generic_scalar; for q_len > 1 the form
+  /// (automatic request): varlen (the varlen entry) or rows (each token a row
+  /// of the one-token entry)
+  std::string request;
   std::string path;              // the path that ran
   std::string kernel;            // the generic path's kernel (tensor_core or scalar); empty on the Hopper path
   std::string reason;            // why the launcher chose it
@@ -242,7 +245,7 @@ struct Record {
   double back_to_back_us = NAN;   // median replay / R
   double back_to_back_min_us = NAN;
   std::int64_t nonfinite_outputs = -1;
-  double max_abs_diff_vs_automatic = NAN;  // other requests: layer 0's output against the automatic path's
+  double max_abs_diff_vs_automatic = NAN;  // other requests (the rows form): layer 0's output against the automatic path's (varlen's)
   std::string error;
 };
 
@@ -272,9 +275,8 @@ void check_output(const Instances& instances, cudaStream_t stream, const std::ve
   if (keep != nullptr) *keep = output;
 }
 
-void measure_request(const Instances& instances, const InstancePlan& plan, PathRequest request,
+void measure_request(const std::vector<DecodeArgs>& args, const InstancePlan& plan, PathRequest request,
                      DecodeWorkspace& workspace, const L2Flush& flush, cudaStream_t stream, Record& record) {
-  const std::vector<DecodeArgs>& args = instances.args();
   const auto decode_layer = [&](int layer) { tqdecode::decode(args[layer], workspace, stream, request); };
   // Eager calls first: the first allocates the workspace pool, caches the
   // launch plan and loads the kernels (lazy loading); none of that may
@@ -322,12 +324,40 @@ void run_requests(const Shape& shape, const InstancePlan& plan, const Instances&
       if (launch.path == DecodePath::cuda_generic) record.kernel = tqdecode::generic_kernel_name(launch.generic_kernel);
       record.reason = launch.reason;
       record.partitions = launch.num_partitions;
-      measure_request(instances, plan, request, workspace, flush, stream, record);
+      measure_request(instances.args(), plan, request, workspace, flush, stream, record);
       const bool automatic = request == PathRequest::automatic;
       check_output(instances, stream, automatic ? nullptr : &automatic_output, record, automatic ? &automatic_output : nullptr);
       record.status = "ok";
     } catch (const std::exception& error) {
       record.error = std::string(record.request) + ": " + error.what();
+    }
+    records.push_back(std::move(record));
+  }
+}
+
+/// q_len > 1: the varlen entry and the same tokens as rows of the one-token
+/// entry, both on the automatic path, one record each (request "varlen" and
+/// "rows"; the rows record's output compared with the varlen one's).
+void run_forms(const Shape& shape, const InstancePlan& plan, const Instances& instances, DecodeWorkspace& workspace,
+               const L2Flush& flush, cudaStream_t stream, std::vector<Record>& records) {
+  std::vector<float> varlen_output;
+  for (const bool varlen : {true, false}) {
+    Record record;
+    record.shape = shape;
+    record.plan = plan;
+    record.request = varlen ? "varlen" : "rows";
+    try {
+      const std::vector<DecodeArgs>& args = varlen ? instances.args() : instances.rows_args();
+      const tqdecode::LaunchPlan launch = tqdecode::plan_decode(args.front());
+      record.path = tqdecode::decode_path_name(launch.path);
+      if (launch.path == DecodePath::cuda_generic) record.kernel = tqdecode::generic_kernel_name(launch.generic_kernel);
+      record.reason = launch.reason;
+      record.partitions = launch.num_partitions;
+      measure_request(args, plan, PathRequest::automatic, workspace, flush, stream, record);
+      check_output(instances, stream, varlen ? nullptr : &varlen_output, record, varlen ? &varlen_output : nullptr);
+      record.status = "ok";
+    } catch (const std::exception& error) {
+      record.error = record.request + ": " + error.what();
     }
     records.push_back(std::move(record));
   }
@@ -378,9 +408,7 @@ EngineRecord run_engine(const Shape& shape, const InstancePlan& plan, const Inst
 
 void print_record(const Record& r, double read_tbps) {
   const std::string& name = r.shape.name;
-  if (r.status == "not supported yet") {
-    std::printf("%-52s %-19s not supported yet (q_len %d needs the varlen entry)\n", name.c_str(), "-", r.shape.q_len);
-  } else if (r.status != "ok") {
+  if (r.status != "ok") {
     std::printf("%-52s %-19s ERROR: %s\n", name.c_str(), r.request.empty() ? "-" : r.request.c_str(), r.error.c_str());
   } else {
     const double tbps = terabytes_per_second(double(r.plan.bytes), r.single.median_us);
@@ -669,23 +697,20 @@ int run(const Options& options) {
     const std::size_t first_engine = run.engine.size();
     try {
       const InstancePlan plan = plan_instances(shape);
+      std::fprintf(stderr, "%s: filling %d instances (%.2f GB; %d single-step layers, back-to-back R %d, engine-like %d)\n",
+                   shape.name.c_str(), plan.instances, plan.instance_bytes * double(plan.instances) / 1e9, plan.layers,
+                   plan.back_to_back, plan.engine_layers);
+      const Instances instances(shape, plan, stream.get(), info.sm_count);
+      // Pool sized for this step's query rows (B x q_len: the varlen slots, or the rows form's batch); freed with the shape.
+      DecodeWorkspace workspace(shape.batch * shape.q_len);
       if (shape.q_len > 1) {
-        Record record;
-        record.shape = shape;
-        record.plan = plan;
-        record.status = "not supported yet";
-        run.records.push_back(std::move(record));
+        run_forms(shape, plan, instances, workspace, flush, stream.get(), run.records);
       } else {
-        std::fprintf(stderr, "%s: filling %d instances (%.2f GB; %d single-step layers, back-to-back R %d, engine-like %d)\n",
-                     shape.name.c_str(), plan.instances, plan.instance_bytes * double(plan.instances) / 1e9, plan.layers,
-                     plan.back_to_back, plan.engine_layers);
-        const Instances instances(shape, plan, stream.get(), info.sm_count);
-        DecodeWorkspace workspace(shape.batch);  // pool sized for this batch; freed with the shape
         run_requests(shape, plan, instances, workspace, flush, stream.get(), options.automatic_only, run.records);
-        if (shape.engine) {
-          if (!gemms) gemms = std::make_unique<WeightGemms>(kEngineLayers, gemm_batch, stream.get(), info.sm_count);
-          run.engine.push_back(run_engine(shape, plan, instances, workspace, *gemms, flush, stream.get()));
-        }
+      }
+      if (shape.engine) {
+        if (!gemms) gemms = std::make_unique<WeightGemms>(kEngineLayers, gemm_batch, stream.get(), info.sm_count);
+        run.engine.push_back(run_engine(shape, plan, instances, workspace, *gemms, flush, stream.get()));
       }
     } catch (const std::exception& error) {
       Record record;

@@ -24,8 +24,10 @@ status=0
 ./build/tests/tqdecode_cpu_tests --gtest_brief=1 >"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
 ./build/tests/tqdecode_gpu_tests >>"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
 # Every CTA shape on a split grid (CtaShapes), lengths past the block table,
-# graph replay, the stores.
+# graph replay, the stores; several query tokens per sequence: inconsistent
+# offsets, one query tile of 32 rows, 8-warp CTAs (D = 256, 32 rows), replay.
 small='Split/CtaShapes.*:DecodeGpuArguments.LengthsPast*:Grid/DecodeGpu.*/q4_d64:DecodeGpuGraph.*:StoreGpu*'
+small+=':VarlenGpuArguments.*:Grid/VarlenGpu.*/q4_d128_g8_spec4:Grid/VarlenGpu.*/k3v4_nc_d256_g16:VarlenGpuGraph.*'
 for tool in memcheck racecheck; do
   compute-sanitizer --tool $tool --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \
     >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1

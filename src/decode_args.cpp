@@ -4,6 +4,7 @@
 #include <string>
 
 #include "tqdecode/error.hpp"
+#include "workspace_defaults.hpp"
 
 namespace tqdecode {
 
@@ -16,6 +17,30 @@ void require_non_negative_stride(std::int64_t stride, const char* argument) {
 
 void require_pointer(const void* pointer, const char* argument) {
   TQ_REQUIRE(pointer != nullptr, argument, "is null; a tensor is required when batch > 0");
+}
+
+// The varlen shapes (docs/FORMAT.md section 5b); with query_start_loc null
+// the fields that only it gives meaning to must be unset, so a forgotten
+// pointer is not read as a one-token step.
+void validate_query_shapes(const DecodeArgs& args) {
+  if (!args.varlen()) {
+    TQ_REQUIRE(args.max_query_len == 0 && args.num_tokens == 0, "query_start_loc",
+               "is null (one query token per sequence) but max_query_len is " + std::to_string(args.max_query_len) +
+                   " and num_tokens " + std::to_string(args.num_tokens) +
+                   "; accepted: a [batch + 1] int32 tensor with them, or both 0 without it");
+    return;
+  }
+  TQ_REQUIRE(args.max_query_len >= 1 && args.max_query_len <= kMaxQueryLen, "max_query_len",
+             std::to_string(args.max_query_len) + " is out of range; accepted: 1 to " + std::to_string(kMaxQueryLen));
+  // Pools hold a row per query slot (sequence, token): as many as a batch may have.
+  const std::int64_t slots = std::int64_t(args.batch) * args.max_query_len;
+  TQ_REQUIRE(slots <= kMaxBatchLimit, "max_query_len",
+             std::to_string(args.max_query_len) + " with batch " + std::to_string(args.batch) + " gives " +
+                 std::to_string(slots) + " query slots; accepted: batch * max_query_len <= " +
+                 std::to_string(kMaxBatchLimit));
+  TQ_REQUIRE(args.num_tokens >= 0 && args.num_tokens <= slots, "num_tokens",
+             std::to_string(args.num_tokens) + " is out of range; accepted: 0 to batch * max_query_len = " +
+                 std::to_string(slots));
 }
 
 }  // namespace
@@ -40,14 +65,16 @@ void validate_decode_shapes(const DecodeArgs& args, bool output_required) {
 
   const PresetInfo info = args.layout.info();
   validate_codebook_size(args.layout, args.num_centroids);
+  validate_query_shapes(args);
 
-  // With batch 0 the call is a no-op, so engines may pass empty tensors.
+  // With batch 0 the call is a no-op, so engines may pass empty tensors; so
+  // may a varlen call without tokens for the query and output.
   if (args.batch == 0) return;
-  require_pointer(args.query, "query");
+  if (args.query_rows() > 0) require_pointer(args.query, "query");
   require_pointer(args.cache, "cache");
   require_pointer(args.block_table, "block_table");
   require_pointer(args.seq_lens, "seq_lens");
-  if (output_required) require_pointer(args.output, "output");
+  if (output_required && args.query_rows() > 0) require_pointer(args.output, "output");
   if (!info.key_fp8) {
     require_pointer(args.centroids, "centroids");
     require_pointer(args.PiT, "PiT");
@@ -77,6 +104,33 @@ void validate_decode_host_contents(const DecodeArgs& args) {
                  std::to_string(args.num_blocks - 1));
       }
     }
+  }
+  if (!args.varlen()) return;
+  const std::int32_t* starts = args.query_start_loc;
+  if (starts[0] != 0) fail("query_start_loc[0]", std::to_string(starts[0]) + " is not 0; accepted: 0");
+  for (int i = 0; i < args.batch; ++i) {
+    const std::int64_t query_len = std::int64_t(starts[i + 1]) - starts[i];
+    if (query_len < 0) {
+      fail("query_start_loc[" + std::to_string(i + 1) + "]",
+           std::to_string(starts[i + 1]) + " is less than query_start_loc[" + std::to_string(i) +
+               "] = " + std::to_string(starts[i]) + "; accepted: non-decreasing offsets");
+    }
+    if (query_len > args.max_query_len) {
+      fail("max_query_len", std::to_string(args.max_query_len) + " is less than the " + std::to_string(query_len) +
+                                " query tokens of sequence " + std::to_string(i) +
+                                " (query_start_loc[" + std::to_string(i + 1) + "] - query_start_loc[" +
+                                std::to_string(i) + "]); accepted: at least every sequence's query length");
+    }
+    if (query_len > args.seq_lens[i]) {
+      fail("seq_lens[" + std::to_string(i) + "]",
+           std::to_string(args.seq_lens[i]) + " is less than the sequence's " + std::to_string(query_len) +
+               " query tokens; accepted: the context length including the new tokens (>= the query length)");
+    }
+  }
+  if (starts[args.batch] != args.num_tokens) {
+    fail("query_start_loc[" + std::to_string(args.batch) + "]",
+         std::to_string(starts[args.batch]) + " does not match num_tokens (the query's rows) = " +
+             std::to_string(args.num_tokens) + "; accepted: the total number of query tokens");
   }
 }
 

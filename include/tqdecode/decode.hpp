@@ -79,6 +79,12 @@ struct LaunchPlan {
   int kv_heads_per_cta = 1;
   /// The generic path's kernel (path cuda_generic only).
   GenericKernel generic_kernel = GenericKernel::scalar;
+  /// Query tokens of a sequence each CTA of the scalar kernel serves from
+  /// one read of its kv head's cache: 1, or with query_start_loc as many as
+  /// fit 32 query rows (tokens x group), the max_query_len tokens spread
+  /// evenly over ceil(max_query_len / this) query tiles. The grid is then
+  /// (N x query tiles, Hk, B).
+  int query_tokens_per_cta = 1;
 };
 
 /// True when a CUDA device is present and this build has CUDA.

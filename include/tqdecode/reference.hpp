@@ -8,11 +8,14 @@
 
 namespace tqdecode {
 
-/// Step 1: rotated query, [B, Hq, D] fp32 holding bf16-rounded values
-/// (MSE presets), or the query itself as fp32 (fp8 keys).
+/// Step 1: rotated query, [B, Hq, D] ([T, Hq, D] with query_start_loc) fp32
+/// holding bf16-rounded values (MSE presets), or the query itself as fp32
+/// (fp8 keys).
 void rotate_queries_reference(const DecodeArgs& args, float* q_rot);
 
-/// The whole decode, directly: out [B, Hq, D] fp32, contiguous.
+/// The whole decode, directly: out [B, Hq, D] fp32, contiguous; with
+/// query_start_loc [T, Hq, D], each token attending causally (docs/FORMAT.md
+/// section 5b).
 /// Validates shapes and host contents first. Query and sink values are not
 /// validated: a row (sequence, query head) whose query holds a NaN or an
 /// infinity, or whose sink is NaN or +inf, is all NaN when its sequence has
@@ -28,7 +31,7 @@ struct PartitionBuffers {
   float* out = nullptr;
 };
 
-/// Partition step: partition p of sequence i covers
+/// Partition step (one query token per sequence): partition p of sequence i covers
 /// partition_range(seq_lens[i], num_partitions, align, p); empty partitions
 /// write max = -inf, sum = 0, out = 0. num_partitions and align: 1 to 65536.
 void decode_partitions_reference(const DecodeArgs& args, int num_partitions, int align,
@@ -40,8 +43,8 @@ void decode_partitions_reference(const DecodeArgs& args, int num_partitions, int
 void reduce_partitions_reference(const DecodeArgs& args, int num_partitions,
                                  const PartitionBuffers& partitions, float* out);
 
-/// The same API as the CUDA launcher, on host memory: writes args.output in
-/// the query dtype.
+/// The same API as the CUDA launcher, on host memory (both forms): writes
+/// args.output in the query dtype.
 void decode_cpu(const DecodeArgs& args);
 
 /// Exact fp32 attention over unquantized K/V (double accumulation).

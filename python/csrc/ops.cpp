@@ -183,15 +183,20 @@ struct DecodeInputs {
   bool constants_stable;
   std::string_view cache_order;
   bool norm_correction;
+  // Several query tokens per sequence (docs/FORMAT.md section 5b): int32
+  // [batch + 1]; null for one token per sequence.
+  const Tensor* query_start_loc = nullptr;
+  int64_t max_query_len = 0;
 };
 
 // Checks the tensors and builds the library's arguments; output left unset.
 tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
   const Tensor& query = in.query;
   const at::Device device = query.device();
+  const bool varlen = in.query_start_loc != nullptr;
   TQ_REQUIRE(query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kHalf, "query",
           "dtype " + dtype_text(query.scalar_type()) + " is not supported; accepted: torch.bfloat16, torch.float16");
-  check_dim(query, "query", 3, "[batch, num_q_heads, head_dim]");
+  check_dim(query, "query", 3, varlen ? "[num_tokens, num_q_heads, head_dim]" : "[batch, num_q_heads, head_dim]");
   TQ_REQUIRE(query.stride(2) == 1, "query", "the head_dim dimension must have stride 1");
   check_device(in.kv_cache, "kv_cache", device);
 
@@ -201,22 +206,41 @@ tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
   const tqdecode::CacheLayout layout =
       cache_layout_of(in.kv_cache, preset, head_dim, parse_cache_order(in.cache_order), in.norm_correction);
 
-  const int64_t batch = query.size(0);
+  int64_t batch = query.size(0);
+  const char* batch_source = "the batch size query.shape[0]";
+  if (varlen) {
+    const Tensor& starts = *in.query_start_loc;
+    check_device(starts, "query_start_loc", device);
+    check_dtype(starts, "query_start_loc", at::kInt);
+    check_dim(starts, "query_start_loc", 1, "[batch + 1]");
+    TQ_REQUIRE(starts.size(0) >= 1, "query_start_loc", "is empty; expected [batch + 1] offsets starting at 0");
+    check_contiguous(starts, "query_start_loc");
+    TQ_REQUIRE(in.max_query_len >= 1 && in.max_query_len <= tqdecode::kMaxQueryLen, "max_query_len",
+               std::to_string(in.max_query_len) + " is out of range; accepted: 1 to " +
+                   std::to_string(tqdecode::kMaxQueryLen));
+    batch = starts.size(0) - 1;
+    batch_source = "the batch size query_start_loc.shape[0] - 1";
+  }
   check_device(in.block_table, "block_table", device);
   check_dtype(in.block_table, "block_table", at::kInt);
   check_dim(in.block_table, "block_table", 2, "[batch, max_blocks_per_seq]");
-  check_size(in.block_table, "block_table", 0, batch, "the batch size query.shape[0]");
+  check_size(in.block_table, "block_table", 0, batch, batch_source);
   TQ_REQUIRE(in.block_table.stride(1) == 1, "block_table", "rows must be contiguous (stride(1) == 1)");
   check_device(in.seq_lens, "seq_lens", device);
   check_dtype(in.seq_lens, "seq_lens", at::kInt);
   check_dim(in.seq_lens, "seq_lens", 1, "[batch]");
-  check_size(in.seq_lens, "seq_lens", 0, batch, "the batch size query.shape[0]");
+  check_size(in.seq_lens, "seq_lens", 0, batch, batch_source);
   check_contiguous(in.seq_lens, "seq_lens");
 
   tqdecode::DecodeArgs args;
   args.query = query.data_ptr();
   args.query_dtype = query.scalar_type() == at::kBFloat16 ? tqdecode::DType::bf16 : tqdecode::DType::f16;
   args.batch = static_cast<int>(batch);
+  if (varlen) {
+    args.query_start_loc = in.query_start_loc->data_ptr<int32_t>();
+    args.num_tokens = static_cast<int>(query.size(0));
+    args.max_query_len = static_cast<int>(in.max_query_len);
+  }
   args.num_q_heads = static_cast<int>(query.size(1));
   args.query_stride_batch = query.stride(0);
   args.query_stride_head = query.stride(1);
@@ -279,13 +303,15 @@ void* const kPlanningOutput = reinterpret_cast<void*>(std::uintptr_t{1});
   query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits, key_fp8, sinks,      \
       constants_stable, cache_order, norm_correction
 
-void decode_out_cpu(TQ_DECODE_PARAMS, Tensor& out) {
+void decode_into_cpu(const DecodeInputs& in, Tensor& out) {
   translating_errors([&] {
-    tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
-    set_output(args, out, query);
-    tqdecode::decode_cpu(args);  // validates seq_lens and block_table contents first
+    tqdecode::DecodeArgs args = decode_args(in);
+    set_output(args, out, in.query);
+    tqdecode::decode_cpu(args);  // validates seq_lens, block_table and query_start_loc contents first
   });
 }
+
+void decode_out_cpu(TQ_DECODE_PARAMS, Tensor& out) { decode_into_cpu(TQ_DECODE_INPUTS, out); }
 
 Tensor decode_cpu(TQ_DECODE_PARAMS) {
   Tensor out = at::empty(query.sizes(), query.options());
@@ -301,6 +327,29 @@ std::tuple<std::string, std::string> decode_path_cpu(TQ_DECODE_PARAMS) {
     return std::tuple<std::string, std::string>{tqdecode::decode_path_name(tqdecode::DecodePath::cpu_reference),
                                                 "the tensors are in host memory"};
   });
+}
+
+// ---- several query tokens per sequence ----------------------------------------
+
+// The decode ops' arguments with query_start_loc and max_query_len after
+// seq_lens; query and output [num_tokens, Hq, D].
+#define TQ_VARLEN_PARAMS                                                                                          \
+  const Tensor &query, const Tensor &kv_cache, const Tensor &block_table, const Tensor &seq_lens,                 \
+      const Tensor &query_start_loc, int64_t max_query_len, const OptionalTensor &centroids,                      \
+      const OptionalTensor &PiT, double scale, int64_t mse_bits, int64_t value_quant_bits, bool key_fp8,          \
+      const OptionalTensor &sinks, bool constants_stable, std::string_view cache_order, bool norm_correction
+#define TQ_VARLEN_INPUTS                                                                                          \
+  DecodeInputs {                                                                                                  \
+    query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits, key_fp8, sinks,    \
+        constants_stable, cache_order, norm_correction, &query_start_loc, max_query_len                           \
+  }
+
+void varlen_decode_out_cpu(TQ_VARLEN_PARAMS, Tensor& out) { decode_into_cpu(TQ_VARLEN_INPUTS, out); }
+
+Tensor varlen_decode_cpu(TQ_VARLEN_PARAMS) {
+  Tensor out = at::empty(query.sizes(), query.options());
+  decode_into_cpu(TQ_VARLEN_INPUTS, out);
+  return out;
 }
 
 // ---- store -------------------------------------------------------------------
@@ -501,15 +550,17 @@ CUstream_st* current_stream(const at::Device& device) {
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
 }
 
-void decode_out_cuda(TQ_DECODE_PARAMS, Tensor& out) {
+void decode_into_cuda(const DecodeInputs& in, Tensor& out) {
   translating_errors([&] {
-    const c10::cuda::CUDAGuard guard(query.device());
-    tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
-    set_output(args, out, query);
-    const auto workspace = workspaces().for_device(query.device().index());
-    tqdecode::decode(args, *workspace, current_stream(query.device()));
+    const c10::cuda::CUDAGuard guard(in.query.device());
+    tqdecode::DecodeArgs args = decode_args(in);
+    set_output(args, out, in.query);
+    const auto workspace = workspaces().for_device(in.query.device().index());
+    tqdecode::decode(args, *workspace, current_stream(in.query.device()));
   });
 }
+
+void decode_out_cuda(TQ_DECODE_PARAMS, Tensor& out) { decode_into_cuda(TQ_DECODE_INPUTS, out); }
 
 // A new output tensor from torch's allocator (the graph's pool under CUDA-graph
 // capture), so results own their memory: the workspace pools only the
@@ -528,6 +579,14 @@ std::tuple<std::string, std::string> decode_path_cuda(TQ_DECODE_PARAMS) {
     tqdecode::PathChoice choice = tqdecode::choose_decode_path(args);
     return std::tuple<std::string, std::string>{tqdecode::decode_path_name(choice.path), std::move(choice.reason)};
   });
+}
+
+void varlen_decode_out_cuda(TQ_VARLEN_PARAMS, Tensor& out) { decode_into_cuda(TQ_VARLEN_INPUTS, out); }
+
+Tensor varlen_decode_cuda(TQ_VARLEN_PARAMS) {
+  Tensor out = at::empty(query.sizes(), query.options());
+  decode_into_cuda(TQ_VARLEN_INPUTS, out);
+  return out;
 }
 
 // Without check (the default) the store synchronises nothing and works in
@@ -616,6 +675,12 @@ StoreReportTuple store_check_report([[maybe_unused]] int64_t device) {
   "Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, Tensor? PiT, "       \
   "float scale, int mse_bits, int value_quant_bits, bool key_fp8=False, Tensor? sinks=None, "                  \
   "bool constants_stable=True, str cache_order=\"blocks\", bool norm_correction=False"
+// Several query tokens per sequence: query [num_tokens, Hq, D], output the same.
+#define TQ_VARLEN_SCHEMA_ARGS                                                                                   \
+  "Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor query_start_loc, "               \
+  "int max_query_len, Tensor? centroids, Tensor? PiT, float scale, int mse_bits, int value_quant_bits, "       \
+  "bool key_fp8=False, Tensor? sinks=None, bool constants_stable=True, str cache_order=\"blocks\", "             \
+  "bool norm_correction=False"
 TORCH_LIBRARY(tqdecode, m) {
   m.def(
       "store(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping, Tensor? Pi, Tensor? centroids, "
@@ -623,6 +688,8 @@ TORCH_LIBRARY(tqdecode, m) {
   m.def("decode(" TQ_DECODE_SCHEMA_ARGS ") -> Tensor");
   m.def("decode_out(" TQ_DECODE_SCHEMA_ARGS ", *, Tensor(a!) out) -> ()");
   m.def("decode_path(" TQ_DECODE_SCHEMA_ARGS ") -> (str path, str reason)");
+  m.def("varlen_decode(" TQ_VARLEN_SCHEMA_ARGS ") -> Tensor");
+  m.def("varlen_decode_out(" TQ_VARLEN_SCHEMA_ARGS ", *, Tensor(a!) out) -> ()");
   m.def(
       "make_model_constants(str preset, int head_dim, int seed=0, str rotation=\"hadamard\") "
       "-> (Tensor centroids, Tensor Pi, Tensor PiT)");
@@ -645,6 +712,8 @@ TORCH_LIBRARY_IMPL(tqdecode, CPU, m) {
   m.impl("decode", &tqdecode_torch::decode_cpu);
   m.impl("decode_out", &tqdecode_torch::decode_out_cpu);
   m.impl("decode_path", &tqdecode_torch::decode_path_cpu);
+  m.impl("varlen_decode", &tqdecode_torch::varlen_decode_cpu);
+  m.impl("varlen_decode_out", &tqdecode_torch::varlen_decode_out_cpu);
 }
 
 #if defined(TQDECODE_WITH_CUDA)
@@ -653,6 +722,8 @@ TORCH_LIBRARY_IMPL(tqdecode, CUDA, m) {
   m.impl("decode", &tqdecode_torch::decode_cuda);
   m.impl("decode_out", &tqdecode_torch::decode_out_cuda);
   m.impl("decode_path", &tqdecode_torch::decode_path_cuda);
+  m.impl("varlen_decode", &tqdecode_torch::varlen_decode_cuda);
+  m.impl("varlen_decode_out", &tqdecode_torch::varlen_decode_out_cuda);
 }
 #endif
 

@@ -716,12 +716,19 @@ class OpCheckTest(unittest.TestCase):
             case = case.to(device)
         c = case
         decode_args = (c.query, c.kv_cache, c.block_table, c.seq_lens, c.centroids, c.PiT, c.scale, 4, 4, False, c.sinks)
+        # Several query tokens per sequence: 5, 0, 1, 128 and 17 of the lengths 37, 0, 1, 160 and 95.
+        starts = torch.tensor([0, 5, 5, 6, 134, 151], dtype=torch.int32, device=c.query.device)
+        tokens = torch.randn(151, *c.query.shape[1:], generator=torch.Generator().manual_seed(1)).to(c.query)
+        varlen_args = (tokens, c.kv_cache, c.block_table, c.seq_lens, starts, 128, c.centroids, c.PiT, c.scale, 4, 4,
+                       False, c.sinks)
         ops = torch.ops.tqdecode
         slot_mapping = c.slot_mapping
         samples = [
             (ops.decode.default, decode_args, {}),
             (ops.decode_out.default, decode_args, {"out": torch.empty_like(c.query)}),
             (ops.decode_path.default, decode_args, {}),
+            (ops.varlen_decode.default, varlen_args, {}),
+            (ops.varlen_decode_out.default, varlen_args, {"out": torch.empty_like(tokens)}),
             (ops.store.default, (c.key, c.value, torch.zeros_like(c.kv_cache), slot_mapping, c.Pi, c.centroids,
                                  c.config.preset), {}),
             (ops.make_model_constants.default, ("turboquant_3bit_nc", 64, 3, "dense"), {}),

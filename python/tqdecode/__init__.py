@@ -2,7 +2,9 @@
 
 The entry point engines call once per layer per decode step is
 :func:`turboquant_decode_attention` (the signature of the engine-side
-launcher it replaces). The ops behind it are ``torch.ops.tqdecode.*``
+launcher it replaces); :func:`varlen_decode_attention` takes several query
+tokens per sequence (speculative-decoding verification, continuation
+chunks) in the engines' varlen form. The ops behind it are ``torch.ops.tqdecode.*``
 (schemas in ``python/csrc/ops.cpp``), with fake implementations so that
 ``torch.compile(fullgraph=True)`` traces them.
 
@@ -34,6 +36,7 @@ __all__ = [
     "store_check_report",
     "token_slots_decode_attention",
     "turboquant_decode_attention",
+    "varlen_decode_attention",
 ]
 
 
@@ -210,11 +213,13 @@ def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep=True):
 
 
 def _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8, PiT,
-             buf_holder, sinks, keep_constants=True, cache_order="blocks", norm_correction=False):
-    """The positional arguments of the decode ops, after the cheap checks."""
+             buf_holder, sinks, keep_constants=True, cache_order="blocks", norm_correction=False,
+             query_start_loc=None):
+    """The positional arguments of the decode ops (the varlen ops take
+    query_start_loc and max_query_len after seq_lens), after the cheap checks."""
     if sinks is not None and isinstance(sinks, torch.Tensor):
         sinks = sinks.to(torch.float32).contiguous()  # engines may keep sinks in the model dtype
-    check_decode(query, kv_cache, block_table, seq_lens, sinks)
+    check_decode(query, kv_cache, block_table, seq_lens, sinks, query_start_loc)
     centroids, PiT, stable = _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep_constants)
     return (query, kv_cache, block_table, seq_lens, centroids, PiT, float(scale), int(mse_bits), int(value_quant_bits),
             bool(key_fp8), sinks, stable, cache_order, bool(norm_correction))
@@ -289,6 +294,53 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
         ops.decode_out(*args, out=out)
         return out
     return ops.decode(*args)
+
+
+def varlen_decode_attention(query, kv_cache, block_table, seq_lens, query_start_loc, Pi, centroids, scale, mse_bits,
+                            value_quant_bits, key_fp8=False, max_query_len=None, PiT=None, output_buf=None,
+                            buf_holder=None, sinks=None, cache_order="blocks", norm_correction=False) -> torch.Tensor:
+    """Decode attention with several query tokens per sequence (docs/FORMAT.md
+    section 5b): speculative-decoding verification, continuation chunks.
+
+    The engines' varlen form: ``query`` ``[T, Hq, D]`` holds the new tokens of
+    every sequence back to back, sequence b's at rows
+    ``query_start_loc[b] .. query_start_loc[b + 1]`` (int32 ``[B + 1]``,
+    from 0 to T; a sequence may have none); ``seq_lens`` int32 ``[B]`` counts
+    each context *with* its new tokens, whose keys and values must already be
+    in the cache; ``block_table`` int32 ``[B, max_blocks_per_seq]``. Token j
+    of a sequence with q new tokens sits at position ``seq_lens[b] - q + j``
+    and attends to positions 0 through its own. Cache, constants, ``scale``,
+    ``sinks``, ``buf_holder``, ``cache_order`` and ``norm_correction`` as in
+    :func:`turboquant_decode_attention` / :func:`token_slots_decode_attention`.
+
+    ``max_query_len``: the most new tokens any sequence has. The CUDA grid
+    and buffers are sized from it (never from the offsets' values), so a
+    CUDA graph captured with it replays for any offsets and lengths up to
+    it; pass it under CUDA-graph capture and torch.compile. None reads it
+    from ``query_start_loc`` (a device synchronisation).
+
+    Returns ``[T, Hq, D]`` in the query dtype, a new tensor; with
+    ``output_buf`` (``[N, Hq, D]`` or ``[N, Hq * D]``, N >= T) the first T
+    rows are written and ``output_buf[:T]`` is returned. The CPU op checks
+    the offsets and lengths (ValueError naming the element); on CUDA they are
+    clamped on the device, so inconsistent values cannot read or write
+    outside the call's tensors.
+    """
+    args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8,
+                    PiT, buf_holder, sinks, cache_order=cache_order, norm_correction=norm_correction,
+                    query_start_loc=query_start_loc)
+    if max_query_len is None:
+        if torch.compiler.is_compiling() or (query.is_cuda and torch.cuda.is_current_stream_capturing()):
+            fail("max_query_len", "is required under torch.compile and CUDA-graph capture (reading it from "
+                                  "query_start_loc would synchronise); accepted: the most query tokens any sequence has")
+        lengths = query_start_loc[1:] - query_start_loc[:-1]
+        max_query_len = max(1, int(lengths.max())) if lengths.numel() else 1
+    args = (*args[:4], query_start_loc, int(max_query_len), *args[4:])
+    if output_buf is None:
+        return ops.varlen_decode(*args)
+    rows, out = output_rows(output_buf, query, "output_buf")
+    ops.varlen_decode_out(*args, out=out)
+    return rows
 
 
 def decode_path(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,

@@ -45,23 +45,32 @@ def _check_tensor(tensor, argument, dtypes, dim, shape, device):
         fail(argument, f"has {tensor.dim()} dimensions; expected {dim}: {shape}")
 
 
-def _check_batch(tensor, argument, batch):
+def _check_batch(tensor, argument, batch, varlen=False):
     if tensor.shape[0] != batch:
-        fail(argument, f"size {tensor.shape[0]} in dimension 0 does not match the batch size query.shape[0] = {batch}")
+        source = "query_start_loc.shape[0] - 1" if varlen else "query.shape[0]"
+        fail(argument, f"size {tensor.shape[0]} in dimension 0 does not match the batch size {source} = {batch}")
 
 
-def check_decode(query, kv_cache, block_table, seq_lens, sinks) -> None:
-    """The decode checks that need no cache layout."""
+def check_decode(query, kv_cache, block_table, seq_lens, sinks, query_start_loc=None) -> None:
+    """The decode checks that need no cache layout; with ``query_start_loc``
+    those of several query tokens per sequence (query ``[num_tokens, Hq, D]``,
+    batch ``query_start_loc.shape[0] - 1``)."""
     if not isinstance(query, torch.Tensor):
         fail("query", f"expected a torch.Tensor, got {type(query).__name__}")
     device = query.device
-    _check_tensor(query, "query", (torch.bfloat16, torch.float16), 3, "[batch, num_q_heads, head_dim]", device)
+    rows = "[num_tokens, num_q_heads, head_dim]" if query_start_loc is not None else "[batch, num_q_heads, head_dim]"
+    _check_tensor(query, "query", (torch.bfloat16, torch.float16), 3, rows, device)
     _check_tensor(kv_cache, "kv_cache", (torch.uint8,), 4, "[num_blocks, block_size, num_kv_heads, slot_bytes]", device)
     _check_tensor(block_table, "block_table", (torch.int32,), 2, "[batch, max_blocks_per_seq]", device)
     _check_tensor(seq_lens, "seq_lens", (torch.int32,), 1, "[batch]", device)
     batch = query.shape[0]
-    _check_batch(block_table, "block_table", batch)
-    _check_batch(seq_lens, "seq_lens", batch)
+    if query_start_loc is not None:
+        _check_tensor(query_start_loc, "query_start_loc", (torch.int32,), 1, "[batch + 1]", device)
+        if query_start_loc.shape[0] < 1:
+            fail("query_start_loc", "is empty; expected [batch + 1] offsets starting at 0")
+        batch = query_start_loc.shape[0] - 1
+    _check_batch(block_table, "block_table", batch, query_start_loc is not None)
+    _check_batch(seq_lens, "seq_lens", batch, query_start_loc is not None)
     if sinks is not None:
         _check_tensor(sinks, "sinks", (torch.float32,), 1, "[num_q_heads]", device)
         if sinks.shape[0] != query.shape[1]:
@@ -129,6 +138,22 @@ def _decode_out_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, sca
                      key_fp8=False, sinks=None, constants_stable=True, cache_order="blocks", norm_correction=False, *,
                      out):
     check_decode(query, kv_cache, block_table, seq_lens, sinks)
+    check_output(out, query, "out")
+
+
+@torch.library.register_fake("tqdecode::varlen_decode")
+def _varlen_decode_fake(query, kv_cache, block_table, seq_lens, query_start_loc, max_query_len, centroids, PiT, scale,
+                        mse_bits, value_quant_bits, key_fp8=False, sinks=None, constants_stable=True,
+                        cache_order="blocks", norm_correction=False):
+    check_decode(query, kv_cache, block_table, seq_lens, sinks, query_start_loc)
+    return torch.empty_like(query, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("tqdecode::varlen_decode_out")
+def _varlen_decode_out_fake(query, kv_cache, block_table, seq_lens, query_start_loc, max_query_len, centroids, PiT,
+                            scale, mse_bits, value_quant_bits, key_fp8=False, sinks=None, constants_stable=True,
+                            cache_order="blocks", norm_correction=False, *, out):
+    check_decode(query, kv_cache, block_table, seq_lens, sinks, query_start_loc)
     check_output(out, query, "out")
 
 

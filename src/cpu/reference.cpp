@@ -113,11 +113,11 @@ RangeState attend(const SequenceHead& head, const float* q, TokenRange range, do
   return {max, sum};
 }
 
-// Step 1 without validation: [B, Hq, D] contiguous.
+// Step 1 without validation: [query rows, Hq, D] contiguous.
 void rotate_queries(const DecodeArgs& args, float* q_rot) {
   const int D = args.layout.head_dim;
   const bool rotate = !args.layout.key_fp8();
-  const std::int64_t rows = std::int64_t(args.batch) * args.num_q_heads;
+  const std::int64_t rows = std::int64_t(args.query_rows()) * args.num_q_heads;
   parallel_for(rows, [&](std::int64_t row) {
     const std::int64_t base = (row / args.num_q_heads) * args.q_stride_b() + (row % args.num_q_heads) * args.q_stride_h();
     float* out = q_rot + row * D;
@@ -137,29 +137,54 @@ void rotate_queries(const DecodeArgs& args, float* q_rot) {
 }
 
 std::vector<float> rotated_queries(const DecodeArgs& args) {
-  std::vector<float> q_rot(std::size_t(args.batch) * args.num_q_heads * args.layout.head_dim);
+  std::vector<float> q_rot(std::size_t(args.query_rows()) * args.num_q_heads * args.layout.head_dim);
   rotate_queries(args, q_rot.data());
   return q_rot;
 }
 
-// The whole decode of already validated arguments: out [B, Hq, D] fp32.
+// What one query row attends to: positions 0 .. context - 1 of `sequence`.
+struct QueryToken {
+  int sequence;
+  int context;
+};
+
+// Per query row: row b is sequence b with its whole length; with
+// query_start_loc, token j of a sequence's q_len new tokens sits at position
+// seq_len - q_len + j and sees seq_len - q_len + j + 1 positions
+// (docs/FORMAT.md section 5b).
+std::vector<QueryToken> query_tokens(const DecodeArgs& args) {
+  std::vector<QueryToken> tokens(args.query_rows());
+  for (int b = 0; b < args.batch; ++b) {
+    if (!args.varlen()) {
+      tokens[b] = {b, args.seq_lens[b]};
+      continue;
+    }
+    const int first = args.query_start_loc[b];
+    const int query_len = args.query_start_loc[b + 1] - first;
+    for (int j = 0; j < query_len; ++j) tokens[first + j] = {b, args.seq_lens[b] - query_len + j + 1};
+  }
+  return tokens;
+}
+
+// The whole decode of already validated arguments: out [query rows, Hq, D] fp32.
 void decode_validated(const DecodeArgs& args, float* out) {
   const std::vector<float> q_rot = rotated_queries(args);
+  const std::vector<QueryToken> tokens = query_tokens(args);
   const int D = args.layout.head_dim;
-  const std::int64_t rows = std::int64_t(args.batch) * args.num_q_heads;
+  const std::int64_t rows = std::int64_t(args.query_rows()) * args.num_q_heads;
   parallel_for(rows, [&](std::int64_t row) {
-    const int b = static_cast<int>(row / args.num_q_heads);
+    const QueryToken token = tokens[row / args.num_q_heads];
     const int hq = static_cast<int>(row % args.num_q_heads);
     float* o = out + row * D;
     // seq_len 0 gives zeros even with a sink: the output is a weighted sum
     // over no tokens; the sink only adds mass to the denominator.
-    if (args.seq_lens[b] == 0) {
+    if (token.context == 0) {
       std::fill(o, o + D, 0.0f);
       return;
     }
     std::vector<double> acc(D, 0.0);
-    const SequenceHead head(args, b, hq / args.group_size());
-    const RangeState state = attend(head, q_rot.data() + row * D, {0, args.seq_lens[b]}, acc.data());
+    const SequenceHead head(args, token.sequence, hq / args.group_size());
+    const RangeState state = attend(head, q_rot.data() + row * D, {0, token.context}, acc.data());
     // m = max(max_t s_t, sink); rescale the state from its own max to m.
     const double m = args.sinks ? std::max(state.max, double(args.sinks[hq])) : state.max;
     const double rescale = std::exp(state.max - m);
@@ -182,6 +207,9 @@ constexpr int kMaxPartitions = 1 << 16;
 constexpr int kMaxAlign = 1 << 16;
 
 void validate_partition_buffers(const DecodeArgs& args, int num_partitions, const PartitionBuffers& partitions) {
+  TQ_REQUIRE(!args.varlen(), "query_start_loc",
+             "is set; the split-KV reference steps take one query token per sequence (decode_reference and "
+             "decode_cpu take several); accepted: null");
   TQ_REQUIRE(num_partitions >= 1 && num_partitions <= kMaxPartitions, "num_partitions",
           std::to_string(num_partitions) + " is out of range; accepted: 1 to " + std::to_string(kMaxPartitions));
   if (args.batch <= 0) return;  // nothing to write (a negative batch is reported by the shape checks)
@@ -286,9 +314,9 @@ void reduce_partitions_reference(const DecodeArgs& args, int num_partitions, con
 void decode_cpu(const DecodeArgs& args) {
   validate_decode_host_contents(args);  // before anything is allocated or written
   const int D = args.layout.head_dim;
-  std::vector<float> out(std::size_t(args.batch) * args.num_q_heads * D);
+  std::vector<float> out(std::size_t(args.query_rows()) * args.num_q_heads * D);
   decode_validated(args, out.data());
-  for (int b = 0; b < args.batch; ++b) {
+  for (int b = 0; b < args.query_rows(); ++b) {
     for (int hq = 0; hq < args.num_q_heads; ++hq) {
       const std::int64_t base = b * args.out_stride_b() + hq * args.out_stride_h();
       const float* row = out.data() + (std::int64_t(b) * args.num_q_heads + hq) * D;

@@ -1,11 +1,13 @@
 // Dispatch of the generic partition kernel: the one place that maps runtime
-// (preset, head dim, group size) to a compiled instance. Group sizes are
-// served by the smallest bucket 1, 2, 4, 8 or 16 that holds them; heads past
-// the group inside a bucket compute zeros that are never stored.
+// (preset, head dim, query rows per CTA) to a compiled instance. The rows
+// (group size x query tokens per CTA) are served by the smallest bucket 1,
+// 2, 4, 8, 16 or 32 that holds them; rows past them inside a bucket compute
+// zeros that are never stored.
 
 #include <string>
 
 #include "decode_generic.cuh"
+#include "policy.hpp"
 #include "tqdecode/error.hpp"
 
 namespace tqdecode::cuda {
@@ -20,20 +22,21 @@ TQ_GENERIC_INSTANCES_OF_PRESET(TQ_GENERIC_EXTERN, Preset::turboquant_k8v4)
 namespace {
 
 template <Preset P, int D>
-void dispatch_group(const PartitionParams& params, cudaStream_t stream, int group) {
-  if (group <= 1) return launch_instance<P, D, 1>(params, stream);
-  if (group <= 2) return launch_instance<P, D, 2>(params, stream);
-  if (group <= 4) return launch_instance<P, D, 4>(params, stream);
-  if (group <= 8) return launch_instance<P, D, 8>(params, stream);
-  return launch_instance<P, D, 16>(params, stream);
+void dispatch_rows(const PartitionParams& params, const QueryRows& query_rows, cudaStream_t stream, int rows) {
+  if (rows <= 1) return launch_instance<P, D, 1>(params, query_rows, stream);
+  if (rows <= 2) return launch_instance<P, D, 2>(params, query_rows, stream);
+  if (rows <= 4) return launch_instance<P, D, 4>(params, query_rows, stream);
+  if (rows <= 8) return launch_instance<P, D, 8>(params, query_rows, stream);
+  if (rows <= 16) return launch_instance<P, D, 16>(params, query_rows, stream);
+  return launch_instance<P, D, 32>(params, query_rows, stream);
 }
 
 template <Preset P>
-void dispatch_head_dim(const PartitionParams& params, cudaStream_t stream, int group) {
+void dispatch_head_dim(const PartitionParams& params, const QueryRows& query_rows, cudaStream_t stream, int rows) {
   switch (params.layout.head_dim) {
-    case 64: return dispatch_group<P, 64>(params, stream, group);
-    case 128: return dispatch_group<P, 128>(params, stream, group);
-    case 256: return dispatch_group<P, 256>(params, stream, group);
+    case 64: return dispatch_rows<P, 64>(params, query_rows, stream, rows);
+    case 128: return dispatch_rows<P, 128>(params, query_rows, stream, rows);
+    case 256: return dispatch_rows<P, 256>(params, query_rows, stream, rows);
     default: break;
   }
   fail("head_dim", std::to_string(params.layout.head_dim) +
@@ -43,7 +46,7 @@ void dispatch_head_dim(const PartitionParams& params, cudaStream_t stream, int g
 }  // namespace
 }  // namespace generic
 
-void launch_partitions_generic(const PartitionParams& params, CUstream_st* stream) {
+void launch_partitions_generic(const PartitionParams& params, const QueryRows& query_rows, CUstream_st* stream) {
   validate_layout(params.layout);
   validate_group_size(params.num_q_heads, params.layout.num_kv_heads);
   TQ_REQUIRE(params.num_partitions >= 1, "num_partitions",
@@ -56,17 +59,26 @@ void launch_partitions_generic(const PartitionParams& params, CUstream_st* strea
           std::to_string(params.batch) + " is out of range for the generic kernel; accepted: 0 to 65535");
   const bool key_fp8 = params.layout.key_fp8();
   TQ_REQUIRE(key_fp8 || params.centroids != nullptr, "centroids", "is null; MSE presets need the codebook");
+  const int group = params.num_q_heads / params.layout.num_kv_heads;
+  TQ_REQUIRE(query_rows.max_query_len >= 1 && query_rows.tokens_per_cta >= 1 &&
+                 query_rows.tokens_per_cta <= query_rows.max_query_len &&
+                 group * query_rows.tokens_per_cta <= kGenericMaxRows,
+             "tokens_per_cta",
+             std::to_string(query_rows.tokens_per_cta) + " with group " + std::to_string(group) + " and max_query_len " +
+                 std::to_string(query_rows.max_query_len) + " is out of range; accepted: 1 to max_query_len, at most " +
+                 std::to_string(kGenericMaxRows) + " rows (group x tokens)");
   if (params.batch == 0) return;
 
-  const int group = params.num_q_heads / params.layout.num_kv_heads;
+  const int rows = group * query_rows.tokens_per_cta;
   switch (params.layout.preset) {
     case Preset::turboquant_4bit_nc:
-      return generic::dispatch_head_dim<Preset::turboquant_4bit_nc>(params, stream, group);
+      return generic::dispatch_head_dim<Preset::turboquant_4bit_nc>(params, query_rows, stream, rows);
     case Preset::turboquant_k3v4_nc:
-      return generic::dispatch_head_dim<Preset::turboquant_k3v4_nc>(params, stream, group);
+      return generic::dispatch_head_dim<Preset::turboquant_k3v4_nc>(params, query_rows, stream, rows);
     case Preset::turboquant_3bit_nc:
-      return generic::dispatch_head_dim<Preset::turboquant_3bit_nc>(params, stream, group);
-    case Preset::turboquant_k8v4: return generic::dispatch_head_dim<Preset::turboquant_k8v4>(params, stream, group);
+      return generic::dispatch_head_dim<Preset::turboquant_3bit_nc>(params, query_rows, stream, rows);
+    case Preset::turboquant_k8v4:
+      return generic::dispatch_head_dim<Preset::turboquant_k8v4>(params, query_rows, stream, rows);
   }
   fail("preset", "unknown preset value");
 }

@@ -1,17 +1,26 @@
 // Generic split-KV partition kernel (internal): every preset, head dim 64 /
 // 128 / 256, group size 1..16, block size 16..128, either cache order
-// (blocks, token_slots), any GPU from sm_75 up.
+// (blocks, token_slots), one or several query tokens per sequence, any GPU
+// from sm_75 up.
 //
-// Grid (num_partitions, num_kv_heads, batch); the CTA (p, h, b) runs the
-// online softmax of docs/FORMAT.md section 5 over partition_range(seq_lens[b], ...)
-// for all QG query heads of kv head h and writes the normalized partial
-// result. The grid depends on shapes only, never on seq_lens (CUDA graphs).
+// Grid (num_partitions * query tiles, num_kv_heads, batch); the CTA
+// (q * N + p, h, b) runs the online softmax of docs/FORMAT.md section 5 over
+// partition_range(seq_lens[b], ...) for its query rows and writes the
+// normalized partial results. Its rows are the QG query heads of kv head h
+// for each of the tokens_per_cta query tokens of query tile q of sequence b
+// (row r: token r / QG, head r % QG; one token per sequence: the QG heads),
+// so every key and value it loads serves all of them; each row is masked
+// causally (section 5b: token j of q_len sees positions below seq_len -
+// q_len + j + 1), and the range stops at the last row's limit. The grid
+// depends on shapes only (B, max_query_len), never on seq_lens or
+// query_start_loc (CUDA graphs).
 //
-// CTA of 4 warps. The warps form kTokenGroups groups; each group walks its
-// own tiles of the range (tiles g, g + kTokenGroups, ...) and keeps its own
-// online-softmax state, merged through shared memory at the end. Within a
-// group the kHeadGroups warps split the query heads (kHeadsPerWarp each), so
-// the per-lane accumulator stays at D * kHeadsPerWarp / 32 <= 32 registers.
+// CTA of 4 warps (8 for 32 rows at D = 256). The warps form kTokenGroups
+// groups; each group walks its own tiles of the range (tiles g, g +
+// kTokenGroups, ...) and keeps its own online-softmax state, merged through
+// shared memory at the end. Within a group the kHeadGroups warps split the
+// query rows (kHeadsPerWarp each), so the per-lane accumulator stays at
+// D * kHeadsPerWarp / 32 <= 32 registers.
 //
 // One tile = kTileTokens consecutive tokens (32, or 16 at D = 256):
 //  1. Staging: the group copies the tile's records (key then value bytes,
@@ -62,12 +71,14 @@ constexpr int round_up(int value, int multiple) { return (value + multiple - 1) 
 constexpr int max_of(int a, int b) { return a > b ? a : b; }
 constexpr int min_of(int a, int b) { return a < b ? a : b; }
 
-/// Compile-time shape of one kernel instance: preset P, head dim D, and group
-/// size bucket G (the instance serves group sizes G/2 < QG <= G).
-template <Preset P, int D, int G>
+/// Compile-time shape of one kernel instance: preset P, head dim D, and rows
+/// bucket R: the smallest of 1, 2, 4, 8, 16, 32 holding QG x tokens_per_cta
+/// query rows (one token per sequence: the QG heads); a CTA whose sequence
+/// has fewer tokens left holds fewer.
+template <Preset P, int D, int R>
 struct Config {
   static constexpr int kHeadDim = D;
-  static constexpr int kMaxGroup = G;
+  static constexpr int kMaxRows = R;
   static constexpr PresetInfo kInfo = preset_info(P);
   static constexpr bool kKeyFp8 = kInfo.key_fp8;
   static constexpr int kKeyBits = kInfo.key_bits;
@@ -89,15 +100,16 @@ struct Config {
   static constexpr int kSlotPieceLimit =
       min_of(16, (kKeyBytes | kValueBytes | kSlotValueOffset) & -(kKeyBytes | kValueBytes | kSlotValueOffset));
 
-  static constexpr int kWarps = 4;
+  /// Query rows per warp: at most 8, and the value accumulator at most
+  /// 32 floats per lane (D * rows / 32).
+  static constexpr int kHeadsPerWarp = min_of(R, min_of(8, 1024 / D));
+  static constexpr int kHeadGroups = R / kHeadsPerWarp;
+  /// 4 warps, or one per head group where rows need more (32 rows at D = 256).
+  static constexpr int kWarps = max_of(4, kHeadGroups);
   static constexpr int kThreads = 32 * kWarps;
-  /// Query heads per warp: at most 8, and the value accumulator at most
-  /// 32 floats per lane (D * heads / 32).
-  static constexpr int kHeadsPerWarp = min_of(G, min_of(8, 1024 / D));
-  /// Occupancy target: caps registers at 168 (8 heads per warp) or 128, the
+  /// Occupancy target: caps registers at 168 (8 rows per warp) or 128, the
   /// most each needs without spilling.
-  static constexpr int kMinBlocksPerSm = kHeadsPerWarp >= 8 ? 3 : 4;
-  static constexpr int kHeadGroups = G / kHeadsPerWarp;
+  static constexpr int kMinBlocksPerSm = (kHeadsPerWarp >= 8 ? 3 : 4) * 4 / kWarps;
   static constexpr int kTokenGroups = kWarps / kHeadGroups;
   /// Lanes that share one token's dot product (2 at D = 256 halve the tile's smem).
   static constexpr int kLanesPerToken = D > 128 ? D / 128 : 1;
@@ -111,9 +123,11 @@ struct Config {
   static constexpr int kTileBytes = kTileTokens * kRowPitch;
 
   // Dynamic shared memory layout (bytes).
-  static constexpr int kQueryOffset = 0;                            ///< float [G][D]: rotated queries of the group
-  static constexpr int kCentroidOffset = kQueryOffset + G * D * 4;  ///< float [16]
-  static constexpr int kWeightOffset = kCentroidOffset + 16 * 4;    ///< float [warp][token][head]: p_t * vscale_t
+  static constexpr int kQueryOffset = 0;                            ///< float [R][D]: rotated queries of the rows
+  static constexpr int kCentroidOffset = kQueryOffset + R * D * 4;  ///< float [16]
+  static constexpr int kRowLimitOffset = kCentroidOffset + 16 * 4;  ///< int [R]: positions each row sees (causal)
+  /// float [warp][token][row]: p_t * vscale_t (16-byte aligned: read as float4)
+  static constexpr int kWeightOffset = kRowLimitOffset + round_up(R * 4, 16);
   static constexpr int kStageOffset = round_up(kWeightOffset + kWarps * kTileTokens * kHeadsPerWarp * 4, 16);
   /// Per token group, two tile buffers.
   static constexpr int kStageBytes = kTokenGroups * 2 * kTileBytes;
@@ -123,8 +137,8 @@ struct Config {
   static constexpr int kMergeBytes = kWarps * kMergeFloatsPerWarp * 4;
   static constexpr int kSmemBytes = kStageOffset + max_of(kStageBytes, kMergeBytes);
 
-  static_assert(G == 1 || G == 2 || G == 4 || G == 8 || G == 16, "group bucket");
-  static_assert(kHeadGroups * kHeadsPerWarp == G && kTokenGroups * kHeadGroups == kWarps, "warp split");
+  static_assert(R == 1 || R == 2 || R == 4 || R == 8 || R == 16 || R == 32, "rows bucket");
+  static_assert(kHeadGroups * kHeadsPerWarp == R && kTokenGroups * kHeadGroups == kWarps, "warp split");
   static_assert(kValueDimsPerLane * kValueBits <= 32, "a lane's value codes fit one 32-bit window");
   static_assert(kKeyBytes % 8 == 0 && kRecordBytes % 8 == 0, "records are 8-byte multiples");
   static_assert(kMergeFloatsPerWarp % 4 == 0, "each warp's merged state starts 16-byte aligned");
@@ -481,13 +495,17 @@ struct WarpState {
   float acc[C::kHeadsPerWarp][C::kValueDimsPerLane];
 };
 
-/// Steps 2-4 of the file comment for one staged tile of `count` tokens.
-/// `renormalize`: divide each key by the norm of its centroid vector
-/// (token_slots with renormalize_keys; MSE keys only).
+/// Steps 2-4 of the file comment for one staged tile of `count` tokens at
+/// positions `first_position` onwards. Row g of the warp sees the positions
+/// below limits[g] (at most the range's end, so the tile's tokens past
+/// `count` are masked in every row). `renormalize`: divide each key by the
+/// norm of its centroid vector (token_slots with renormalize_keys; MSE keys
+/// only).
 template <class C>
 __device__ __forceinline__ void process_tile(WarpState<C>& state, const unsigned char* tile, const TokenMeta& meta,
-                                             int count, const float* q, const float* centroids, float* weights,
-                                             float scale_log2, bool renormalize, int lane) {
+                                             int count, int first_position, const int* limits, const float* q,
+                                             const float* centroids, float* weights, float scale_log2,
+                                             bool renormalize, int lane) {
   constexpr int kHeads = C::kHeadsPerWarp;
   const int t = lane % C::kTileTokens;
   const int part = lane / C::kTileTokens;
@@ -510,10 +528,10 @@ __device__ __forceinline__ void process_tile(WarpState<C>& state, const unsigned
   if (!C::kKeyFp8 && renormalize) factor *= square > 0.0f ? rsqrtf(square) : 0.0f;
   const float value_scale = half_bits_to_float(meta.value_scale);
   const float value_zero = half_bits_to_float(meta.value_zero);
-  const bool valid = t < count;
+  const int position = first_position + t;
 #pragma unroll
   for (int g = 0; g < kHeads; ++g) {
-    const float score = valid ? s[g] * factor : -INFINITY;
+    const float score = position < limits[g] ? s[g] * factor : -INFINITY;  // broadcast read
     const float m_new = fmaxf(state.m[g], warp_max(score));
     // A row whose scores are all -inf so far keeps everything at 0 instead of NaN.
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;
@@ -554,47 +572,90 @@ __device__ __forceinline__ void process_tile(WarpState<C>& state, const unsigned
   }
 }
 
-/// Writes the empty-partition values (max -inf, sum 0, out 0) for `group` heads.
+/// The query rows of one CTA: row r is head r % group of kv head h (query
+/// head first_head + r % group) for query token first_token + r / group of
+/// its sequence; its partition entries are those of query slot (sequence b,
+/// token j) = first_slot + r / group.
+struct CtaRows {
+  std::int64_t first_slot;  ///< b * max_query_len + the CTA's first token
+  int first_token_row;      ///< the query row (of T) of the CTA's first token
+  int first_head;           ///< kv head * group
+  int group;
+  int num_q_heads;
+  int count;  ///< rows: tokens x group
+
+  /// Index of row r's partition entries: (slot * Hq + query head); times N plus p addresses them.
+  __device__ __forceinline__ std::int64_t entry(int r) const {
+    return (first_slot + r / group) * num_q_heads + first_head + r % group;
+  }
+  /// Row r's query in the [T, Hq] rows of q_rot.
+  __device__ __forceinline__ std::int64_t query_row(int r) const {
+    return static_cast<std::int64_t>(first_token_row + r / group) * num_q_heads + first_head + r % group;
+  }
+};
+
+/// Writes the empty-partition values (max -inf, sum 0, out 0) for the CTA's rows.
 template <class C>
-__device__ __forceinline__ void write_empty_partition(const PartitionParams& p, std::int64_t first_row, int group,
-                                                      int partition) {
+__device__ __forceinline__ void write_empty_partition(const PartitionParams& p, const CtaRows& rows, int partition) {
   constexpr int kQuads = C::kHeadDim / 4;
-  for (int i = threadIdx.x; i < group * kQuads; i += C::kThreads) {
-    const std::int64_t row = first_row + i / kQuads;
-    float* out = p.part_out + (row * p.num_partitions + partition) * C::kHeadDim + (i % kQuads) * 4;
+  for (int i = threadIdx.x; i < rows.count * kQuads; i += C::kThreads) {
+    const std::int64_t entry = rows.entry(i / kQuads);
+    float* out = p.part_out + (entry * p.num_partitions + partition) * C::kHeadDim + (i % kQuads) * 4;
     *reinterpret_cast<float4*>(out) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  if (threadIdx.x < group) {
-    p.part_max[(first_row + threadIdx.x) * p.num_partitions + partition] = -INFINITY;
-    p.part_sum[(first_row + threadIdx.x) * p.num_partitions + partition] = 0.0f;
+  for (int r = threadIdx.x; r < rows.count; r += C::kThreads) {
+    p.part_max[rows.entry(r) * p.num_partitions + partition] = -INFINITY;
+    p.part_sum[rows.entry(r) * p.num_partitions + partition] = 0.0f;
   }
 }
 
 template <class C>
-__device__ __forceinline__ void partitions_body(const PartitionParams& p, unsigned char* smem) {
+__device__ __forceinline__ void partitions_body(const PartitionParams& p, const QueryRows& query_rows,
+                                                unsigned char* smem) {
   constexpr int D = C::kHeadDim;
   constexpr int kHeads = C::kHeadsPerWarp;
-  const int partition = blockIdx.x;
+  const int partition = blockIdx.x % p.num_partitions;
+  const int query_tile = blockIdx.x / p.num_partitions;
   const int kv_head = blockIdx.y;
   const int b = blockIdx.z;
   const int num_kv_heads = p.layout.num_kv_heads;
   const int group = p.num_q_heads / num_kv_heads;
-  const std::int64_t first_row = static_cast<std::int64_t>(b) * p.num_q_heads + kv_head * group;
+
+  // This CTA's query tokens of sequence b; none (a tile past its q_len) writes nothing, as the reducer reads nothing there.
+  const QueryRows::Span span = query_rows.span(b);
+  const int first_token = query_tile * query_rows.tokens_per_cta;
+  const int tokens = min(query_rows.tokens_per_cta, span.count - first_token);
+  if (tokens <= 0) return;
+  const CtaRows rows{static_cast<std::int64_t>(b) * query_rows.max_query_len + first_token, span.first + first_token,
+                     kv_head * group, group, p.num_q_heads, tokens * group};
 
   // NOTE: only entries of this sequence's block-table row are ever read.
-  const TokenRange range = partition_range(p.covered_length(p.seq_lens[b]), p.num_partitions, p.partition_align, partition);
-  if (range.begin >= range.end) {  // past the sequence end: no block-table or cache read
-    write_empty_partition<C>(p, first_row, group, partition);
+  // Token j of the span sees positions below seq_len - count + j + 1; the
+  // range stops at the CTA's last token's limit (the whole partition with
+  // one token per sequence), which is <= 0 on inconsistent lengths.
+  const int seq_len = p.covered_length(p.seq_lens[b]);
+  const int context_base = seq_len - span.count + first_token + 1;  // limit of the CTA's first token
+  const TokenRange partition_tokens = partition_range(seq_len, p.num_partitions, p.partition_align, partition);
+  const TokenRange range{partition_tokens.begin, min(partition_tokens.end, context_base + tokens - 1)};
+  if (range.begin >= range.end) {  // past the sequence end or every row's limit: no block-table or cache read
+    write_empty_partition<C>(p, rows, partition);
     return;
   }
 
   float* q_s = reinterpret_cast<float*>(smem + C::kQueryOffset);
   float* centroids_s = reinterpret_cast<float*>(smem + C::kCentroidOffset);
+  int* row_limits_s = reinterpret_cast<int*>(smem + C::kRowLimitOffset);
   {
-    const float4* q_rot = reinterpret_cast<const float4*>(p.q_rot + first_row * D);
-    for (int i = threadIdx.x; i < C::kMaxGroup * D / 4; i += C::kThreads) {
-      // Heads past the group are zero: they compute harmless zeros, never stored.
-      reinterpret_cast<float4*>(q_s)[i] = i / (D / 4) < group ? q_rot[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    constexpr int kQuads = D / 4;
+    for (int i = threadIdx.x; i < C::kMaxRows * kQuads; i += C::kThreads) {
+      // Rows past the CTA's are zero: they compute harmless zeros, never stored.
+      const int r = i / kQuads;
+      reinterpret_cast<float4*>(q_s)[i] =
+          r < rows.count ? reinterpret_cast<const float4*>(p.q_rot + rows.query_row(r) * D)[i % kQuads]
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    for (int r = threadIdx.x; r < C::kMaxRows; r += C::kThreads) {
+      row_limits_s[r] = r < rows.count ? min(context_base + r / group, range.end) : range.end;
     }
     if constexpr (C::kCentroids > 0) {
       if (threadIdx.x < C::kCentroids) centroids_s[threadIdx.x] = p.centroids[threadIdx.x];
@@ -607,6 +668,7 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
   const int head_group = warp % C::kHeadGroups;
   const int token_group = warp / C::kHeadGroups;
   const float* q_warp = q_s + head_group * kHeads * D;
+  const int* limits_warp = row_limits_s + head_group * kHeads;
   float* weights = reinterpret_cast<float*>(smem + C::kWeightOffset) + warp * C::kTileTokens * kHeads;
   unsigned char* stage = smem + C::kStageOffset + token_group * 2 * C::kTileBytes;
 
@@ -671,8 +733,9 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
     cp_async_commit();
     cp_async_wait<1>();  // this thread's copies of `tile` have landed
     group_sync();        // ... and everyone else's
-    process_tile<C>(state, stage + (iteration & 1) * C::kTileBytes, meta, tile_count(tile), q_warp, centroids_s,
-                    weights, scale_log2, renormalize, lane);
+    process_tile<C>(state, stage + (iteration & 1) * C::kTileBytes, meta, tile_count(tile),
+                    range.begin + tile * C::kTileTokens, limits_warp, q_warp, centroids_s, weights, scale_log2,
+                    renormalize, lane);
     group_sync();  // the buffer and `weights` are free for the next iteration
   }
 
@@ -697,11 +760,11 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
   __syncthreads();
 
   constexpr int kQuads = D / 4;
-  for (int i = threadIdx.x; i < group * kQuads; i += C::kThreads) {
-    const int g = i / kQuads;
+  for (int i = threadIdx.x; i < rows.count * kQuads; i += C::kThreads) {
+    const int r = i / kQuads;
     const int dim = (i % kQuads) * 4;
-    const int owner_head_group = g / kHeads;
-    const int head = g % kHeads;
+    const int owner_head_group = r / kHeads;
+    const int head = r % kHeads;
     float m_max = -INFINITY;
 #pragma unroll
     for (int tg = 0; tg < C::kTokenGroups; ++tg) {
@@ -725,7 +788,7 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
       num.w = fmaf(e, a.w + z, num.w);
     }
     const float inverse = den > 0.0f ? 1.0f / den : 0.0f;
-    const std::int64_t out_index = (first_row + g) * p.num_partitions + partition;
+    const std::int64_t out_index = rows.entry(r) * p.num_partitions + partition;
     *reinterpret_cast<float4*>(p.part_out + out_index * D + dim) =
         make_float4(num.x * inverse, num.y * inverse, num.z * inverse, num.w * inverse);
     if (dim == 0) {
@@ -737,27 +800,30 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, unsign
 
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocksPerSm)
-    partitions_kernel(const __grid_constant__ PartitionParams params) {
+    partitions_kernel(const __grid_constant__ PartitionParams params, const __grid_constant__ QueryRows rows) {
   extern __shared__ __align__(16) unsigned char smem[];
-  partitions_body<C>(params, smem);
+  partitions_body<C>(params, rows, smem);
 }
 
 /// Launches one instance. Explicitly instantiated in src/cuda/instances/.
-template <Preset P, int D, int G>
-void launch_instance(const PartitionParams& params, cudaStream_t stream) {
-  using C = Config<P, D, G>;
+template <Preset P, int D, int R>
+void launch_instance(const PartitionParams& params, const QueryRows& rows, cudaStream_t stream) {
+  using C = Config<P, D, R>;
   constexpr int kSmem = C::kSmemBytes;
   if constexpr (kSmem > 48 * 1024) allow_dynamic_shared_memory<partitions_kernel<C>>(kSmem);
-  const dim3 grid(params.num_partitions, params.layout.num_kv_heads, params.batch);
-  partitions_kernel<C><<<grid, C::kThreads, kSmem, stream>>>(params);
+  const int query_tiles = (rows.max_query_len + rows.tokens_per_cta - 1) / rows.tokens_per_cta;
+  const dim3 grid(params.num_partitions * query_tiles, params.layout.num_kv_heads, params.batch);
+  partitions_kernel<C><<<grid, C::kThreads, kSmem, stream>>>(params, rows);
   TQ_CUDA_CHECK_LAUNCH();
 }
 
 // The instance list, for the explicit instantiations and the dispatcher.
-#define TQ_GENERIC_GROUP_BUCKETS(X, P, D) X(P, D, 1) X(P, D, 2) X(P, D, 4) X(P, D, 8) X(P, D, 16)
+#define TQ_GENERIC_ROW_BUCKETS(X, P, D) X(P, D, 1) X(P, D, 2) X(P, D, 4) X(P, D, 8) X(P, D, 16) X(P, D, 32)
 #define TQ_GENERIC_INSTANCES_OF_PRESET(X, P) \
-  TQ_GENERIC_GROUP_BUCKETS(X, P, 64) TQ_GENERIC_GROUP_BUCKETS(X, P, 128) TQ_GENERIC_GROUP_BUCKETS(X, P, 256)
-#define TQ_GENERIC_INSTANTIATE(P, D, G) template void launch_instance<P, D, G>(const PartitionParams&, cudaStream_t);
-#define TQ_GENERIC_EXTERN(P, D, G) extern template void launch_instance<P, D, G>(const PartitionParams&, cudaStream_t);
+  TQ_GENERIC_ROW_BUCKETS(X, P, 64) TQ_GENERIC_ROW_BUCKETS(X, P, 128) TQ_GENERIC_ROW_BUCKETS(X, P, 256)
+#define TQ_GENERIC_INSTANTIATE(P, D, R) \
+  template void launch_instance<P, D, R>(const PartitionParams&, const QueryRows&, cudaStream_t);
+#define TQ_GENERIC_EXTERN(P, D, R) \
+  extern template void launch_instance<P, D, R>(const PartitionParams&, const QueryRows&, cudaStream_t);
 
 }  // namespace tqdecode::cuda::generic

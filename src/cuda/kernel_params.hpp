@@ -67,6 +67,33 @@ struct PartitionParams {
   }
 };
 
+/// The query rows of the scalar kernel and the reducer (docs/FORMAT.md
+/// section 5b): sequence b's query tokens are rows query_start_loc[b] ..
+/// query_start_loc[b + 1] of the [num_tokens, Hq, D] query and output, at
+/// most max_query_len of them; without query_start_loc, row b alone.
+/// Partition rows are per query slot (sequence, token): slot b *
+/// max_query_len + j, Hq entries each.
+struct QueryRows {
+  const std::int32_t* query_start_loc;  ///< [B + 1], or null: one token per sequence
+  int num_tokens;                       ///< T (B without query_start_loc)
+  int max_query_len;                    ///< 1 without query_start_loc
+  int tokens_per_cta;                   ///< query tokens one CTA of the scalar kernel serves (1 without)
+
+  struct Span {
+    int first;  ///< the sequence's first query row
+    int count;  ///< its query tokens
+  };
+  /// Sequence b's query rows, clamped so that offsets that are decreasing,
+  /// negative or past num_tokens, or lengths over max_query_len, read and
+  /// write only rows of the call and slots of the sequence.
+  TQ_HOST_DEVICE Span span(int b) const {
+    if (query_start_loc == nullptr) return {b, 1};
+    const int first = std::min(std::max(query_start_loc[b], 0), num_tokens);
+    const int end = std::min(std::max(query_start_loc[b + 1], first), num_tokens);
+    return {first, std::min(end - first, max_query_len)};
+  }
+};
+
 /// Reducer: out[b][hq] = combination of the N partitions and the sink.
 struct ReduceParams {
   const float* part_max;
@@ -153,10 +180,13 @@ CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params);
 
 void launch_check_decode_inputs(const CheckInputsParams& params, CUstream_st* stream);
 void launch_rotate_queries(const RotateParams& params, CUstream_st* stream);
-void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream);
+/// The reducer over the query slots of `rows` (ReduceParams::batch is B).
+void launch_reduce_partitions(const ReduceParams& params, const QueryRows& rows, CUstream_st* stream);
 
-/// Generic partition kernel: every preset, head dim, group size, block size.
-void launch_partitions_generic(const PartitionParams& params, CUstream_st* stream);
+/// Generic partition kernel: every preset, head dim, group size, block
+/// size, and several query tokens per sequence (`rows`); grid
+/// (N * ceil(max_query_len / tokens_per_cta), Hk, B).
+void launch_partitions_generic(const PartitionParams& params, const QueryRows& rows, CUstream_st* stream);
 
 /// Tensor-core kernel, the whole decode step: turboquant_4bit_nc, _k3v4_nc,
 /// _3bit_nc or _k8v4 at D = 128, turboquant_4bit_nc and _k8v4 also at D = 64

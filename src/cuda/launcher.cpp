@@ -25,14 +25,35 @@ bool device_present() {
 }
 
 // Everything a plan depends on: shapes fixed at capture, never tensor values.
-using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, int, bool, int>;
+using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, int, bool, int, int>;
 
 PlanKey plan_key(const DecodeArgs& args, int device, PathRequest request) {
   const bool aligned16 = args.layout.block_stride % 16 == 0 && reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0;
   return {device, args.batch, args.num_q_heads, args.layout.num_kv_heads, args.layout.head_dim,
           args.layout.block_size, args.max_blocks_per_seq, static_cast<int>(args.layout.preset),
           static_cast<int>(args.query_dtype), static_cast<int>(request), aligned16,
-          static_cast<int>(args.layout.order)};
+          static_cast<int>(args.layout.order), args.varlen() ? args.max_query_len : 0};
+}
+
+// Several query tokens per sequence: the scalar kernel, whose CTAs serve up
+// to kGenericMaxRows query rows of a kv head from each key and value they
+// load. The partition count fills the GPU with the grid's query tiles.
+LaunchPlan make_varlen_plan(const DecodeArgs& args, PathRequest request, const cuda::DeviceInfo& device) {
+  TQ_REQUIRE(request != PathRequest::hopper, "path",
+             "the Hopper kernel takes one query token per sequence; several (query_start_loc) are served by the "
+             "generic path's scalar kernel; accepted: automatic, cuda_generic, cuda_generic_scalar, cpu_reference");
+  const int tokens_per_cta = cuda::generic_query_tokens_per_cta(args.group_size(), args.max_query_len);
+  const int query_tiles = (args.max_query_len + tokens_per_cta - 1) / tokens_per_cta;
+  LaunchPlan plan{DecodePath::cuda_generic, {}, 0, cuda::kPartitionAlign};
+  plan.num_partitions = cuda::choose_num_partitions(
+      args.batch * query_tiles, args.layout.num_kv_heads, args.max_blocks_per_seq * args.layout.block_size,
+      device.sm_count, cuda::resident_ctas_per_sm(DecodePath::cuda_generic, args.layout.preset, args.group_size(), false));
+  plan.query_tokens_per_cta = tokens_per_cta;
+  plan.reason = "several query tokens per sequence (max_query_len " + std::to_string(args.max_query_len) +
+                "): the scalar kernel, each CTA serving " + std::to_string(tokens_per_cta) +
+                " token(s) of a sequence from one read of its kv head's cache (the tensor-core kernels take one "
+                "token per sequence)";
+  return plan;
 }
 
 void log_fallback_once(const std::string& reason) {
@@ -43,6 +64,7 @@ void log_fallback_once(const std::string& reason) {
 }
 
 LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::DeviceInfo& device) {
+  if (args.varlen()) return make_varlen_plan(args, request, device);
   const std::string not_hopper = cuda::hopper_unsupported_reason(args, device);
   const int max_context = args.max_blocks_per_seq * args.layout.block_size;
   if (request == PathRequest::hopper) {
@@ -118,7 +140,7 @@ PathChoice choose_decode_path(const DecodeArgs& args, PathRequest request) {
 }
 
 void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* stream, PathRequest request) {
-  if (args.batch == 0) {
+  if (args.batch == 0 || args.query_rows() == 0) {  // no rows to write (a varlen call may have no tokens)
     validate_decode_shapes(args, /*output_required=*/false);
     return args.output;
   }
@@ -140,9 +162,11 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
              "device pointer of a token_slots cache is odd; accepted: a 2-byte aligned pointer (every fp16 field "
              "of a slot 2-byte aligned)");
   const cuda::DeviceInfo& device = cuda::current_device_info();
+  // Query slots: one per sequence, or max_query_len per sequence (varlen).
+  const int query_slots = call.batch * call.query_tokens_bound();
   const PooledBuffers& buffers = workspace.impl().acquire(
       {device.device, call.layout.num_kv_heads, call.num_q_heads, call.layout.head_dim, static_cast<int>(call.query_dtype)},
-      call.batch, device.sm_count, stream);
+      {query_slots, std::int64_t(query_slots) * plan.num_partitions}, device.sm_count, stream);
   if (pooled_output) {
     call.output = buffers.output;
     call.output_stride_batch = 0;
@@ -162,7 +186,7 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
 
   const bool mse_keys = !call.layout.key_fp8();
   const cuda::RotateParams rotate{call.query, call.query_dtype, call.q_stride_b(), call.q_stride_h(),
-                                  mse_keys ? call.PiT : nullptr, buffers.q_rot, call.batch, call.num_q_heads,
+                                  mse_keys ? call.PiT : nullptr, buffers.q_rot, call.query_rows(), call.num_q_heads,
                                   call.layout.head_dim};
   const cuda::PartitionParams partitions{buffers.q_rot, call.cache, call.layout, call.num_blocks,
                                          call.block_table, call.table_stride(), call.max_blocks_per_seq,
@@ -182,9 +206,11 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
                                  call.scale * cuda::kLog2e},
                                stream);
   } else {
+    const cuda::QueryRows rows{call.query_start_loc, call.query_rows(), call.query_tokens_bound(),
+                               plan.query_tokens_per_cta};
     cuda::launch_rotate_queries(rotate, stream);
-    cuda::launch_partitions_generic(partitions, stream);
-    cuda::launch_reduce_partitions(reduce, stream);
+    cuda::launch_partitions_generic(partitions, rows, stream);
+    cuda::launch_reduce_partitions(reduce, rows, stream);
   }
   return call.output;
 }

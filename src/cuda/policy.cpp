@@ -182,4 +182,10 @@ std::string generic_tensor_core_unsupported_reason(const DecodeArgs& args, const
   return {};
 }
 
+int generic_query_tokens_per_cta(int group_size, int max_query_len) {
+  const int fitting = std::max(1, kGenericMaxRows / std::max(group_size, 1));
+  const int tiles = (max_query_len + fitting - 1) / fitting;
+  return (max_query_len + tiles - 1) / tiles;
+}
+
 }  // namespace tqdecode::cuda

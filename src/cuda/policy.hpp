@@ -112,4 +112,14 @@ std::string generic_tensor_core_unsupported_reason(const DecodeArgs& args, const
 /// True when the tensor-core kernel's binary can run on the current device.
 bool tensor_core_kernel_runnable();
 
+/// Query rows (query tokens x group) one CTA of the scalar kernel holds: a
+/// varlen call's tokens share each loaded key and value up to this many rows.
+inline constexpr int kGenericMaxRows = 32;
+
+/// Query tokens per CTA of the scalar kernel for a call of up to
+/// `max_query_len` tokens per sequence: the fewest CTAs (query tiles) per
+/// (partition, kv head, sequence) whose rows fit kGenericMaxRows, the tokens
+/// spread evenly over them.
+int generic_query_tokens_per_cta(int group_size, int max_query_len);
+
 }  // namespace tqdecode::cuda

@@ -1,7 +1,10 @@
 // Split-KV reducer (docs/FORMAT.md section 5): combines the N partition results of
-// each (b, hq) and the optional attention sink into the output row.
+// each (query slot, hq) and the optional attention sink into the output row.
 //
-// One warp per (b, hq). Lanes first read the partitions' max and sum (32
+// One warp per (query slot, hq): slot b * max_query_len + j is token j of
+// sequence b, written to query row query_start_loc[b] + j (row b with one
+// token per sequence); a slot past its sequence's query length writes
+// nothing. Lanes first read the partitions' max and sum (32
 // partitions per step) to find M; then the weights w_p = l_p exp(m_p - M) are
 // broadcast one partition at a time and every lane accumulates its slice of
 // the D-wide partial outputs with 16- or 8-byte loads. Empty partitions
@@ -72,19 +75,23 @@ __device__ __forceinline__ void store_output(void* output, DType dtype, std::int
 }
 
 template <int D>
-__device__ __forceinline__ void reduce_partitions_body(const ReduceParams& p) {
+__device__ __forceinline__ void reduce_partitions_body(const ReduceParams& p, const QueryRows& rows) {
   using Shape = ReduceShape<D>;
   using Vec = typename FloatVec<Shape::kVec>::type;
   const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;  // flattened (b, hq)
-  if (row >= p.batch * p.num_q_heads) return;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;  // (slot, hq)
+  if (row >= static_cast<std::int64_t>(p.batch) * rows.max_query_len * p.num_q_heads) return;
+  const int slot = static_cast<int>(row / p.num_q_heads);
+  const int j = slot % rows.max_query_len;
+  const QueryRows::Span span = rows.span(slot / rows.max_query_len);
+  if (j >= span.count) return;  // no such token: its partition entries were not written
 
   const int num_partitions = p.num_partitions;
-  const float* part_max = p.part_max + static_cast<std::int64_t>(row) * num_partitions;
-  const float* part_sum = p.part_sum + static_cast<std::int64_t>(row) * num_partitions;
-  const float* part_out = p.part_out + static_cast<std::int64_t>(row) * num_partitions * D;
-  const int b = row / p.num_q_heads;
-  const int hq = row % p.num_q_heads;
+  const float* part_max = p.part_max + row * num_partitions;
+  const float* part_sum = p.part_sum + row * num_partitions;
+  const float* part_out = p.part_out + row * num_partitions * D;
+  const std::int64_t query_row = span.first + j;
+  const int hq = static_cast<int>(row % p.num_q_heads);
   const bool has_sink = p.sinks != nullptr;
   const float sink = has_sink ? p.sinks[hq] : -INFINITY;
 
@@ -131,7 +138,7 @@ __device__ __forceinline__ void reduce_partitions_body(const ReduceParams& p) {
   }
   const float scale = row_scale(weight_total, any_tokens, any_nan, has_sink, sink, max_all);
 
-  const std::int64_t out_row = b * p.output_stride_batch + hq * p.output_stride_head;
+  const std::int64_t out_row = query_row * p.output_stride_batch + hq * p.output_stride_head;
   const bool packed = (reinterpret_cast<std::uintptr_t>(p.output) % (2 * Shape::kVec)) == 0 &&
                       p.output_stride_batch % Shape::kVec == 0 && p.output_stride_head % Shape::kVec == 0;
 #pragma unroll
@@ -145,21 +152,21 @@ __device__ __forceinline__ void reduce_partitions_body(const ReduceParams& p) {
 
 template <int D>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm)
-    reduce_partitions_kernel(const __grid_constant__ ReduceParams params) {
-  reduce_partitions_body<D>(params);
+    reduce_partitions_kernel(const __grid_constant__ ReduceParams params, const __grid_constant__ QueryRows rows) {
+  reduce_partitions_body<D>(params, rows);
 }
 
 template <int D>
-void launch_reduce(const ReduceParams& params, cudaStream_t stream) {
-  const int rows = params.batch * params.num_q_heads;
-  const int blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  reduce_partitions_kernel<D><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(params);
+void launch_reduce(const ReduceParams& params, const QueryRows& rows, cudaStream_t stream) {
+  const std::int64_t warps = static_cast<std::int64_t>(params.batch) * rows.max_query_len * params.num_q_heads;
+  const auto blocks = static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  reduce_partitions_kernel<D><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(params, rows);
   TQ_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream) {
+void launch_reduce_partitions(const ReduceParams& params, const QueryRows& rows, CUstream_st* stream) {
   TQ_REQUIRE(params.output_dtype == DType::bf16 || params.output_dtype == DType::f16, "output_dtype",
           std::string(dtype_name(params.output_dtype)) + " is not supported; accepted: bfloat16, float16");
   TQ_REQUIRE(params.num_partitions >= 1, "num_partitions",
@@ -172,9 +179,9 @@ void launch_reduce_partitions(const ReduceParams& params, CUstream_st* stream) {
     resolved.output_stride_batch = static_cast<std::int64_t>(params.num_q_heads) * params.head_dim;
   }
   switch (params.head_dim) {
-    case 64: launch_reduce<64>(resolved, stream); break;
-    case 128: launch_reduce<128>(resolved, stream); break;
-    case 256: launch_reduce<256>(resolved, stream); break;
+    case 64: launch_reduce<64>(resolved, rows, stream); break;
+    case 128: launch_reduce<128>(resolved, rows, stream); break;
+    case 256: launch_reduce<256>(resolved, rows, stream); break;
     default: fail("head_dim", std::to_string(params.head_dim) + " is not supported; accepted: 64, 128, 256");
   }
 }

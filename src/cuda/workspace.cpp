@@ -21,13 +21,15 @@ constexpr std::int64_t kAlignment = 256;
 
 std::int64_t aligned(std::int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
-/// A pool for `bucket` rows whose check report starts as `check_state`.
-PooledBuffers allocate_buffers(const PoolSignature& signature, int bucket, int sm_count,
+/// A pool for `bucket` rows and at least `partition_rows` partition rows
+/// whose check report starts as `check_state`.
+PooledBuffers allocate_buffers(const PoolSignature& signature, int bucket, std::int64_t partition_rows, int sm_count,
                                const cuda::DeviceCheckState& check_state) {
   const auto [device, num_kv_heads, num_q_heads, head_dim, dtype] = signature;
   PooledBuffers buffers;
   buffers.bucket_batch = bucket;
-  buffers.partition_rows = cuda::max_partition_rows(bucket, num_kv_heads, sm_count);
+  buffers.partition_rows = static_cast<int>(
+      std::max<std::int64_t>(cuda::max_partition_rows(bucket, num_kv_heads, sm_count), partition_rows));
   const std::int64_t rows = std::int64_t(bucket) * num_q_heads;
   const std::int64_t part_rows = std::int64_t(buffers.partition_rows) * num_q_heads;
   const std::int64_t q_rot_bytes = aligned(rows * head_dim * 4);
@@ -100,11 +102,15 @@ int grown_bucket(int batch) {
 
 }  // namespace
 
-const PooledBuffers& DecodeWorkspace::Impl::acquire(const PoolSignature& signature, int batch, int sm_count,
-                                                    CUstream_st* stream) {
+const PooledBuffers& DecodeWorkspace::Impl::acquire(const PoolSignature& signature, const PoolDemand& demand,
+                                                    int sm_count, CUstream_st* stream) {
   std::lock_guard<std::mutex> lock(mutex);
   auto found = pools.find(signature);
-  if (found != pools.end() && batch <= found->second.bucket_batch) return found->second;
+  const auto holds = [&](const PooledBuffers& buffers) {
+    return demand.query_rows <= buffers.bucket_batch && demand.partition_rows <= buffers.partition_rows;
+  };
+  if (found != pools.end() && holds(found->second)) return found->second;
+  const int batch = demand.query_rows;
   // Allocating synchronises the device, which a stream capturing a CUDA graph
   // must not do: say what to change instead of failing inside CUDA.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -114,32 +120,40 @@ const PooledBuffers& DecodeWorkspace::Impl::acquire(const PoolSignature& signatu
          found == pools.end()
              ? "the first decode of this shape signature allocates its buffer pool, which cannot happen while the "
                "stream captures a CUDA graph; run one decode of this shape before capture (warm-up)"
-             : "batch " + std::to_string(batch) + " exceeds the pool bucket of " +
-                   std::to_string(found->second.bucket_batch) +
-                   " rows, and the pool cannot grow while the stream captures a CUDA graph; set max_batch "
-                   "(DecodeWorkspace(max_batch), Python tqdecode.set_max_batch, or TQDECODE_MAX_BATCH) to at "
-                   "least the largest batch you capture, before capturing");
+             : "batch " + std::to_string(batch) + " (query rows: B, or B * max_query_len) with " +
+                   std::to_string(demand.partition_rows) + " partition rows exceeds the pool of " +
+                   std::to_string(found->second.bucket_batch) + " rows and " +
+                   std::to_string(found->second.partition_rows) +
+                   " partition rows, and the pool cannot grow while the stream captures a CUDA graph; set "
+                   "max_batch (DecodeWorkspace(max_batch), Python tqdecode.set_max_batch, or TQDECODE_MAX_BATCH) "
+                   "to at least the largest batch you capture, or run one call of the captured shapes, before "
+                   "capturing");
   }
   int bucket = std::max(max_batch, batch);
+  std::int64_t partition_rows = demand.partition_rows;
   cuda::DeviceCheckState carried{};  // the check report survives a growth
   if (found != pools.end()) {
-    bucket = grown_bucket(batch);
+    bucket = std::max(found->second.bucket_batch, grown_bucket(batch));
+    partition_rows = std::max<std::int64_t>(partition_rows, found->second.partition_rows);
     // Work still using the old buffers (on any stream) finishes first.
     TQ_CUDA_CHECK(cudaDeviceSynchronize());
     TQ_CUDA_CHECK(cudaMemcpy(&carried, found->second.check_state, sizeof carried, cudaMemcpyDeviceToHost));
     TQ_CUDA_CHECK(cudaFree(found->second.allocation));
     const int old_bucket = found->second.bucket_batch;
     pools.erase(found);
-    const PooledBuffers& grown = pools.emplace(signature, allocate_buffers(signature, bucket, sm_count, carried)).first->second;
+    const PooledBuffers& grown =
+        pools.emplace(signature, allocate_buffers(signature, bucket, partition_rows, sm_count, carried)).first->second;
     std::fprintf(stderr,
-                 "tqdecode: warning: batch %d exceeds the pool bucket of %d rows of %s; the pool grew to %d rows "
-                 "(%lld bytes; %lld bytes in %zu pools of this workspace) and CUDA graphs captured earlier now hold "
-                 "stale buffer pointers (raise max_batch or TQDECODE_MAX_BATCH)\n",
-                 batch, old_bucket, signature_text(signature).c_str(), bucket, static_cast<long long>(grown.bytes),
-                 static_cast<long long>(total_bytes()), pools.size());
+                 "tqdecode: warning: batch %d (query rows) exceeds the pool bucket of %d rows of %s, or its "
+                 "partition rows; the pool grew to %d rows and %d partition rows (%lld bytes; %lld bytes in %zu "
+                 "pools of this workspace) and CUDA graphs captured earlier now hold stale buffer pointers (raise "
+                 "max_batch or TQDECODE_MAX_BATCH)\n",
+                 batch, old_bucket, signature_text(signature).c_str(), bucket, grown.partition_rows,
+                 static_cast<long long>(grown.bytes), static_cast<long long>(total_bytes()), pools.size());
     return grown;
   }
-  return pools.emplace(signature, allocate_buffers(signature, bucket, sm_count, carried)).first->second;
+  return pools.emplace(signature, allocate_buffers(signature, bucket, partition_rows, sm_count, carried))
+      .first->second;
 }
 
 std::int64_t DecodeWorkspace::Impl::total_bytes() const {

@@ -13,7 +13,9 @@
 namespace tqdecode {
 
 /// Pooled device buffers of one shape signature. A call with batch B uses
-/// the first B rows (q_rot, output) or the first B * N partition rows.
+/// the first B rows (q_rot, output) or the first B * N partition rows; a
+/// varlen call (several query tokens per sequence) the first T query rows
+/// and B * max_query_len * N partition rows.
 struct PooledBuffers {
   float* q_rot = nullptr;     ///< [bucket, Hq, D] fp32
   void* output = nullptr;     ///< [bucket, Hq, D] in the query dtype
@@ -32,6 +34,14 @@ struct PooledBuffers {
 /// (device, Hk, Hq, D, query dtype)
 using PoolSignature = std::tuple<int, int, int, int, int>;
 
+/// What one call needs of a pool: query rows (B, or B * max_query_len query
+/// slots for a varlen call) and partition rows (rows of Hq partition
+/// entries: B * N, or B * max_query_len * N).
+struct PoolDemand {
+  int query_rows;
+  std::int64_t partition_rows;
+};
+
 struct DecodeWorkspace::Impl {
   int max_batch;
   std::atomic<bool> device_checks{false};
@@ -39,11 +49,14 @@ struct DecodeWorkspace::Impl {
   mutable std::mutex mutex;
   std::map<PoolSignature, PooledBuffers> pools;
 
-  /// Buffers for a call of `batch` rows on `stream`; allocates on the first
-  /// call of a signature and grows (with a warning) to the next power of two
-  /// when batch exceeds the bucket. Throws Error naming max_batch when either
-  /// would happen while `stream` captures a CUDA graph.
-  const PooledBuffers& acquire(const PoolSignature& signature, int batch, int sm_count, CUstream_st* stream);
+  /// Buffers for a call needing `demand` on `stream`; allocates on the
+  /// first call of a signature and grows (with a warning) when the demand
+  /// exceeds the pool: the bucket to the next power of two of the query
+  /// rows, the partition rows to at least what the call needs. Throws Error
+  /// naming max_batch when either would happen while `stream` captures a
+  /// CUDA graph.
+  const PooledBuffers& acquire(const PoolSignature& signature, const PoolDemand& demand, int sm_count,
+                               CUstream_st* stream);
   /// Bytes held by every pool; the caller holds `mutex`.
   std::int64_t total_bytes() const;
   ~Impl();

@@ -59,12 +59,6 @@ ScenarioConfig config_for(Preset preset, const Shape& shape, std::uint64_t seed)
   return config;
 }
 
-std::vector<float> decode(const Scenario& scenario) {
-  std::vector<float> out(scenario.query.size());
-  decode_reference(scenario.host_args(), out.data());
-  return out;
-}
-
 std::vector<float> attention_on(const Scenario& scenario, const DequantizedKv& kv) {
   std::vector<float> out(scenario.query.size());
   exact_attention(scenario.query.data(), kv.keys.data(), kv.values.data(), scenario.token_offsets.data(),
@@ -121,7 +115,7 @@ TEST_P(ReferenceDecode, MatchesExactAttentionWithinQuantizationError) {
   const Preset preset = GetParam();
   for (std::size_t i = 0; i < kShapes.size(); ++i) {
     const Scenario scenario = make_scenario(config_for(preset, kShapes[i], 100 + i));
-    const std::vector<float> out = decode(scenario);
+    const std::vector<float> out = scenario.reference_output();
     const std::vector<float> exact = scenario.exact_output();
     const double cos = cosine_similarity(out, exact);
     const double rel = relative_l2(out, exact);
@@ -147,7 +141,7 @@ TEST_P(ReferenceDecode, IsExactAttentionOnTheDequantizedCache) {
     ScenarioConfig config = config_for(GetParam(), kShapes[i], 200 + i);
     config.identity_rotation = true;
     const Scenario scenario = make_scenario(config);
-    EXPECT_LE(relative_l2(decode(scenario), attention_on(scenario, dequantize(scenario))), kSummationOrderRelL2)
+    EXPECT_LE(relative_l2(scenario.reference_output(), attention_on(scenario, dequantize(scenario))), kSummationOrderRelL2)
         << "shape " << i;
   }
 }
@@ -163,7 +157,7 @@ TEST_P(ReferenceDecode, PartitionsAndReducerMatchTheDirectDecode) {
   for (const Shape& shape : shapes) {
     const Scenario scenario = make_scenario(config_for(GetParam(), shape, 300));
     const DecodeArgs args = scenario.host_args();
-    const std::vector<float> direct = decode(scenario);
+    const std::vector<float> direct = scenario.reference_output();
     const int D = shape.head_dim;
     const std::size_t rows = std::size_t(scenario.batch()) * shape.num_q_heads;
     for (int num_partitions : {1, 2, 7, 32}) {
@@ -222,7 +216,7 @@ TEST_P(ReferenceDecode, SinkTakesItsShareOfTheSoftmax) {
     largest_share = std::max(largest_share, share);
     for (int d = 0; d < D; ++d) expected[row * D + d] = static_cast<float>(partial[row * D + d] * share);
   }
-  EXPECT_LE(peak_relative_error(decode(scenario), expected), 1e-5);
+  EXPECT_LE(peak_relative_error(scenario.reference_output(), expected), 1e-5);
   // The scenario's sinks must matter for this to test anything.
   EXPECT_LT(smallest_share, 0.9);
   EXPECT_GT(largest_share, 0.1);
@@ -231,7 +225,7 @@ TEST_P(ReferenceDecode, SinkTakesItsShareOfTheSoftmax) {
   no_sink.sinks.clear();
   Scenario minus_infinity_sink = scenario;
   minus_infinity_sink.sinks.assign(shape.num_q_heads, -std::numeric_limits<float>::infinity());
-  EXPECT_EQ(decode(minus_infinity_sink), decode(no_sink));
+  EXPECT_EQ(minus_infinity_sink.reference_output(), no_sink.reference_output());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPresets, ReferenceDecode, testing::ValuesIn(kAllPresets),
@@ -310,7 +304,7 @@ TEST_P(DecodeCpu, HonorsStridesAndWritesTheQueryDtype) {
   config.query_dtype = GetParam();
   const Scenario scenario = make_scenario(config);
   const int D = 64, Hq = 4, B = 3;
-  const std::vector<float> expected = decode(scenario);
+  const std::vector<float> expected = scenario.reference_output();
 
   // Query [B, Hq, D] inside [B, Hq, D + 3] rows with 5 spare elements per batch entry.
   const std::int64_t q_head = D + 3, q_batch = Hq * q_head + 5;

@@ -4,7 +4,9 @@
 // order, padded or not, keys renormalized or not; supported values mostly,
 // any int sometimes), a store (slot mapping, K/V with NaN, infinities and
 // huge values) and a decode (block table, seq_lens, queries, sinks,
-// strides, partition count), driven through the public API: make_layout,
+// strides, partition count), and a decode of several query tokens per
+// sequence (query_start_loc, num_tokens, max_query_len: mostly consistent,
+// sometimes not), driven through the public API: make_layout,
 // make_token_slots_layout, store_cpu, rotate_queries_reference, decode_reference,
 // decode_partitions_reference + reduce_partitions_reference and decode_cpu.
 // tqdecode::Error is the expected answer to bad input; everything else is a
@@ -22,7 +24,9 @@
 //     where the inputs are realistic enough for rounding to be the only
 //     difference;
 //   - a row whose query is not finite not coming out all NaN (seq_len > 0)
-//     or all zero (seq_len 0).
+//     or all zero (seq_len 0);
+//   - a varlen token row differing in any bit from the one-token decode of
+//     its query over its prefix (seq_len - q_len + j + 1 positions).
 // Every buffer is allocated at exactly the size its claimed shape implies,
 // so a read past what the arguments promise is an ASan report. Sizes are
 // bounded so one input runs in milliseconds; inputs asking for more are
@@ -80,15 +84,16 @@ void check(bool ok, const char* what) {
 // stores and decodes accepted and refused, and rows checked by each oracle.
 struct Stats {
   long stores_ok = 0, stores_refused = 0;
-  long decodes_ok = 0, decodes_refused = 0, splits_ok = 0;
+  long decodes_ok = 0, decodes_refused = 0, splits_ok = 0, varlen_ok = 0, varlen_refused = 0;
   long rows_compared = 0, rows_non_finite_query = 0, rows_empty = 0;
   ~Stats() {
     if (std::getenv("TQDECODE_FUZZ_STATS") == nullptr) return;
     std::fprintf(stderr,
                  "fuzz_decode_store stats: stores %ld ok / %ld refused; decodes %ld ok / %ld refused; split-KV %ld ok;"
-                 " rows compared direct vs split %ld, non-finite query %ld, empty %ld\n",
+                 " rows compared direct vs split %ld, non-finite query %ld, empty %ld; varlen decodes %ld ok / %ld "
+                 "refused\n",
                  stores_ok, stores_refused, decodes_ok, decodes_refused, splits_ok, rows_compared,
-                 rows_non_finite_query, rows_empty);
+                 rows_non_finite_query, rows_empty, varlen_ok, varlen_refused);
   }
 } stats;
 
@@ -640,6 +645,121 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
   if (direct_ok) check_rows(args, realistic, direct, reduced);
 }
 
+// Several query tokens per sequence: contiguous [T, Hq, D] query and
+// output, query_start_loc and lengths mostly consistent (q_len up to
+// max_query_len and seq_len), sometimes anything. decode_reference and
+// decode_cpu must agree on validity and bits, write nothing on Error, and a
+// success must give every token row the one-token decode of its prefix.
+void fuzz_varlen_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t num_blocks,
+                        const std::vector<std::uint8_t>& cache) {
+  DecodeArgs args;
+  args.layout = layout;
+  args.num_blocks = num_blocks;
+  args.cache = cache.empty() ? nullptr : cache.data();
+  const int D = layout.head_dim;
+  args.batch = static_cast<int>(small_or_any(in, -1, 4));
+  args.num_q_heads =  // wraps: fine, rejected
+      static_cast<int>(static_cast<std::int64_t>(layout.num_kv_heads) * usual_or_any(in, {1, 2, 3, 4, 8, 16}));
+  args.max_blocks_per_seq = static_cast<int>(small_or_any(in, -1, 4));
+  args.query_dtype = in.ConsumeBool() ? DType::bf16 : DType::f16;
+  args.max_query_len = usual_or_any(in, {1, 2, 4, 8, 17, 0});
+  if (args.batch < 0 || args.batch > 64 || args.num_q_heads < 1 || args.num_q_heads > kMaxElements ||
+      !bounded_product({args.batch, args.max_blocks_per_seq}, kMaxElements)) {
+    // Nothing sensible to allocate. Without query_start_loc, num_tokens
+    // must be refused whatever else is wrong.
+    args.num_tokens = 1;
+    check(!succeeds([&] { validate_decode_shapes(args); }), "num_tokens without query_start_loc was accepted");
+    return;
+  }
+  const std::int64_t max_tokens = std::int64_t(args.max_blocks_per_seq) * std::max(layout.block_size, 0);
+
+  // Offsets: consistent query lengths, or any values.
+  std::vector<std::int32_t> starts(args.batch + 1, 0), seq_lens(args.batch);
+  const bool consistent = in.ConsumeIntegral<std::uint8_t>() < 200;
+  for (int b = 0; b < args.batch; ++b) {
+    const int query_len = consistent ? in.ConsumeIntegralInRange<int>(0, std::clamp(args.max_query_len, 0, 17))
+                                     : in.ConsumeIntegralInRange<int>(-3, 20);
+    starts[b + 1] = starts[b] + query_len;
+    const std::uint8_t kind = in.ConsumeIntegral<std::uint8_t>();
+    seq_lens[b] = kind < 230 ? static_cast<std::int32_t>(in.ConsumeIntegralInRange<std::int64_t>(
+                                   std::min<std::int64_t>(std::max(query_len, 0), max_tokens), max_tokens))
+                             : in.ConsumeIntegral<std::int32_t>();
+  }
+  if (!consistent && in.ConsumeBool()) starts[0] = in.ConsumeIntegralInRange<int>(-2, 2);
+  args.num_tokens = consistent ? starts[args.batch] : static_cast<int>(small_or_any(in, -1, 40));
+  args.query_start_loc = starts.data();
+  args.seq_lens = seq_lens.empty() ? nullptr : seq_lens.data();
+  const int rows = std::max(args.num_tokens, 0);
+  const auto work = bounded_product({rows, args.num_q_heads, max_tokens, std::max(D, 0), 2}, kMaxWork);
+  const auto elements = bounded_product({rows, args.num_q_heads, std::max(D, 0)}, kMaxElements);
+  if (!work || !elements) return;
+
+  const std::vector<std::uint8_t> query = make_tensor(*elements, args.query_dtype, consume_values(in));
+  args.query = query.empty() ? nullptr : query.data();
+  std::vector<float> sinks;
+  if (in.ConsumeBool()) sinks = make_floats(args.num_q_heads, consume_values(in));
+  args.sinks = data_or_null(sinks);
+  args.scale = 1.0f / std::sqrt(static_cast<float>(std::max(D, 1)));
+  const Constants constants = consume_constants(in, layout, true);
+  args.PiT = data_or_null(constants.rotation);
+  args.centroids = data_or_null(constants.centroids);
+  args.num_centroids = constants.num_centroids;
+  std::vector<std::int32_t> table(std::size_t(args.batch) * args.max_blocks_per_seq);
+  for (std::int32_t& entry : table) {
+    entry = in.ConsumeIntegral<std::uint8_t>() < 245
+                ? static_cast<std::int32_t>(in.ConsumeIntegral<std::uint32_t>() % std::max<std::int64_t>(num_blocks, 1))
+                : in.ConsumeIntegral<std::int32_t>();
+  }
+  args.block_table = table.empty() ? nullptr : table.data();
+
+  std::optional<PoisonUnreadBlocks> poison;
+  poison.emplace(args, cache);
+  std::vector<float> direct(*elements, sentinel());
+  const bool direct_ok = succeeds([&] { decode_reference(args, direct.empty() ? nullptr : direct.data()); });
+  ++(direct_ok ? stats.varlen_ok : stats.varlen_refused);
+  check(direct_ok ? std::none_of(direct.begin(), direct.end(), is_sentinel) : all_sentinel(direct),
+        "varlen decode_reference left output unwritten, or wrote it on Error");
+  std::vector<std::uint8_t> output(std::size_t(*elements) * dtype_size(args.query_dtype), 0xa5);
+  DecodeArgs cpu = args;
+  cpu.output = output.empty() ? nullptr : output.data();
+  const bool cpu_ok = succeeds([&] { decode_cpu(cpu); });
+  check(cpu_ok == direct_ok || (direct_ok && cpu.output == nullptr), "varlen decode_cpu and decode_reference disagree");
+  if (!cpu_ok) check(std::all_of(output.begin(), output.end(), [](std::uint8_t x) { return x == 0xa5; }),
+                     "varlen decode_cpu threw Error but wrote its output");
+  if (!direct_ok) return;
+  for (std::int64_t i = 0; cpu_ok && i < *elements; ++i) {
+    std::vector<std::uint8_t> rounded(4);
+    store_from_float(rounded.data(), args.query_dtype, 0, direct[i]);
+    const float expected = load_as_float(rounded.data(), args.query_dtype, 0);
+    const float got = load_as_float(output.data(), args.query_dtype, i);
+    check(std::isnan(got) ? std::isnan(expected) : got == expected, "varlen decode_cpu differs from decode_reference");
+  }
+
+  // Each token row: the one-token decode of its query over its prefix.
+  const std::int64_t row = std::int64_t(args.num_q_heads) * D;
+  for (int b = 0; b < args.batch; ++b) {
+    const int query_len = starts[b + 1] - starts[b];
+    for (int j = 0; j < query_len; ++j) {
+      DecodeArgs one = args;
+      one.query_start_loc = nullptr;
+      one.num_tokens = 0;
+      one.max_query_len = 0;
+      one.batch = 1;
+      one.query = query.data() + (starts[b] + j) * row * dtype_size(args.query_dtype);
+      one.block_table = table.data() + std::size_t(b) * args.max_blocks_per_seq;
+      const std::int32_t prefix = seq_lens[b] - query_len + j + 1;
+      one.seq_lens = &prefix;
+      std::vector<float> expected(row);
+      check(succeeds([&] { decode_reference(one, expected.data()); }), "a valid varlen token's prefix was refused");
+      for (std::int64_t e = 0; e < row; ++e) {
+        const float got = direct[(starts[b] + j) * row + e];
+        check(float_bits(got) == float_bits(expected[e]) || (std::isnan(got) && std::isnan(expected[e])),
+              "a varlen token differs from the one-token decode of its prefix");
+      }
+    }
+  }
+}
+
 // The token_slots order's strides: mostly a valid arrangement (vLLM's dense
 // order or heads-major, slots padded by an even amount, pages padded by
 // `padding`), sometimes any values (odd, overlapping, negative, huge), or an
@@ -712,5 +832,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   fuzz_store(in, layout, num_blocks, cache);
   fuzz_decode(in, layout, num_blocks, cache);
+  fuzz_varlen_decode(in, layout, num_blocks, cache);
   return 0;
 }

@@ -14,7 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "random.hpp"
+#include "support/device_scenario.hpp"
 #include "support/scenario.hpp"
+#include "tqdecode/decode.hpp"
+#include "tqdecode/reference.hpp"
 
 namespace tqdecode::test {
 
@@ -121,6 +125,91 @@ inline void expect_close(const std::vector<float>& actual, const std::vector<flo
   std::printf("[ measure  ] %-40s cosine %.7f  rel_l2 %.2e  max_abs %.2e\n", what.c_str(), error.cosine,
               error.relative_l2, error.max_abs);
   EXPECT_TRUE(failure.empty()) << what << ": " << failure;
+}
+
+/// One decode call captured in a CUDA graph on a non-blocking stream of its
+/// own, after an eager warm-up call (the pool allocates there, not during
+/// the capture). The arguments' pointers are the graph's: change what they
+/// point to, then replay.
+class DecodeGraph {
+ public:
+  DecodeGraph(const DecodeArgs& args, DecodeWorkspace& workspace, PathRequest request = PathRequest::automatic)
+      : args_(args), workspace_(workspace), request_(request) {
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    eager();
+    check_cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    decode(args_, workspace_, stream_, request_);
+    check_cuda(cudaStreamEndCapture(stream_, &graph_), "cudaStreamEndCapture");
+    check_cuda(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
+  }
+  ~DecodeGraph() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+    cudaStreamDestroy(stream_);
+  }
+  DecodeGraph(const DecodeGraph&) = delete;
+  DecodeGraph& operator=(const DecodeGraph&) = delete;
+
+  /// Replays the graph and waits for it.
+  void replay() const {
+    check_cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  /// The same call, eager, on the same stream; waits for it.
+  void eager() const {
+    decode(args_, workspace_, stream_, request_);
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+ private:
+  DecodeArgs args_;
+  DecodeWorkspace& workspace_;
+  PathRequest request_;
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+
+/// A random order of the scenario's sequences, and its block table with row
+/// i taken from row order[i] (graph replays move sequences onto other blocks).
+struct ReorderedSequences {
+  std::vector<int> order;
+  std::vector<std::int32_t> block_table;
+};
+inline ReorderedSequences reorder_sequences(const Scenario& scenario, Rng& rng) {
+  const int batch = scenario.batch();
+  const std::size_t columns = scenario.max_blocks_per_seq;
+  ReorderedSequences reordered{std::vector<int>(batch), std::vector<std::int32_t>(scenario.block_table.size())};
+  for (int i = 0; i < batch; ++i) reordered.order[i] = i;
+  for (int i = batch - 1; i > 0; --i) std::swap(reordered.order[i], reordered.order[rng.below(i + 1)]);
+  for (int i = 0; i < batch; ++i) {
+    std::copy_n(scenario.block_table.begin() + reordered.order[i] * columns, columns,
+                reordered.block_table.begin() + i * columns);
+  }
+  return reordered;
+}
+
+/// Replays `graph`, then runs its call eagerly, each into `device`'s output
+/// poisoned first: the two are equal bit for bit, every element finite, and
+/// close to the CPU reference of `host` (the scenario's host arguments with
+/// the inputs the replay saw).
+inline void expect_replay_matches_eager_and_reference(const DecodeGraph& graph, DeviceScenario& device,
+                                                      const DecodeArgs& host, const std::string& what) {
+  device.poison_output();
+  graph.replay();
+  const std::vector<float> replayed = device.output();
+  device.poison_output();
+  graph.eager();
+  const std::vector<float> eager = device.output();
+  ASSERT_EQ(replayed.size(), eager.size());
+  for (std::size_t i = 0; i < eager.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(replayed[i])) << what << " element " << i;
+    ASSERT_EQ(replayed[i], eager[i]) << what << " element " << i;
+  }
+  std::vector<float> expected(eager.size());
+  decode_reference(host, expected.data());
+  expect_close(eager, expected, what);
 }
 
 /// The first element that is not zero of a row of `output` ([B, Hq, D])

@@ -192,12 +192,6 @@ Scenario build(const DecodeCase& c, std::uint64_t seed = 7) {
   return make_scenario(config);
 }
 
-std::vector<float> reference_output(const Scenario& scenario) {
-  std::vector<float> out(scenario.query.size());
-  decode_reference(scenario.host_args(nullptr), out.data());
-  return out;
-}
-
 void expect_zero_rows(const std::vector<float>& output, const Scenario& scenario) {
   const std::string failure = test::zero_row_failure(output, scenario);
   EXPECT_TRUE(failure.empty()) << failure;
@@ -211,7 +205,7 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
   const Scenario scenario = build(c);
   DeviceScenario device(scenario);
   DecodeWorkspace workspace;
-  const std::vector<float> expected = reference_output(scenario);
+  const std::vector<float> expected = scenario.reference_output();
 
   const PathChoice choice = choose_decode_path(device.args());
   const LaunchPlan plan = plan_decode(device.args());
@@ -326,59 +320,23 @@ TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
     const Scenario scenario = build(c);
     DeviceScenario device(scenario);
     DecodeWorkspace workspace(16);
-    cudaStream_t stream;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    const DecodeArgs args = device.args();
-    decode(args, workspace, stream, request);  // warm-up: the pool allocates here, not during capture
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    decode(args, workspace, stream, request);
-    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    const test::DecodeGraph graph(device.args(), workspace, request);
 
     Rng rng(99);
     const int batch = scenario.batch();
-    const int columns = scenario.max_blocks_per_seq;
     for (int replay = 0; replay < 4; ++replay) {
-      // Sequence i takes the blocks of sequence perm[i] and a length no longer than that one's.
-      std::vector<int> perm(batch);
-      for (int i = 0; i < batch; ++i) perm[i] = i;
-      for (int i = batch - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
-      std::vector<std::int32_t> lengths(batch), table(scenario.block_table.size());
+      // Sequence i takes the blocks of sequence order[i] and a length no longer than that one's.
+      const test::ReorderedSequences reordered = test::reorder_sequences(scenario, rng);
+      std::vector<std::int32_t> lengths(batch);
       for (int i = 0; i < batch; ++i) {
-        lengths[i] = static_cast<std::int32_t>(rng.below(scenario.seq_lens[perm[i]] + 1));
-        std::copy_n(scenario.block_table.begin() + std::size_t(perm[i]) * columns, columns,
-                    table.begin() + std::size_t(i) * columns);
+        lengths[i] = static_cast<std::int32_t>(rng.below(scenario.seq_lens[reordered.order[i]] + 1));
       }
-      device.upload_lengths(lengths, table);
-      device.poison_output();
-      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      const std::vector<float> replayed = device.output();
-
-      device.poison_output();
-      decode(args, workspace, stream, request);
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      const std::vector<float> eager = device.output();
-      ASSERT_EQ(replayed.size(), eager.size());
-      for (std::size_t i = 0; i < eager.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(replayed[i])) << "replay " << replay << " element " << i;
-        ASSERT_EQ(replayed[i], eager[i]) << "replay " << replay << " element " << i;
-      }
-      // And both against the reference with the new inputs.
+      device.upload_lengths(lengths, reordered.block_table);
       DecodeArgs host = scenario.host_args(nullptr);
       host.seq_lens = lengths.data();
-      host.block_table = table.data();
-      std::vector<float> expected(eager.size());
-      decode_reference(host, expected.data());
-      expect_close(eager, expected, "graph replay " + std::to_string(replay));
+      host.block_table = reordered.block_table.data();
+      test::expect_replay_matches_eager_and_reference(graph, device, host, "graph replay " + std::to_string(replay));
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
   }
 }
 

@@ -84,6 +84,28 @@ TEST(PartitionPolicy, PoolRowsBoundEveryCallUpToTheMaximumBatch) {
   }
 }
 
+// Several query tokens per sequence on the scalar kernel: the fewest query
+// tiles whose rows (group x tokens) fit 32, the tokens spread evenly.
+TEST(QueryTokensPolicy, FewestTilesOfAtMost32RowsEvenlyFilled) {
+  EXPECT_EQ(generic_query_tokens_per_cta(8, 1), 1);
+  EXPECT_EQ(generic_query_tokens_per_cta(8, 4), 4);    // the q_len 4 at Hq 64, Hk 8: one tile
+  EXPECT_EQ(generic_query_tokens_per_cta(8, 8), 4);    // two tiles of 32 rows
+  EXPECT_EQ(generic_query_tokens_per_cta(8, 128), 4);  // 32 tiles
+  EXPECT_EQ(generic_query_tokens_per_cta(1, 33), 17);  // two tiles of 17 and 16, not 32 and 1
+  EXPECT_EQ(generic_query_tokens_per_cta(3, 5), 5);    // 15 rows
+  EXPECT_EQ(generic_query_tokens_per_cta(16, 3), 2);   // two tiles: 32 rows and 16
+  for (int group = 1; group <= 16; ++group) {
+    for (int max_query_len = 1; max_query_len <= 300; ++max_query_len) {
+      const int tokens = generic_query_tokens_per_cta(group, max_query_len);
+      const int tiles = (max_query_len + tokens - 1) / tokens;
+      const int fitting = std::max(1, kGenericMaxRows / group);
+      ASSERT_LE(group * tokens, std::max(kGenericMaxRows, group)) << group << " " << max_query_len;
+      ASSERT_EQ(tiles, (max_query_len + fitting - 1) / fitting) << group << " " << max_query_len;  // fewest tiles
+      ASSERT_LT(tiles * tokens - max_query_len, tiles) << group << " " << max_query_len;  // even: < one token per tile idle
+    }
+  }
+}
+
 TEST(PartitionPolicy, ResidentCtasOfEachPath) {
   EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, true), 1);  // 16 warps
   EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, false), 2);

@@ -31,6 +31,7 @@ struct DeviceScenario::Buffers {
   std::uint8_t* cache = nullptr;
   std::int32_t* block_table = nullptr;
   std::int32_t* seq_lens = nullptr;
+  std::int32_t* query_start_loc = nullptr;
   std::uint16_t* query = nullptr;
   float* centroids = nullptr;
   float* PiT = nullptr;
@@ -40,7 +41,7 @@ struct DeviceScenario::Buffers {
 
   ~Buffers() {
     for (void* pointer : {static_cast<void*>(cache), static_cast<void*>(block_table), static_cast<void*>(seq_lens),
-                          static_cast<void*>(query), static_cast<void*>(centroids), static_cast<void*>(PiT),
+                          static_cast<void*>(query_start_loc), static_cast<void*>(query), static_cast<void*>(centroids), static_cast<void*>(PiT),
                           static_cast<void*>(sinks), static_cast<void*>(output)}) {
       cudaFree(pointer);
     }
@@ -52,6 +53,7 @@ DeviceScenario::DeviceScenario(const Scenario& scenario) : scenario_(scenario), 
   b.cache = upload(scenario.cache);
   b.block_table = upload(scenario.block_table);
   b.seq_lens = upload(scenario.seq_lens);
+  b.query_start_loc = upload(scenario.query_start_loc);
   b.query = upload(scenario.query_bits);
   b.centroids = upload(scenario.constants.centroids);
   b.PiT = upload(scenario.constants.PiT);
@@ -69,6 +71,7 @@ DecodeArgs DeviceScenario::args() const {
   args.cache = buffers_->cache;
   args.block_table = buffers_->block_table;
   args.seq_lens = buffers_->seq_lens;
+  if (scenario_.varlen()) args.query_start_loc = buffers_->query_start_loc;
   args.centroids = buffers_->centroids;
   args.PiT = buffers_->PiT;
   args.sinks = buffers_->sinks;
@@ -95,6 +98,13 @@ void DeviceScenario::upload_lengths(const std::vector<std::int32_t>& seq_lens, c
   TQ_REQUIRE(block_table.size() == scenario_.block_table.size(), "block_table", "size differs from the scenario's table");
   TQ_CUDA_CHECK(cudaMemcpy(buffers_->seq_lens, seq_lens.data(), seq_lens.size() * 4, cudaMemcpyHostToDevice));
   TQ_CUDA_CHECK(cudaMemcpy(buffers_->block_table, block_table.data(), block_table.size() * 4, cudaMemcpyHostToDevice));
+}
+
+void DeviceScenario::upload_query_start_loc(const std::vector<std::int32_t>& query_start_loc) {
+  TQ_REQUIRE(scenario_.varlen() && query_start_loc.size() == scenario_.query_start_loc.size(), "query_start_loc",
+             "size differs from the scenario's batch + 1, or the scenario has one token per sequence");
+  TQ_CUDA_CHECK(cudaMemcpy(buffers_->query_start_loc, query_start_loc.data(), query_start_loc.size() * 4,
+                           cudaMemcpyHostToDevice));
 }
 
 }  // namespace tqdecode

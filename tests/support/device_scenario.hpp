@@ -12,8 +12,9 @@ namespace tqdecode {
 
 class DeviceScenario {
  public:
-  /// Uploads cache, block table, seq_lens, query, constants and sinks, and
-  /// allocates an output [B, Hq, D] in the query dtype.
+  /// Uploads cache, block table, seq_lens, query_start_loc (varlen
+  /// scenarios), query, constants and sinks, and allocates an output
+  /// [query rows, Hq, D] in the query dtype.
   explicit DeviceScenario(const Scenario& scenario);
   ~DeviceScenario();
   DeviceScenario(const DeviceScenario&) = delete;
@@ -23,10 +24,12 @@ class DeviceScenario {
   DecodeArgs args() const;
   /// Fills the output with NaN so a test sees any element not written.
   void poison_output();
-  /// The output as fp32 [B, Hq, D] (synchronises).
+  /// The output as fp32 [query rows, Hq, D] (synchronises).
   std::vector<float> output() const;
   /// Replaces seq_lens and the block table (same shapes) on the device.
   void upload_lengths(const std::vector<std::int32_t>& seq_lens, const std::vector<std::int32_t>& block_table);
+  /// Replaces query_start_loc (same size) on the device (varlen scenarios).
+  void upload_query_start_loc(const std::vector<std::int32_t>& query_start_loc);
 
  private:
   struct Buffers;

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "random.hpp"
 #include "support/synthetic.hpp"
@@ -28,6 +29,16 @@ std::vector<std::uint8_t> to_dtype(std::vector<float>& values, DType dtype) {
     values[i] = load_as_float(data.data(), dtype, std::int64_t(i));
   }
   return data;
+}
+
+// The query a caller holds: `values` times the configured amplitude, rounded
+// to the query dtype, and its raw elements.
+void set_query(Scenario& s, std::vector<float> values) {
+  for (float& value : values) value *= s.config.query_amplitude;
+  const std::vector<std::uint8_t> data = to_dtype(values, s.config.query_dtype);
+  s.query = std::move(values);
+  s.query_bits.resize(s.query.size());  // 2-byte elements: bf16 or fp16
+  if (!data.empty()) std::memcpy(s.query_bits.data(), data.data(), data.size());
 }
 
 // Sinks near each head's typical largest score, so they take a visible
@@ -99,6 +110,24 @@ void place_blocks(Scenario& s, Rng& rng) {
   }
 }
 
+// The varlen form: query_start_loc from config.query_lens and a query of
+// that many rows (the sinks, set from one query per sequence, stay comparable).
+void set_query_tokens(Scenario& s) {
+  const ScenarioConfig& config = s.config;
+  TQ_REQUIRE(config.query_lens.size() == config.seq_lens.size(), "query_lens", "needs one length per sequence");
+  s.query_start_loc.assign(1, 0);
+  int longest = 1;
+  for (std::size_t b = 0; b < config.query_lens.size(); ++b) {
+    TQ_REQUIRE(config.query_lens[b] >= 0 && config.query_lens[b] <= config.seq_lens[b], "query_lens",
+               "a length is negative or over its seq_len");
+    s.query_start_loc.push_back(s.query_start_loc.back() + config.query_lens[b]);
+    longest = std::max(longest, config.query_lens[b]);
+  }
+  s.max_query_len = config.max_query_len > 0 ? config.max_query_len : longest;
+  const SyntheticShape shape{config.num_kv_heads, config.num_q_heads, config.head_dim};
+  set_query(s, synthetic_queries(s.query_start_loc.back(), shape, config.seed ^ 0x746f6b656e73ull));
+}
+
 }  // namespace
 
 CacheLayout scenario_layout(const ScenarioConfig& config) {
@@ -143,14 +172,11 @@ Scenario make_scenario(const ScenarioConfig& config) {
   s.keys = synthetic_keys(total, shape, config.seed);
   s.values = synthetic_values(total, shape, config.seed);
   for (float& value : s.values) value *= config.value_amplitude;
-  s.query = synthetic_queries(batch, shape, config.seed);  // same seed as the keys: shared outlier channels
-  for (float& value : s.query) value *= config.query_amplitude;
+  set_query(s, synthetic_queries(batch, shape, config.seed));  // same seed as the keys: shared outlier channels
   const std::vector<std::uint8_t> key_data = to_dtype(s.keys, config.kv_dtype);
   const std::vector<std::uint8_t> value_data = to_dtype(s.values, config.kv_dtype);
-  const std::vector<std::uint8_t> query_data = to_dtype(s.query, config.query_dtype);
-  s.query_bits.resize(s.query.size());  // 2-byte elements: bf16 or fp16
-  std::memcpy(s.query_bits.data(), query_data.data(), query_data.size());
   if (config.sinks) s.sinks = comparable_sinks(s, rng);
+  if (!config.query_lens.empty()) set_query_tokens(s);
 
   s.cache = random_bytes(std::size_t(s.num_blocks * s.layout.block_stride), config.seed ^ 0x6a756e6bull);
   store_cpu(s.store_args(s.cache.data(), key_data.data(), value_data.data(), config.kv_dtype));
@@ -179,6 +205,11 @@ DecodeArgs Scenario::host_args(void* output) const {
   args.scale = scale;
   args.sinks = sinks.empty() ? nullptr : sinks.data();
   args.output = output;
+  if (varlen()) {
+    args.query_start_loc = query_start_loc.data();
+    args.num_tokens = query_rows();
+    args.max_query_len = max_query_len;
+  }
   return args;
 }
 
@@ -196,11 +227,33 @@ StoreArgs Scenario::store_args(std::uint8_t* cache_bytes, const void* key, const
           .num_centroids = static_cast<int>(constants.centroids.size())};
 }
 
+std::vector<float> Scenario::reference_output() const {
+  std::vector<float> out(query.size());
+  decode_reference(host_args(nullptr), out.data());
+  return out;
+}
+
 std::vector<float> Scenario::exact_output() const {
   TQ_REQUIRE(!keys.empty() || total_tokens() == 0, "scenario", "built with keep_unquantized = false");
   std::vector<float> out(query.size());
-  exact_attention(query.data(), keys.data(), values.data(), token_offsets.data(), batch(), config.num_q_heads,
-                  config.num_kv_heads, config.head_dim, scale, sinks.empty() ? nullptr : sinks.data(), out.data());
+  const float* sink_data = sinks.empty() ? nullptr : sinks.data();
+  if (!varlen()) {
+    exact_attention(query.data(), keys.data(), values.data(), token_offsets.data(), batch(), config.num_q_heads,
+                    config.num_kv_heads, config.head_dim, scale, sink_data, out.data());
+    return out;
+  }
+  // Token j of a sequence's q new tokens: one sequence of the first
+  // seq_len - q + j + 1 positions.
+  const std::size_t row = std::size_t(config.num_q_heads) * config.head_dim;
+  for (int b = 0; b < batch(); ++b) {
+    const int query_len = query_start_loc[b + 1] - query_start_loc[b];
+    for (int j = 0; j < query_len; ++j) {
+      const std::int64_t prefix[2] = {token_offsets[b], token_offsets[b] + seq_lens[b] - query_len + j + 1};
+      const std::size_t at = (query_start_loc[b] + j) * row;
+      exact_attention(query.data() + at, keys.data(), values.data(), prefix, 1, config.num_q_heads,
+                      config.num_kv_heads, config.head_dim, scale, sink_data, out.data() + at);
+    }
+  }
   return out;
 }
 

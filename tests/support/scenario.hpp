@@ -43,6 +43,10 @@ struct ScenarioConfig {
   /// the scores. Near 0.05 the softmax is almost flat (every token carries
   /// weight), at 1 a few tokens carry it, at 8 it is sharply peaked.
   float query_amplitude = 1.0f;
+  /// Query tokens per sequence (the varlen form, docs/FORMAT.md section 5b),
+  /// each at most its seq_len; empty: one per sequence, no query_start_loc.
+  std::vector<int> query_lens;
+  int max_query_len = 0;  ///< declared with query_lens; 0: their maximum (at least 1)
 };
 
 struct Scenario {
@@ -62,11 +66,16 @@ struct Scenario {
   std::vector<float> keys;    ///< [total tokens, Hk, D] as stored (rounded to kv_dtype); empty unless kept
   std::vector<float> values;  ///< same
   std::vector<std::uint8_t> cache;        ///< num_blocks * block_stride bytes; junk where nothing was stored
-  std::vector<float> query;               ///< [B, Hq, D] fp32 values, representable in query_dtype
+  std::vector<std::int32_t> query_start_loc;  ///< [B + 1] with config.query_lens, else empty
+  int max_query_len = 0;                      ///< with config.query_lens, else 0
+  std::vector<float> query;               ///< [query rows, Hq, D] fp32 values, representable in query_dtype
   std::vector<std::uint16_t> query_bits;  ///< the same as raw query_dtype elements
   std::vector<float> sinks;               ///< [Hq] or empty
 
   int batch() const { return static_cast<int>(seq_lens.size()); }
+  bool varlen() const { return !query_start_loc.empty(); }
+  /// Rows of query and output: B, or the total query tokens T.
+  int query_rows() const { return varlen() ? query_start_loc.back() : batch(); }
   std::int64_t total_tokens() const { return token_offsets.empty() ? 0 : token_offsets.back(); }
 
   /// Decode arguments over this scenario's host memory writing `output`.
@@ -77,7 +86,11 @@ struct Scenario {
   /// `kv_dtype`) into `cache`: how make_scenario wrote `cache`.
   StoreArgs store_args(std::uint8_t* cache, const void* key, const void* value, DType kv_dtype) const;
 
-  /// Exact fp32 attention over the unquantized K/V: [B, Hq, D].
+  /// decode_reference over the scenario's host arguments: [query rows, Hq, D].
+  std::vector<float> reference_output() const;
+
+  /// Exact fp32 attention over the unquantized K/V: [query rows, Hq, D],
+  /// each varlen token over the positions up to its own.
   std::vector<float> exact_output() const;
 };
 

@@ -1,0 +1,282 @@
+// Several query tokens per sequence on the GPU (docs/FORMAT.md section 5b):
+// the scalar kernel against the CPU reference on the same cache bytes over
+// random query lengths (0, 1, 2-8, 17, 128) in ragged batches, every
+// preset, head dims 64 / 128 / 256, groups 1 to 16, sinks, fp16, both cache
+// orders; one token per sequence bit for bit as the one-token decode; CUDA
+// graph replay with new lengths, block tables and query_start_loc; and
+// inconsistent offsets and lengths, which must stay inside the call's rows.
+// Every output is poisoned with NaN first.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "gpu/gpu_test_support.hpp"
+#include "random.hpp"
+#include "support/device_scenario.hpp"
+#include "support/scenario.hpp"
+#include "tqdecode/decode.hpp"
+#include "tqdecode/error.hpp"
+#include "tqdecode/numeric.hpp"
+#include "tqdecode/reference.hpp"
+
+namespace tqdecode {
+namespace {
+
+using test::expect_close;
+
+struct VarlenCase {
+  std::string name;
+  Preset preset;
+  int num_q_heads;
+  int num_kv_heads;
+  int head_dim;
+  int block_size;
+  int batch;
+  int max_context;  ///< seq_len = query length + up to this many earlier tokens
+  std::uint64_t seed;
+  bool sinks = false;
+  DType dtype = DType::bf16;
+  CacheOrder order = CacheOrder::blocks;
+  int declared_max_query_len = 0;  ///< 0: the longest query
+  int longest_query = 128;         ///< query lengths drawn up to this (speculative decoding: a few)
+};
+
+// Query lengths drawn from 0, 1, 2-8, 17 and 128, those up to `longest`.
+std::vector<int> random_query_lens(int batch, int longest, Rng& rng) {
+  std::vector<int> choices;
+  for (const int length : {0, 1, 2, 3, 4, 5, 6, 7, 8, 17, 128}) {
+    if (length <= longest) choices.push_back(length);
+  }
+  std::vector<int> lengths(batch);
+  for (int& length : lengths) length = choices[rng.below(choices.size())];
+  return lengths;
+}
+
+ScenarioConfig config_of(const VarlenCase& c) {
+  Rng rng(c.seed);
+  ScenarioConfig config;
+  config.preset = c.preset;
+  config.num_q_heads = c.num_q_heads;
+  config.num_kv_heads = c.num_kv_heads;
+  config.head_dim = c.head_dim;
+  config.block_size = c.block_size;
+  config.query_lens = random_query_lens(c.batch, c.longest_query, rng);
+  config.query_lens[0] = c.longest_query;  // every case has its longest query and a sequence without tokens
+  if (c.batch > 1) config.query_lens[1] = 0;
+  for (const int query_len : config.query_lens) {
+    config.seq_lens.push_back(query_len + static_cast<int>(rng.below(c.max_context + 1)));
+  }
+  config.max_query_len = c.declared_max_query_len;
+  config.sinks = c.sinks;
+  config.query_dtype = c.dtype;
+  config.order = c.order;
+  config.renormalize_keys = c.order == CacheOrder::token_slots && !preset_info(c.preset).key_fp8;
+  config.seed = c.seed;
+  config.keep_unquantized = false;
+  return config;
+}
+
+std::vector<VarlenCase> varlen_cases() {
+  const Preset p4 = Preset::turboquant_4bit_nc;
+  std::vector<VarlenCase> cases = {
+      // The shape, scaled down: Hq 64, Hk 8 (group 8: four tokens per CTA).
+      {"q4_d128_g8_sinks", p4, 64, 8, 128, 16, 9, 3000, 1, true},
+      {"q4_d128_g4_f16_declared_256", p4, 32, 8, 128, 32, 7, 1500, 2, false, DType::f16, CacheOrder::blocks, 256},
+      {"q4_d128_g1_bs64", p4, 4, 4, 128, 64, 6, 900, 3},
+      {"q4_d128_g3_sinks", p4, 6, 2, 128, 16, 8, 700, 4, true},
+      {"q4_d128_g12_f16", p4, 24, 2, 128, 128, 5, 1200, 5, false, DType::f16},
+      {"q4_d128_g16_sinks", p4, 32, 2, 128, 16, 6, 2100, 6, true},
+      {"q4_slots_renorm_g8", p4, 32, 4, 128, 16, 6, 1000, 7, true, DType::bf16, CacheOrder::token_slots},
+      {"k8v4_slots_g5", Preset::turboquant_k8v4, 10, 2, 64, 32, 5, 600, 8, false, DType::f16, CacheOrder::token_slots},
+      // Speculative-decoding verification: up to 4 tokens at group 8 (32 rows, one query tile), up to 8 at
+      // group 2 (16 rows) and 3 at group 3 (9 rows, a bucket of 16).
+      {"q4_d128_g8_spec4", p4, 64, 8, 128, 16, 12, 2500, 9, true, DType::bf16, CacheOrder::blocks, 0, 4},
+      {"k3v4_d64_g2_spec8", Preset::turboquant_k3v4_nc, 8, 4, 64, 32, 9, 900, 10, false, DType::f16, CacheOrder::blocks,
+       0, 8},
+      {"k8v4_d256_g3_spec3", Preset::turboquant_k8v4, 6, 2, 256, 16, 7, 700, 11, true, DType::bf16, CacheOrder::blocks,
+       0, 3},
+  };
+  // Every preset at every head dim, with groups 1 to 16 spread over them.
+  const int groups[] = {1, 2, 4, 6, 8, 16, 3, 5, 7, 9, 12, 16};
+  int variant = 0;
+  for (const Preset preset : kAllPresets) {
+    for (const int head_dim : {64, 128, 256}) {
+      const int group = groups[variant % 12];
+      const int kv_heads = group >= 8 ? 1 : 2;
+      cases.push_back({std::string(preset_info(preset).name).substr(11) + "_d" + std::to_string(head_dim) + "_g" +
+                           std::to_string(group),
+                       preset, group * kv_heads, kv_heads, head_dim, 16 << (variant % 3), 5, 800,
+                       100 + std::uint64_t(variant), variant % 2 == 0, variant % 3 == 1 ? DType::f16 : DType::bf16});
+      ++variant;
+    }
+  }
+  return cases;
+}
+
+class VarlenGpu : public ::testing::TestWithParam<VarlenCase> {};
+
+TEST_P(VarlenGpu, MatchesCpuReferenceOnSameCacheBytes) {
+  TQ_SKIP_WITHOUT_GPU();
+  const VarlenCase& c = GetParam();
+  const Scenario scenario = make_scenario(config_of(c));
+  DeviceScenario device(scenario);
+  const std::vector<float> expected = scenario.reference_output();
+  const LaunchPlan plan = plan_decode(device.args());
+  std::printf("[ path     ] %s: T = %d, max_query_len %d: %s (%s), N = %d, %d token(s) per CTA\n", c.name.c_str(),
+              scenario.query_rows(), scenario.max_query_len, decode_path_name(plan.path), plan.reason.c_str(),
+              plan.num_partitions, plan.query_tokens_per_cta);
+  EXPECT_EQ(plan.path, DecodePath::cuda_generic);
+  EXPECT_EQ(plan.generic_kernel, GenericKernel::scalar);
+  EXPECT_NE(plan.reason.find("several query tokens per sequence"), std::string::npos) << plan.reason;
+  EXPECT_LE(plan.query_tokens_per_cta * (c.num_q_heads / c.num_kv_heads), 32);
+  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar}) {
+    DecodeWorkspace workspace;
+    device.poison_output();
+    decode(device.args(), workspace, nullptr, request);
+    expect_close(device.output(), expected, c.name + " request " + std::to_string(static_cast<int>(request)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, VarlenGpu, ::testing::ValuesIn(varlen_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// One token per sequence through the varlen form is the one-token decode on
+// the scalar kernel, bit for bit (same instance, partitions and order).
+TEST(VarlenGpuOneToken, MatchesTheOneTokenScalarDecodeBitwise) {
+  TQ_SKIP_WITHOUT_GPU();
+  for (const Preset preset : kAllPresets) {
+    for (const int group : {1, 4, 8, 16}) {
+      ScenarioConfig config;
+      config.preset = preset;
+      config.num_kv_heads = 2;
+      config.num_q_heads = 2 * group;
+      config.seq_lens = {1, 4000, 333, 17, 2500};
+      config.query_lens = {1, 1, 1, 1, 1};
+      config.sinks = true;
+      config.seed = 50 + group;
+      config.keep_unquantized = false;
+      const Scenario scenario = make_scenario(config);
+      DeviceScenario device(scenario);
+      DecodeWorkspace workspace;
+      decode(device.args(), workspace);
+      const std::vector<float> varlen = device.output();
+      DecodeArgs one = device.args();
+      one.query_start_loc = nullptr;
+      one.num_tokens = 0;
+      one.max_query_len = 0;
+      device.poison_output();
+      decode(one, workspace, nullptr, PathRequest::cuda_generic_scalar);
+      const std::vector<float> single = device.output();
+      ASSERT_EQ(varlen.size(), single.size());
+      for (std::size_t i = 0; i < single.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(varlen[i])) << preset_info(preset).name << " group " << group << " element " << i;
+        ASSERT_EQ(varlen[i], single[i]) << preset_info(preset).name << " group " << group << " element " << i;
+      }
+    }
+  }
+}
+
+// Capture one varlen decode, then change seq_lens, block tables and how the
+// T tokens split over the sequences (query_start_loc) in place and replay:
+// each replay equals an eager call and the reference.
+TEST(VarlenGpuGraph, ReplayWithNewLengthsAndQueryStartLocMatchesEager) {
+  TQ_SKIP_WITHOUT_GPU();
+  VarlenCase c{"graph", Preset::turboquant_4bit_nc, 32, 8, 128, 16, 6, 2000, 77, true};
+  c.declared_max_query_len = 128;
+  const Scenario scenario = make_scenario(config_of(c));
+  DeviceScenario device(scenario);
+  DecodeWorkspace workspace(16);
+  const test::DecodeGraph graph(device.args(), workspace);
+
+  Rng rng(5);
+  const int batch = scenario.batch();
+  const int total = scenario.query_rows();
+  for (int replay = 0; replay < 4; ++replay) {
+    // The same T tokens split differently (each at most 128), and sequence i
+    // on the blocks of sequence order[i] with a length no longer than that one's.
+    const test::ReorderedSequences reordered = test::reorder_sequences(scenario, rng);
+    const auto capacity = [&](int b) { return scenario.seq_lens[reordered.order[b]]; };
+    std::vector<std::int32_t> query_lens(batch, 0);
+    for (int left = total; left > 0;) {
+      const int b = static_cast<int>(rng.below(batch));
+      const int room = std::min(128, capacity(b)) - query_lens[b];
+      const int take = std::min(left, std::min(room, 1 + static_cast<int>(rng.below(9))));
+      query_lens[b] += take;
+      left -= take;
+    }
+    std::vector<std::int32_t> starts(batch + 1, 0), lengths(batch);
+    for (int i = 0; i < batch; ++i) {
+      starts[i + 1] = starts[i] + query_lens[i];
+      lengths[i] = query_lens[i] + static_cast<std::int32_t>(rng.below(capacity(i) - query_lens[i] + 1));
+    }
+    device.upload_lengths(lengths, reordered.block_table);
+    device.upload_query_start_loc(starts);
+    DecodeArgs host = scenario.host_args(nullptr);
+    host.seq_lens = lengths.data();
+    host.block_table = reordered.block_table.data();
+    host.query_start_loc = starts.data();
+    test::expect_replay_matches_eager_and_reference(graph, device, host, "varlen graph replay " + std::to_string(replay));
+  }
+}
+
+// Offsets and lengths the CUDA path does not check on the host (device
+// memory): decreasing, negative or past T offsets, a query longer than
+// max_query_len or than its seq_len. The call completes, writes nothing
+// outside the T output rows (guard rows after them stay poisoned), and a
+// consistent sequence in the same batch is still right.
+TEST(VarlenGpuArguments, InconsistentOffsetsAndLengthsStayInsideTheCall) {
+  TQ_SKIP_WITHOUT_GPU();
+  ScenarioConfig config;
+  config.num_q_heads = 16;
+  config.num_kv_heads = 4;
+  config.seq_lens = {300, 40, 500, 20, 90};
+  config.query_lens = {4, 4, 4, 4, 4};
+  config.max_query_len = 4;
+  config.seed = 9;
+  config.keep_unquantized = false;
+  const Scenario scenario = make_scenario(config);
+  DeviceScenario device(scenario);
+  const std::vector<float> expected = scenario.reference_output();
+  const std::size_t row = std::size_t(config.num_q_heads) * config.head_dim;
+  const int total = scenario.query_rows();  // 20
+  const std::size_t guard_rows = 64;
+  test::DeviceBuffer<std::uint16_t> output((total + guard_rows) * row);
+  DecodeArgs args = device.args();
+  args.output = output.get();
+  const std::vector<std::vector<std::int32_t>> bad_starts = {
+      {0, 4, 2, 12, 16, 20},        // sequence 1 decreasing
+      {0, 4, 8, 12, 16, 9999},      // past T
+      {-50, 4, 8, 12, 16, 20},      // negative
+      {0, 4, 8, 19, 16, 20},        // sequence 2 with 11 tokens, over max_query_len
+      {0, 0, 0, 0, 0, 2147483647},  // the last sequence over everything
+  };
+  for (std::size_t k = 0; k < bad_starts.size(); ++k) {
+    SCOPED_TRACE("case " + std::to_string(k));
+    device.upload_query_start_loc(bad_starts[k]);
+    std::vector<std::int32_t> lengths = scenario.seq_lens;
+    if (k == 3) lengths[1] = 2;  // sequence 1: four tokens over two positions
+    device.upload_lengths(lengths, scenario.block_table);
+    ASSERT_EQ(cudaMemset(output.get(), 0xff, output.bytes()), cudaSuccess);
+    DecodeWorkspace workspace;
+    decode(args, workspace);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<std::uint16_t> bits = output.download();
+    for (std::size_t i = total * row; i < bits.size(); ++i) ASSERT_EQ(bits[i], 0xffff) << "guard element " << i;
+    if (k == 0 || k == 3) {  // sequence 4 keeps its rows 16..19 and its length
+      std::vector<float> last(4 * row), want(expected.begin() + 16 * row, expected.begin() + 20 * row);
+      for (std::size_t i = 0; i < last.size(); ++i) last[i] = bf16_bits_to_float(bits[16 * row + i]);
+      expect_close(last, want, "sequence 4 beside inconsistent ones");
+    }
+  }
+  // The Hopper kernel takes one token per sequence: asking for it is an Error naming the path.
+  test::expect_error_naming("path", [&] { plan_decode(device.args(), PathRequest::hopper); });
+}
+
+}  // namespace
+}  // namespace tqdecode
