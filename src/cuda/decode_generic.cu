@@ -1,5 +1,6 @@
-// Dispatch of the generic partition kernel: the one place that maps runtime
-// (preset, head dim, query rows per CTA) to a compiled instance. The rows
+// Dispatch of the generic partition kernel: runtime (preset, head dim) to
+// template arguments through dispatch.hpp's visitors, then query rows per CTA
+// to a compiled instance. The rows
 // (group size x query tokens per CTA) are served by the smallest bucket 1,
 // 2, 4, 8, 16 or 32 that holds them; rows past them inside a bucket compute
 // zeros that are never stored.
@@ -7,6 +8,7 @@
 #include <string>
 
 #include "decode_generic.cuh"
+#include "dispatch.hpp"
 #include "policy.hpp"
 #include "tqdecode/error.hpp"
 
@@ -29,18 +31,6 @@ void dispatch_rows(const PartitionParams& params, const QueryRows& query_rows, c
   if (rows <= 8) return launch_instance<P, D, 8>(params, query_rows, stream);
   if (rows <= 16) return launch_instance<P, D, 16>(params, query_rows, stream);
   return launch_instance<P, D, 32>(params, query_rows, stream);
-}
-
-template <Preset P>
-void dispatch_head_dim(const PartitionParams& params, const QueryRows& query_rows, cudaStream_t stream, int rows) {
-  switch (params.layout.head_dim) {
-    case 64: return dispatch_rows<P, 64>(params, query_rows, stream, rows);
-    case 128: return dispatch_rows<P, 128>(params, query_rows, stream, rows);
-    case 256: return dispatch_rows<P, 256>(params, query_rows, stream, rows);
-    default: break;
-  }
-  fail("head_dim", std::to_string(params.layout.head_dim) +
-                       " is not supported by the generic kernel; accepted: " + accepted_list(kHeadDims));
 }
 
 }  // namespace
@@ -70,17 +60,10 @@ void launch_partitions_generic(const PartitionParams& params, const QueryRows& q
   if (params.batch == 0) return;
 
   const int rows = group * query_rows.tokens_per_cta;
-  switch (params.layout.preset) {
-    case Preset::turboquant_4bit_nc:
-      return generic::dispatch_head_dim<Preset::turboquant_4bit_nc>(params, query_rows, stream, rows);
-    case Preset::turboquant_k3v4_nc:
-      return generic::dispatch_head_dim<Preset::turboquant_k3v4_nc>(params, query_rows, stream, rows);
-    case Preset::turboquant_3bit_nc:
-      return generic::dispatch_head_dim<Preset::turboquant_3bit_nc>(params, query_rows, stream, rows);
-    case Preset::turboquant_k8v4:
-      return generic::dispatch_head_dim<Preset::turboquant_k8v4>(params, query_rows, stream, rows);
-  }
-  fail("preset", "unknown preset value");
+  // validate_layout accepted the preset and head size.
+  visit_preset(params.layout.preset, [&]<Preset P>() {
+    visit_head_dim(params.layout.head_dim, [&]<int D>() { generic::dispatch_rows<P, D>(params, query_rows, stream, rows); });
+  });
 }
 
 }  // namespace tqdecode::cuda
