@@ -26,12 +26,14 @@ status=0
 # Every CTA shape on a split grid (CtaShapes), lengths past the block table,
 # graph replay, the stores; several query tokens per sequence: inconsistent
 # offsets, one query tile of 32 rows, 8-warp CTAs (D = 256, 32 rows), replay.
+# Racecheck leaves out the cases whose scalar-kernel merge (16 and 32 rows)
+# draws its false report (docs/RELIABILITY.md, resolved findings).
 small='Split/CtaShapes.*:DecodeGpuArguments.LengthsPast*:Grid/DecodeGpu.*/q4_d64:DecodeGpuGraph.*:StoreGpu*'
-small+=':VarlenGpuArguments.*:Grid/VarlenGpu.*/q4_d128_g8_spec4:Grid/VarlenGpu.*/k3v4_nc_d256_g16:VarlenGpuGraph.*'
-for tool in memcheck racecheck; do
-  compute-sanitizer --tool $tool --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \
-    >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
-done
+small+=':Grid/VarlenGpu.*/q4_d128_g8_spec4:VarlenGpuGraph.*'
+compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests \
+  --gtest_filter="$small:VarlenGpuArguments.*:Grid/VarlenGpu.*/k3v4_nc_d256_g16" >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
+compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \
+  >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
 if [ "$python_flag" = -DTQDECODE_PYTHON=ON ]; then
   if python3 -c "import pytest" 2>/dev/null; then
     PYTHONPATH="$PWD/python" python3 -m pytest -p no:cacheprovider -q -rs python/tests >"$LOG_DIR/pytest.log" 2>&1 || status=1

@@ -416,11 +416,14 @@ class CudaTest(unittest.TestCase):
         three_bit = make_case(CONFIGS[2]).to("cuda")  # turboquant_3bit_nc, D = 128: the Hopper kernel too
         path = tqdecode.decode_path(*three_bit.decode_args()[0], **three_bit.decode_args()[1])
         self.assertEqual(path.path, "hopper" if tqdecode.is_available() else "cuda_generic")
-        generic = make_case(CONFIGS[4]).to("cuda")  # D = 64: the generic kernel
+        small_heads = make_case(CONFIGS[4]).to("cuda")  # turboquant_4bit_nc, D = 64: the tensor-core kernel too
+        path = tqdecode.decode_path(*small_heads.decode_args()[0], **small_heads.decode_args()[1])
+        self.assertEqual(path.path, "hopper" if tqdecode.is_available() else "cuda_generic")
+        generic = make_case(CONFIGS[5]).to("cuda")  # turboquant_k3v4_nc, D = 256: the generic path's scalar kernel
         path = tqdecode.decode_path(*generic.decode_args()[0], **generic.decode_args()[1])
         self.assertEqual(path.path, "cuda_generic")
         if tqdecode.is_available():  # elsewhere the reason is the device, not the head dim
-            self.assertIn("head_dim 64", path.reason)
+            self.assertIn("head_dim 256", path.reason)
 
     def test_device_checks_zero_bad_sequences_and_report_them(self):
         case = make_case(CONFIGS[0])  # seq_lens (37, 0, 1, 160, 95), block size 16
