@@ -83,6 +83,7 @@
 //   prologue.cuh     the key lookup table
 //   rotation.cuh     the query rotation on the tensor cores
 //   fragments.cuh    register-level operations (packing, mma, transpose)
+//   mainloop.cuh     stage 2's products per key format: key scores, value accumulation
 //   kernel.cuh       this file: decode_cta (stages 0 to 3), the kernel, its launch
 //   epilogue.cuh     writing outputs, stage 4 (the partitions' reduction)
 //   launch.hpp       the instances; instances/<format>_d<D>.cu compile one each
@@ -105,6 +106,7 @@
 #include "epilogue.cuh"
 #include "fragments.cuh"
 #include "launch.hpp"
+#include "mainloop.cuh"
 #include "prologue.cuh"
 #include "rotation.cuh"
 #include "shape.cuh"
@@ -538,103 +540,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;
         score_odd[nt][0] = score_odd[nt][1] = score_odd[nt][2] = score_odd[nt][3] = 0.0f;
       }
-      if constexpr (kFp8) {
-        // Word ks of the lane's D/4 key bytes holds dims (D/4)c + 4ks + {0..3}:
-        // its low fp8 pair is a0 / a1 (columns 2c, 2c + 1), its high pair a2 / a3.
-        std::uint32_t words[2][kDimTiles];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-#pragma unroll
-          for (int part = 0; part < kKeyLoads; ++part) {
-            const uint4 chunk = load_shared<uint4>(stage + key_offset[j][part]);
-            words[j][4 * part + 0] = chunk.x;
-            words[j][4 * part + 1] = chunk.y;
-            words[j][4 * part + 2] = chunk.z;
-            words[j][4 * part + 3] = chunk.w;
-          }
-        }
-#pragma unroll
-        for (int ks = 0; ks < kDimTiles; ++ks) {
-          const std::uint32_t a[4] = {fp8_pair_to_f16(words[0][ks]), fp8_pair_to_f16(words[1][ks]),
-                                      fp8_pair_to_f16(words[0][ks] >> 16), fp8_pair_to_f16(words[1][ks] >> 16)};
-#pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
-        }
-      } else if constexpr (three_bit_keys(Format)) {
-        // The lane's 96 key bits: code pair p (dims 32c + 2p, + 1) is bits
-        // 6p..6p+5; k-step ks takes pairs 2ks (a0 / a1) and 2ks + 1 (a2 / a3).
-        // A funnel shift brings the pair to bits 7..12, the table's row index.
-        std::uint32_t words[2][3];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-#pragma unroll
-          for (int w = 0; w < 3; ++w) {
-            words[j][w] = load_shared<std::uint32_t>(stage + key_word[w] + j * Layout::kOffset8Tokens);
-          }
-        }
-        const auto lookup = [&](const std::uint32_t (&bits)[3], int first_bit) {
-          const int word = first_bit >> 5;
-          const int shift = (first_bit & 31) - 7;
-          std::uint32_t x;
-          if (shift < 0) {
-            x = bits[word] << -shift;
-          } else if (word + 1 < 3) {
-            x = __funnelshift_r(bits[word], bits[word + 1], shift);
-          } else {
-            x = bits[word] >> shift;
-          }
-          return load_shared<std::uint32_t>(lut + ((x & 0x1f80u) | lane_lut));
-        };
-#pragma unroll
-        for (int ks = 0; ks < kDimTiles; ++ks) {
-          const std::uint32_t a[4] = {lookup(words[0], 12 * ks), lookup(words[1], 12 * ks), lookup(words[0], 12 * ks + 6),
-                                      lookup(words[1], 12 * ks + 6)};
-#pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
-        }
-      } else {
-        // The lane's D/32 key words of tokens g and g + 8.
-        constexpr int kKeyWords = HeadDim / 32;
-        std::uint32_t words_g[kKeyWords], words_g8[kKeyWords];
-        if constexpr (kKeyWords == 2) {
-          const uint2 key_g = load_shared<uint2>(stage + key_offset[0][0]);
-          const uint2 key_g8 = load_shared<uint2>(stage + key_offset[0][0] + Layout::kOffset8Tokens);
-          words_g[0] = key_g.x, words_g[1] = key_g.y, words_g8[0] = key_g8.x, words_g8[1] = key_g8.y;
-        } else {
-#pragma unroll
-          for (int part = 0; part < kKeyLoads; ++part) {
-            const uint4 key_g = load_shared<uint4>(stage + key_offset[0][part]);
-            const uint4 key_g8 = load_shared<uint4>(stage + key_offset[0][part] + Layout::kOffset8Tokens);
-            words_g[4 * part] = key_g.x, words_g[4 * part + 1] = key_g.y, words_g[4 * part + 2] = key_g.z,
-            words_g[4 * part + 3] = key_g.w;
-            words_g8[4 * part] = key_g8.x, words_g8[4 * part + 1] = key_g8.y, words_g8[4 * part + 2] = key_g8.z,
-            words_g8[4 * part + 3] = key_g8.w;
-          }
-        }
-#pragma unroll
-        for (int w = 0; w < kKeyWords; ++w) {
-          // Byte b of word w holds dims (D/4)c + 8w + 2b + {0, 1}: k-step 2w takes bytes 0, 1, k-step 2w + 1 bytes 2, 3.
-          // The table row of byte b: one permute (256-byte rows) or a shift and a LOP3 (128-byte rows).
-          const auto lookup = [&](std::uint32_t word, int byte) {
-            std::uint32_t offset;
-            if constexpr (Shape::kWideTable) {
-              offset = __byte_perm(word, lane_lut, 0x5504u | (byte << 4));
-            } else {
-              const int shift = 7 - 8 * byte;
-              offset = ((shift >= 0 ? (word << shift) : (word >> -shift)) & 0x7f80u) | lane_lut;
-            }
-            return load_shared<std::uint32_t>(lut + offset);
-          };
-          const std::uint32_t even[4] = {lookup(words_g[w], 0), lookup(words_g8[w], 0), lookup(words_g[w], 1),
-                                         lookup(words_g8[w], 1)};
-#pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(score[nt], even, qb[nt][2 * w][0], qb[nt][2 * w][1]);
-          const std::uint32_t odd[4] = {lookup(words_g[w], 2), lookup(words_g8[w], 2), lookup(words_g[w], 3),
-                                        lookup(words_g8[w], 3)};
-#pragma unroll
-          for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(score_odd[nt], odd, qb[nt][2 * w + 1][0], qb[nt][2 * w + 1][1]);
-        }
-      }
+      key_scores<Shape, Layout, Format>(stage, key_offset, key_word, qb, lane_lut, lut, score, score_odd);
 
       // Per-token fields of tokens g and g + 8: field `field` of token index
       // 8 j + g. The bulk-copy shapes take it as token token_at(g) + 8 j
@@ -797,76 +703,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         pb[nt][1] = transpose_8x8(scaled_pair(p_token[1], value_scale[1]));
       }
 
-      // O^T += V^T P'^T. Dim tile m takes the codes of dims 16g + 2m (row g)
-      // and 16g + 2m + 1 (row g + 8) of the tokens 2c, 2c + 1 (a0, a1) and
-      // 2c + 8, 2c + 9 (a2, a3), each pair of tokens in the two fp16 halves
-      // of a window (value_code_position).
-      const auto mma_values = [&](int m, const std::uint32_t (&a)[4]) {
-#pragma unroll
-        for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(acc[nt][m], a, pb[nt][0], pb[nt][1]);
-      };
-      // The operand of code `Code` from the window holding it at bit `position` of both halves.
-      const auto operand = [&]<int Code>(std::uint32_t window) {
-        constexpr std::uint32_t kMask = (value_bits(Format) == 4 ? 0x000f000fu : 0x00070007u)
-                                        << value_code_position(Format, Code);
-        return mask_or<kMask, kHalfOnes>(window);
-      };
-      if constexpr (value_bits(Format) == 4) {
-        // Byte m of each token's D/16 bytes: low nibble dim (D/8)g + 2m, high nibble (D/8)g + 2m + 1.
-        constexpr int kValueWords = HeadDim / 64;
-        std::uint32_t v[4][kValueWords];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if constexpr (kValueWords == 1) {
-            v[k][0] = load_shared<std::uint32_t>(stage + value_offset[k]);
-          } else if constexpr (kValueWords == 2) {
-            const uint2 words = load_shared<uint2>(stage + value_offset[k]);
-            v[k][0] = words.x, v[k][1] = words.y;
-          } else {
-            const uint4 words = load_shared<uint4>(stage + value_offset[k]);
-            v[k][0] = words.x, v[k][1] = words.y, v[k][2] = words.z, v[k][3] = words.w;
-          }
-        }
-        static_for<kDimTiles>([&]<int Tile>() {
-          constexpr int b = Tile & 3;
-          constexpr std::uint32_t kSelector = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
-          const std::uint32_t first = __byte_perm(v[0][Tile / 4], v[1][Tile / 4], kSelector);   // tokens 2c, 2c + 1
-          const std::uint32_t second = __byte_perm(v[2][Tile / 4], v[3][Tile / 4], kSelector);  // 2c + 8, 2c + 9
-          mma_values(Tile, {operand.template operator()<2 * Tile>(first), operand.template operator()<2 * Tile + 1>(first),
-                            operand.template operator()<2 * Tile>(second), operand.template operator()<2 * Tile + 1>(second)});
-        });
-      } else {
-        // Each token's 6 bytes (dims 16g..16g+15) start at byte 2 (g & 1) of
-        // its first word: bytes 0..3 of them to `low`, bytes 2..5 to `high`.
-        std::uint32_t low[4], high[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int token_offset = (k >> 1) * Layout::kOffset8Tokens;
-          const std::uint32_t w0 = load_shared<std::uint32_t>(stage + value_word[k & 1][0] + token_offset);
-          const std::uint32_t w1 = load_shared<std::uint32_t>(stage + value_word[k & 1][1] + token_offset);
-          low[k] = __byte_perm(w0, w1, low_selector);
-          high[k] = __byte_perm(w0, w1, high_selector);
-        }
-        // Window b of a token pair: bytes b, b + 1 of the first token, then of the second.
-        std::uint32_t window[2][6];
-#pragma unroll
-        for (int pair = 0; pair < 2; ++pair) {
-          const int first = 2 * pair, second = 2 * pair + 1;
-          window[pair][0] = __byte_perm(low[first], low[second], 0x5410u);
-          window[pair][1] = __byte_perm(low[first], low[second], 0x6521u);
-          window[pair][2] = __byte_perm(low[first], low[second], 0x7632u);
-          window[pair][3] = __byte_perm(high[first], high[second], 0x6521u);
-          window[pair][4] = __byte_perm(high[first], high[second], 0x7632u);
-          window[pair][5] = __byte_perm(high[first], high[second], 0x7733u);  // byte 5 alone: its codes sit at bits 2 and 5
-        }
-        static_for<kDimTiles>([&]<int Tile>() {
-          constexpr int kEven = 3 * (2 * Tile) / 8, kOdd = 3 * (2 * Tile + 1) / 8;  // windows of codes 2 Tile, 2 Tile + 1
-          mma_values(Tile, {operand.template operator()<2 * Tile>(window[0][kEven]),
-                            operand.template operator()<2 * Tile + 1>(window[0][kOdd]),
-                            operand.template operator()<2 * Tile>(window[1][kEven]),
-                            operand.template operator()<2 * Tile + 1>(window[1][kOdd])});
-        });
-      }
+      accumulate_values<Shape, Layout, Format>(stage, value_offset, value_word, low_selector, high_selector, pb, acc);
       {
         const std::uint32_t ones[4] = {kHalfOnes, kHalfOnes, kHalfOnes, kHalfOnes};
 #pragma unroll

@@ -110,6 +110,7 @@ struct KernelShape {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kResidentCtas = kWarps > 8 || HeadDim == 256 ? 1 : 2;
   static constexpr int kHeadDim = HeadDim;
+  static constexpr int kHeadTiles = HeadTiles;
   // The S^T product's k-steps and the O^T product's dim tiles (16 dims each).
   static constexpr int kDimTiles = HeadDim / 16;
   // MSE keys: PiT's operands are loaded before the wait for the previous
