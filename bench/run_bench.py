@@ -556,8 +556,9 @@ def estimate_seconds(shape, tq, bf16, flush_bytes=256 << 20):
                   "cuda_generic_scalar": 0.12}
     gemm_us = shape_plan.gemm_weight_bytes() / (0.85 * READ_TBPS * 1e6)
     tq_s = 0.3 + tq["instance_bytes"] * tq["instances"] / 2e11  # allocation, fills, tables, constants, plans
-    # q_len > 1: the varlen form (the scalar kernel, its FMAs growing with q_len) and the rows form (q_len reads).
-    forms = ({"varlen": efficiency["cuda_generic_scalar"] / shape["q_len"], "rows": efficiency["automatic"] / shape["q_len"]}
+    # q_len > 1: the varlen form (the tensor-core kernel, a row tile per two tokens of a group of 8) and the rows
+    # form (q_len reads).
+    forms = ({"varlen": efficiency["automatic"] / max(1, shape["q_len"] / 2), "rows": efficiency["automatic"] / shape["q_len"]}
              if shape["q_len"] > 1 else {request: efficiency[request] for request in shape["requests"]})
     for form_efficiency in forms.values():
         t = call_us(tq["bytes"], form_efficiency)

@@ -34,7 +34,7 @@ enum class GenericKernel : std::uint8_t {
   /// The Hopper path's tensor-core kernel in its narrow configuration (8
   /// warps, 12 for groups 9..16 at D = 128), no programmatic launch: sm_80
   /// and newer, D = 128 (every preset) or 64 and 256 (turboquant_4bit_nc and
-  /// turboquant_k8v4; D = 256 up to group 8), 16-byte aligned cache in the
+  /// turboquant_k8v4; groups over 8 at D = 256 in two row tiles), 16-byte aligned cache in the
   /// blocks order, group up to 16, where the device's shared memory holds
   /// its CTA (at D = 128 at most 153 KB: every sm_80 / sm_90 part; sm_86 /
   /// sm_89 take the 3-bit-key presets up to group 8; at D = 256 up to 200

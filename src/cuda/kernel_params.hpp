@@ -128,7 +128,7 @@ struct FusedDecodeParams {
   PartitionParams partitions;  ///< q_rot unused: each CTA rotates its own query heads
   RotateParams rotate;         ///< query, dtype, strides, PiT
   ReduceParams reduce;         ///< sinks and output; partition buffers as in `partitions`
-  unsigned* arrivals;          ///< [B * Hk], all zero between launches
+  unsigned* arrivals;          ///< [B * Hk * row_tiles], all zero between launches
   bool wide_table;             ///< 4-bit keys: the 64 KB-table kernel (LaunchPlan::wide_table)
   int kv_heads_per_cta;        ///< 1, or 2, 4 or 8 with wide_table, or 2 without (LaunchPlan::kv_heads_per_cta)
   bool programmatic_launch;    ///< launched as a programmatic dependent (DecodeWorkspace::set_programmatic_launch)
@@ -138,6 +138,14 @@ struct FusedDecodeParams {
   /// fields' offsets, which the narrow shapes' loops are scheduled around,
   /// stay where they were.
   float scale_log2;
+  /// The sequences' query tokens (tokens_per_cta unused): group x q_len
+  /// query rows per kv head and sequence, served in row tiles of one or two
+  /// head tiles (tensor_core/cta_rows.cuh).
+  QueryRows rows;
+  /// Row tiles per (sequence, kv head): tensor_core_row_tiles; the grid is
+  /// (N x row_tiles, Hk / kv_heads_per_cta, B) and `arrivals` has B x Hk x
+  /// row_tiles counters.
+  int row_tiles;
 };
 
 /// The device-side record behind DeviceCheckReport, one per pool. All zero

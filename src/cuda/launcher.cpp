@@ -35,25 +35,28 @@ PlanKey plan_key(const DecodeArgs& args, int device, PathRequest request) {
           static_cast<int>(args.layout.order), args.varlen() ? args.max_query_len : 0};
 }
 
-// Several query tokens per sequence: the scalar kernel, whose CTAs serve up
-// to kGenericMaxRows query rows of a kv head from each key and value they
+// Several query tokens per sequence on the scalar kernel, whose CTAs serve
+// up to kGenericMaxRows query rows of a kv head from each key and value they
 // load. The partition count fills the GPU with the grid's query tiles.
-LaunchPlan make_varlen_plan(const DecodeArgs& args, PathRequest request, const cuda::DeviceInfo& device) {
-  TQ_REQUIRE(request != PathRequest::hopper, "path",
-             "the Hopper kernel takes one query token per sequence; several (query_start_loc) are served by the "
-             "generic path's scalar kernel; accepted: automatic, cuda_generic, cuda_generic_scalar, cpu_reference");
+void plan_scalar_query_tiles(const DecodeArgs& args, const cuda::DeviceInfo& device, LaunchPlan& plan) {
   const int tokens_per_cta = cuda::generic_query_tokens_per_cta(args.group_size(), args.max_query_len);
   const int query_tiles = (args.max_query_len + tokens_per_cta - 1) / tokens_per_cta;
-  LaunchPlan plan{DecodePath::cuda_generic, {}, 0, cuda::kPartitionAlign};
   plan.num_partitions = cuda::choose_num_partitions(
       args.batch * query_tiles, args.layout.num_kv_heads, args.max_blocks_per_seq * args.layout.block_size,
       device.sm_count, cuda::resident_ctas_per_sm(DecodePath::cuda_generic, args.layout.preset, args.group_size(), false));
   plan.query_tokens_per_cta = tokens_per_cta;
-  plan.reason = "several query tokens per sequence (max_query_len " + std::to_string(args.max_query_len) +
-                "): the scalar kernel, each CTA serving " + std::to_string(tokens_per_cta) +
-                " token(s) of a sequence from one read of its kv head's cache (the tensor-core kernels take one "
-                "token per sequence)";
-  return plan;
+  plan.reason += "; " + std::to_string(tokens_per_cta) + " query token(s) of a sequence per CTA";
+}
+
+// The tensor-core kernel's row tiles, where there are several or the call
+// has several query tokens per sequence.
+std::string row_tiles_text(const DecodeArgs& args) {
+  const int rows = cuda::tensor_core_rows_per_head(args);
+  const int tiles = cuda::tensor_core_row_tiles(rows, args.layout.head_dim);
+  if (!args.varlen() && tiles == 1) return {};
+  return "; " + std::to_string(rows) + " query rows per kv head" +
+         (args.varlen() ? " (max_query_len " + std::to_string(args.max_query_len) + ")" : std::string()) + " in " +
+         std::to_string(tiles) + (tiles == 1 ? " row tile" : " row tiles");
 }
 
 void log_fallback_once(const std::string& reason) {
@@ -64,19 +67,23 @@ void log_fallback_once(const std::string& reason) {
 }
 
 LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::DeviceInfo& device) {
-  if (args.varlen()) return make_varlen_plan(args, request, device);
   const std::string not_hopper = cuda::hopper_unsupported_reason(args, device);
   const int max_context = args.max_blocks_per_seq * args.layout.block_size;
+  // The tensor-core kernel's grid: row tiles of each (sequence, kv head)'s
+  // query rows (tensor_core/cta_rows.cuh) take the place of sequences.
+  const int rows_per_head = cuda::tensor_core_rows_per_head(args);
+  const int row_tile_batch = args.batch * cuda::tensor_core_row_tiles(rows_per_head, args.layout.head_dim);
   if (request == PathRequest::hopper) {
     TQ_REQUIRE(not_hopper.empty(), "path", "the Hopper kernel cannot serve this call: " + not_hopper);
   }
   if (request == PathRequest::hopper || (request == PathRequest::automatic && not_hopper.empty())) {
-    const cuda::GridChoice grid = cuda::choose_grid(DecodePath::hopper, args.layout.preset, args.group_size(), args.batch,
+    const cuda::GridChoice grid = cuda::choose_grid(DecodePath::hopper, args.layout.preset, rows_per_head, row_tile_batch,
                                                     args.layout.num_kv_heads, max_context, device.sm_count,
                                                     args.layout.head_dim);
-    const std::string reason = request == PathRequest::hopper ? "requested"
-                                                              : std::string(preset_info(args.layout.preset).name) +
-                                                                    ", D=" + std::to_string(args.layout.head_dim) + " on sm_90";
+    const std::string reason = (request == PathRequest::hopper ? std::string("requested")
+                                                               : std::string(preset_info(args.layout.preset).name) +
+                                                                     ", D=" + std::to_string(args.layout.head_dim) + " on sm_90") +
+                               row_tiles_text(args);
     return {DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
             grid.kv_heads_per_cta};
   }
@@ -90,9 +97,12 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   if (not_tensor_core.empty()) {
     plan.generic_kernel = GenericKernel::tensor_core;
     plan.num_partitions = cuda::choose_num_partitions(
-        args.batch, args.layout.num_kv_heads, max_context, device.sm_count,
-        cuda::narrow_resident_ctas(args.layout.preset, args.group_size(), device, args.layout.head_dim));
-    plan.reason = reason + "; the tensor-core kernel (narrow configuration)";
+        row_tile_batch, args.layout.num_kv_heads, max_context, device.sm_count,
+        cuda::narrow_resident_ctas(args.layout.preset, rows_per_head, device, args.layout.head_dim));
+    plan.reason = reason + "; the tensor-core kernel (narrow configuration)" + row_tiles_text(args);
+  } else if (args.varlen()) {
+    plan.reason = reason + "; the scalar kernel: " + not_tensor_core;
+    plan_scalar_query_tiles(args, device, plan);
   } else {
     const cuda::GridChoice grid = cuda::choose_grid(DecodePath::cuda_generic, args.layout.preset, args.group_size(),
                                                     args.batch, args.layout.num_kv_heads, max_context, device.sm_count,
@@ -202,9 +212,11 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
     // path's plan has the narrow configuration, launched plainly (programmatic
     // dependent launch is an sm_90 feature).
     const bool programmatic = plan.path == DecodePath::hopper && workspace.programmatic_launch() && call.constants_stable;
-    cuda::launch_decode_tensor_core({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta, programmatic,
-                                 call.scale * cuda::kLog2e},
-                               stream);
+    const cuda::QueryRows rows{call.query_start_loc, call.query_rows(), call.query_tokens_bound(), 1};
+    cuda::launch_decode_tensor_core({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta,
+                                     programmatic, call.scale * cuda::kLog2e, rows,
+                                     cuda::tensor_core_row_tiles(cuda::tensor_core_rows_per_head(call), call.layout.head_dim)},
+                                    stream);
   } else {
     const cuda::QueryRows rows{call.query_start_loc, call.query_rows(), call.query_tokens_bound(),
                                plan.query_tokens_per_cta};

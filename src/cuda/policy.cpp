@@ -138,10 +138,6 @@ std::string tensor_core_layout_unsupported_reason(const DecodeArgs& args, const 
     return "head_dim " + std::to_string(args.layout.head_dim) + " with " + preset_info(args.layout.preset).name + ": the " +
            kernel + " serves 128 for every preset, 64 and 256 for turboquant_4bit_nc and turboquant_k8v4";
   }
-  if (args.layout.head_dim == 256 && args.group_size() > kHeadsPerTile) {
-    return "head_dim 256 with group size " + std::to_string(args.group_size()) + ": the " + kernel +
-           " serves groups up to " + std::to_string(kHeadsPerTile) + " at head size 256";
-  }
   if (args.layout.block_stride % 16 != 0 || reinterpret_cast<std::uintptr_t>(args.cache) % 16 != 0) {
     return std::string("cache pointer or block_stride not a multiple of 16 bytes (the ") + kernel + " uses 16-byte loads)";
   }
@@ -174,9 +170,10 @@ std::string generic_tensor_core_unsupported_reason(const DecodeArgs& args, const
     return "device is sm_" + std::to_string(device.cc_major * 10 + device.cc_minor) + "; the tensor-core kernel needs sm_80 or newer";
   }
   if (std::string layout = tensor_core_layout_unsupported_reason(args, "tensor-core kernel"); !layout.empty()) return layout;
-  if (narrow_resident_ctas(args.layout.preset, args.group_size(), device, args.layout.head_dim) == 0) {
+  if (narrow_resident_ctas(args.layout.preset, tensor_core_rows_per_head(args), device, args.layout.head_dim) == 0) {
     return "the tensor-core kernel's CTA needs " +
-           std::to_string(narrow_footprint(args.layout.preset, args.group_size(), args.layout.head_dim).shared_bytes) +
+           std::to_string(
+               narrow_footprint(args.layout.preset, tensor_core_rows_per_head(args), args.layout.head_dim).shared_bytes) +
            " bytes of shared memory; the device allows " + std::to_string(device.shared_per_block);
   }
   return {};

@@ -54,6 +54,25 @@ int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, i
 /// larger groups take two head tiles.
 inline constexpr int kHeadsPerTile = 8;
 
+/// Head tiles of the tensor-core kernel's CTA for `rows_per_head` query
+/// rows per kv head and sequence (the group x the query tokens of a
+/// sequence): two for more than one tile's rows, except at D = 256 (its
+/// accumulators take a tile's registers twice over).
+constexpr int tensor_core_head_tiles(int rows_per_head, int head_dim) {
+  return rows_per_head > kHeadsPerTile && head_dim != 256 ? 2 : 1;
+}
+
+/// A call's query rows per kv head and sequence: the group x the most query
+/// tokens of a sequence (1 without query_start_loc).
+inline int tensor_core_rows_per_head(const DecodeArgs& args) { return args.group_size() * args.query_tokens_bound(); }
+
+/// Row tiles per (sequence, kv head) of the tensor-core kernel's grid: CTAs
+/// of tensor_core_head_tiles head tiles each, reading the same tokens.
+constexpr int tensor_core_row_tiles(int rows_per_head, int head_dim) {
+  const int cta_rows = kHeadsPerTile * tensor_core_head_tiles(rows_per_head, head_dim);
+  return (rows_per_head + cta_rows - 1) / cta_rows;
+}
+
 /// Grids of the 16-warp Hopper kernel with one kv head per CTA up to this
 /// many waves may use it; larger grids use several kv heads per CTA, or two
 /// CTAs of 8 warps per SM (docs/PERFORMANCE.md). The other presets'

@@ -36,7 +36,9 @@ PooledBuffers allocate_buffers(const PoolSignature& signature, int bucket, std::
   const std::int64_t output_bytes = aligned(rows * head_dim * dtype_size(static_cast<DType>(dtype)));
   const std::int64_t stat_bytes = aligned(part_rows * 4);
   const std::int64_t part_out_bytes = aligned(part_rows * head_dim * 4);
-  const std::int64_t arrival_bytes = aligned(std::int64_t(bucket) * num_kv_heads * 4);
+  // The fused kernel's counters per (sequence, kv head, row tile): at most
+  // two row tiles per query slot (a tile holds at least half a group).
+  const std::int64_t arrival_bytes = aligned(2 * std::int64_t(bucket) * num_kv_heads * 4);
   const std::int64_t check_state_bytes = aligned(sizeof(cuda::DeviceCheckState));
   const std::int64_t checked_seq_len_bytes = aligned(std::int64_t(bucket) * 4);
   buffers.bytes = q_rot_bytes + output_bytes + 2 * stat_bytes + part_out_bytes + arrival_bytes + check_state_bytes +

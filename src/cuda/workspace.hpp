@@ -22,7 +22,7 @@ struct PooledBuffers {
   float* part_max = nullptr;  ///< [partition_rows, Hq]
   float* part_sum = nullptr;  ///< [partition_rows, Hq]
   float* part_out = nullptr;  ///< [partition_rows, Hq, D]
-  unsigned* arrivals = nullptr;  ///< [bucket, Hk] partition counters of the fused kernel, zero between launches
+  unsigned* arrivals = nullptr;  ///< [2 bucket, Hk] partition counters of the fused kernel, zero between launches
   cuda::DeviceCheckState* check_state = nullptr;  ///< device-side check report of the calls using this pool
   std::int32_t* checked_seq_lens = nullptr;       ///< [bucket] lengths after the device-side checks
   int bucket_batch = 0;

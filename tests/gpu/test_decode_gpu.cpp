@@ -114,8 +114,8 @@ std::vector<DecodeCase> decode_cases() {
       {"q4_d64", p4, 16, 4, 64, 16, {1, 300, 2049}},
       {"q4_d256_sinks", p4, 16, 4, 256, 32, {0, 999}, 0, true},
       // Head sizes 64 and 256 on the tensor-core kernel (4-bit and fp8 keys):
-      // one and two head tiles at D = 64 (groups 3, 8, 16), groups 1 to 8 at
-      // D = 256 (group 16 there is the scalar kernel's), every block size,
+      // one and two head tiles at D = 64 (groups 3, 8, 16), groups 1 to 16 at
+      // D = 256 (over 8 in two row tiles of one head tile), every block size,
       // padded blocks, fp16 queries, sinks, large values, grids of several waves.
       {"q4_d64_g3_bs128_f16", p4, 9, 3, 64, 128, {8191, 1, 130, 0, 4000}, 16, false, DType::f16},
       {"q4_d64_g8_b40_waves", p4, 64, 8, 64, 16, random_lengths(40, 3000, 24), 0, true},
@@ -123,7 +123,9 @@ std::vector<DecodeCase> decode_cases() {
       {"q4_d256_g6_bs16", p4, 12, 2, 256, 16, {5000, 17, 1, 0, 2049}, 0, false, DType::bf16},
       {"q4_d256_g8_bs64_pad_f16", p4, 32, 4, 256, 64, {3001, 100, 0, 1000}, 64, true, DType::f16},
       {"q4_d256_g1_b24_waves", p4, 8, 8, 256, 16, random_lengths(24, 2500, 25)},
-      {"q4_d256_g16_scalar", p4, 32, 2, 256, 16, {1500, 7}, 0, true},
+      {"q4_d256_g16_row_tiles", p4, 32, 2, 256, 16, {1500, 7}, 0, true},
+      {"q4_d256_g12_row_tiles_b30_waves", p4, 24, 2, 256, 32, random_lengths(30, 2500, 27), 16, false, DType::f16},
+      {"k8v4_d256_g10_row_tiles", Preset::turboquant_k8v4, 20, 2, 256, 64, {4000, 1, 65, 0}, 0, true},
       {"q4_d256_large_values", p4, 16, 2, 256, 16, {3000, 17, 1200}, 0, true, DType::bf16, 10000.0f},
       {"k8v4_d64_g16_bs128", Preset::turboquant_k8v4, 32, 2, 64, 128, {3000, 1, 0, 129}, 16, true, DType::f16},
       {"k8v4_d256_g8_bs32_waves", Preset::turboquant_k8v4, 64, 8, 256, 32, random_lengths(20, 2000, 26), 0, true},
@@ -262,7 +264,7 @@ TEST(DecodeGpuPath, HopperKernelServesEveryPresetAtHeadDim128And4BitAndFp8KeysAt
     EXPECT_FALSE(choice.reason.empty());
   }
   // Head sizes 64 and 256: the tensor-core kernel for 4-bit and fp8 keys
-  // (at D = 256 up to group 8), the scalar kernel for 3-bit keys.
+  // (at D = 256 groups over 8 in two row tiles), the scalar kernel for 3-bit keys.
   for (const Preset preset : {Preset::turboquant_4bit_nc, Preset::turboquant_k8v4}) {
     for (const int d : {64, 256}) {
       const Scenario scenario = build({"d", preset, 32, 8, d, 16, {100}});
@@ -282,9 +284,10 @@ TEST(DecodeGpuPath, HopperKernelServesEveryPresetAtHeadDim128And4BitAndFp8KeysAt
   EXPECT_NE(generic.reason.find("head_dim 64"), std::string::npos) << generic.reason;
   const Scenario large_group = build({"d256_g16", Preset::turboquant_4bit_nc, 32, 2, 256, 16, {100}});
   DeviceScenario large_group_device(large_group);
-  const LaunchPlan scalar = plan_decode(large_group_device.args());
-  EXPECT_EQ(scalar.generic_kernel, GenericKernel::scalar);
-  EXPECT_NE(scalar.reason.find("group size 16"), std::string::npos) << scalar.reason;
+  const LaunchPlan row_tiles = plan_decode(large_group_device.args());
+  EXPECT_EQ(row_tiles.path, sm90 ? DecodePath::hopper : DecodePath::cuda_generic) << row_tiles.reason;
+  if (!sm90) EXPECT_EQ(row_tiles.generic_kernel, GenericKernel::tensor_core) << row_tiles.reason;
+  EXPECT_NE(row_tiles.reason.find("2 row tiles"), std::string::npos) << row_tiles.reason;
 }
 
 TEST(DecodeGpuPath, GenericPathTakesTheTensorCoreKernelOnSm80AndNewerUnlessTheScalarIsRequested) {

@@ -139,7 +139,8 @@ TEST(PartitionPolicy, NarrowConfigurationResidentCtasFollowTheDevicesSharedMemor
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 16, a100), 1);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 16, sm86), 0);  // 120576 > 101376
   // Head sizes 64 (two CTAs of 8 warps, one or two head tiles) and 256 (one
-  // CTA of 8 warps, groups up to 8); 3-bit keys have no kernel there.
+  // CTA of 8 warps and one head tile; larger groups in row tiles); 3-bit
+  // keys have no kernel there.
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 64).shared_bytes, 72832);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16, 64).shared_bytes, 75008);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 256).shared_bytes, 177792);
@@ -147,7 +148,8 @@ TEST(PartitionPolicy, NarrowConfigurationResidentCtasFollowTheDevicesSharedMemor
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 16, h200, 64), 2);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 8, sm86, 64), 1);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 8, h200, 256), 1);
-  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 16, h200, 256), 0);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 16, h200, 256), 1);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16, 256).shared_bytes, 177792);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, h200, 64), 0);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 8, a100, 256), 0);  // 204288 > 166912
   const GridChoice d256 = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 6, 16, 2, 32768, 132, 256);
@@ -155,6 +157,23 @@ TEST(PartitionPolicy, NarrowConfigurationResidentCtasFollowTheDevicesSharedMemor
   EXPECT_EQ(d256.kv_heads_per_cta, 1);
   EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 6, false, 256), 1);
   EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 4, false, 64), 2);
+}
+
+// The tensor-core kernel's query rows per kv head (the group x the query
+// tokens of a sequence) in row tiles of one or two head tiles (one at D = 256).
+TEST(PartitionPolicy, QueryRowsFoldIntoRowTilesOfOneOrTwoHeadTiles) {
+  EXPECT_EQ(tensor_core_head_tiles(8, 128), 1);
+  EXPECT_EQ(tensor_core_head_tiles(9, 128), 2);
+  EXPECT_EQ(tensor_core_head_tiles(16, 64), 2);
+  EXPECT_EQ(tensor_core_head_tiles(16, 256), 1);
+  EXPECT_EQ(tensor_core_row_tiles(8, 128), 1);   // group 8, one token
+  EXPECT_EQ(tensor_core_row_tiles(16, 128), 1);  // group 8, two tokens (or group 16)
+  EXPECT_EQ(tensor_core_row_tiles(32, 128), 2);  // group 8, four tokens
+  EXPECT_EQ(tensor_core_row_tiles(1024, 128), 64);
+  EXPECT_EQ(tensor_core_row_tiles(15, 64), 1);  // group 5, three tokens
+  EXPECT_EQ(tensor_core_row_tiles(16, 256), 2);  // group 16 at D = 256
+  EXPECT_EQ(tensor_core_row_tiles(12, 256), 2);
+  EXPECT_EQ(tensor_core_row_tiles(3, 256), 1);
 }
 
 // The benchmark shapes (Hq 64, Hk 8 unless stated): the wide shape with one

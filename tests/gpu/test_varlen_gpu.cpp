@@ -1,5 +1,6 @@
 // Several query tokens per sequence on the GPU (docs/FORMAT.md section 5b):
-// the scalar kernel against the CPU reference on the same cache bytes over
+// the tensor-core kernel (query tokens folded into row tiles with the
+// group) and the scalar kernel against the CPU reference on the same cache bytes over
 // random query lengths (0, 1, 2-8, 17, 128) in ragged batches, every
 // preset, head dims 64 / 128 / 256, groups 1 to 16, sinks, fp16, both cache
 // orders; one token per sequence bit for bit as the one-token decode; CUDA
@@ -15,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "expect_error.hpp"
 #include "gpu/gpu_test_support.hpp"
 #include "random.hpp"
 #include "support/device_scenario.hpp"
@@ -128,27 +128,42 @@ TEST_P(VarlenGpu, MatchesCpuReferenceOnSameCacheBytes) {
   DeviceScenario device(scenario);
   const std::vector<float> expected = scenario.reference_output();
   const LaunchPlan plan = plan_decode(device.args());
-  std::printf("[ path     ] %s: T = %d, max_query_len %d: %s (%s), N = %d, %d token(s) per CTA\n", c.name.c_str(),
-              scenario.query_rows(), scenario.max_query_len, decode_path_name(plan.path), plan.reason.c_str(),
-              plan.num_partitions, plan.query_tokens_per_cta);
-  EXPECT_EQ(plan.path, DecodePath::cuda_generic);
-  EXPECT_EQ(plan.generic_kernel, GenericKernel::scalar);
-  EXPECT_NE(plan.reason.find("several query tokens per sequence"), std::string::npos) << plan.reason;
-  EXPECT_LE(plan.query_tokens_per_cta * (c.num_q_heads / c.num_kv_heads), 32);
-  for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar}) {
+  // The call takes the kernel the one-token decode of its shape takes.
+  DecodeArgs one_token = device.args();
+  one_token.query_start_loc = nullptr;
+  one_token.num_tokens = 0;
+  one_token.max_query_len = 0;
+  const LaunchPlan one_token_plan = plan_decode(one_token);
+  EXPECT_EQ(plan.path, one_token_plan.path) << plan.reason;
+  EXPECT_EQ(plan.generic_kernel, one_token_plan.generic_kernel) << plan.reason;
+  std::vector<PathRequest> requests = {PathRequest::automatic, PathRequest::cuda_generic,
+                                       PathRequest::cuda_generic_scalar};
+  if (plan.path == DecodePath::hopper) requests.push_back(PathRequest::hopper);
+  for (const PathRequest request : requests) {
+    const LaunchPlan served = plan_decode(device.args(), request);
+    std::printf("[ path     ] %s: T = %d, max_query_len %d: %s %s (%s), N = %d\n", c.name.c_str(), scenario.query_rows(),
+                scenario.max_query_len, decode_path_name(served.path),
+                served.path == DecodePath::cuda_generic ? generic_kernel_name(served.generic_kernel) : "",
+                served.reason.c_str(), served.num_partitions);
+    if (served.path == DecodePath::cuda_generic && served.generic_kernel == GenericKernel::scalar) {
+      EXPECT_LE(served.query_tokens_per_cta * (c.num_q_heads / c.num_kv_heads), 32);
+    } else {
+      EXPECT_NE(served.reason.find("query rows per kv head"), std::string::npos) << served.reason;
+    }
     DecodeWorkspace workspace;
     device.poison_output();
     decode(device.args(), workspace, nullptr, request);
-    expect_close(device.output(), expected, c.name + " request " + std::to_string(static_cast<int>(request)));
+    expect_close(device.output(), expected,
+                 c.name + " " + decode_path_name(served.path) + " " + generic_kernel_name(served.generic_kernel));
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, VarlenGpu, ::testing::ValuesIn(varlen_cases()),
                          [](const auto& info) { return info.param.name; });
 
-// One token per sequence through the varlen form is the one-token decode on
-// the scalar kernel, bit for bit (same instance, partitions and order).
-TEST(VarlenGpuOneToken, MatchesTheOneTokenScalarDecodeBitwise) {
+// One token per sequence through the varlen form is the one-token decode,
+// bit for bit, on every kernel (same instance, partitions and order).
+TEST(VarlenGpuOneToken, MatchesTheOneTokenDecodeBitwiseOnEveryKernel) {
   TQ_SKIP_WITHOUT_GPU();
   for (const Preset preset : kAllPresets) {
     for (const int group : {1, 4, 8, 16}) {
@@ -164,19 +179,26 @@ TEST(VarlenGpuOneToken, MatchesTheOneTokenScalarDecodeBitwise) {
       const Scenario scenario = make_scenario(config);
       DeviceScenario device(scenario);
       DecodeWorkspace workspace;
-      decode(device.args(), workspace);
-      const std::vector<float> varlen = device.output();
       DecodeArgs one = device.args();
       one.query_start_loc = nullptr;
       one.num_tokens = 0;
       one.max_query_len = 0;
-      device.poison_output();
-      decode(one, workspace, nullptr, PathRequest::cuda_generic_scalar);
-      const std::vector<float> single = device.output();
-      ASSERT_EQ(varlen.size(), single.size());
-      for (std::size_t i = 0; i < single.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(varlen[i])) << preset_info(preset).name << " group " << group << " element " << i;
-        ASSERT_EQ(varlen[i], single[i]) << preset_info(preset).name << " group " << group << " element " << i;
+      for (const PathRequest request :
+           {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar}) {
+        const LaunchPlan plan = plan_decode(device.args(), request);
+        const std::string what = std::string(preset_info(preset).name) + " group " + std::to_string(group) + " " +
+                                 decode_path_name(plan.path) + " " + generic_kernel_name(plan.generic_kernel);
+        device.poison_output();
+        decode(device.args(), workspace, nullptr, request);
+        const std::vector<float> varlen = device.output();
+        device.poison_output();
+        decode(one, workspace, nullptr, request);
+        const std::vector<float> single = device.output();
+        ASSERT_EQ(varlen.size(), single.size());
+        for (std::size_t i = 0; i < single.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(varlen[i])) << what << " element " << i;
+          ASSERT_EQ(varlen[i], single[i]) << what << " element " << i;
+        }
       }
     }
   }
@@ -262,20 +284,23 @@ TEST(VarlenGpuArguments, InconsistentOffsetsAndLengthsStayInsideTheCall) {
     std::vector<std::int32_t> lengths = scenario.seq_lens;
     if (k == 3) lengths[1] = 2;  // sequence 1: four tokens over two positions
     device.upload_lengths(lengths, scenario.block_table);
-    ASSERT_EQ(cudaMemset(output.get(), 0xff, output.bytes()), cudaSuccess);
-    DecodeWorkspace workspace;
-    decode(args, workspace);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<std::uint16_t> bits = output.download();
-    for (std::size_t i = total * row; i < bits.size(); ++i) ASSERT_EQ(bits[i], 0xffff) << "guard element " << i;
-    if (k == 0 || k == 3) {  // sequence 4 keeps its rows 16..19 and its length
-      std::vector<float> last(4 * row), want(expected.begin() + 16 * row, expected.begin() + 20 * row);
-      for (std::size_t i = 0; i < last.size(); ++i) last[i] = bf16_bits_to_float(bits[16 * row + i]);
-      expect_close(last, want, "sequence 4 beside inconsistent ones");
+    for (const PathRequest request :
+         {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar}) {
+      const LaunchPlan plan = plan_decode(args, request);
+      SCOPED_TRACE(std::string(decode_path_name(plan.path)) + " " + generic_kernel_name(plan.generic_kernel));
+      ASSERT_EQ(cudaMemset(output.get(), 0xff, output.bytes()), cudaSuccess);
+      DecodeWorkspace workspace;
+      decode(args, workspace, nullptr, request);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<std::uint16_t> bits = output.download();
+      for (std::size_t i = total * row; i < bits.size(); ++i) ASSERT_EQ(bits[i], 0xffff) << "guard element " << i;
+      if (k == 0 || k == 3) {  // sequence 4 keeps its rows 16..19 and its length
+        std::vector<float> last(4 * row), want(expected.begin() + 16 * row, expected.begin() + 20 * row);
+        for (std::size_t i = 0; i < last.size(); ++i) last[i] = bf16_bits_to_float(bits[16 * row + i]);
+        expect_close(last, want, "sequence 4 beside inconsistent ones");
+      }
     }
   }
-  // The Hopper kernel takes one token per sequence: asking for it is an Error naming the path.
-  test::expect_error_naming("path", [&] { plan_decode(device.args(), PathRequest::hopper); });
 }
 
 }  // namespace

@@ -50,10 +50,8 @@ NarrowFootprint narrow_footprint(Preset preset, int group_size, int head_dim) {
       if constexpr (!tensor_core::serves_head_dim<kFormat>(HeadDim)) {
         return {0, 0};
       } else {
-        if (group_size > kHeadsPerTile) {
-          if constexpr (HeadDim == 256) {
-            return {0, 0};  // one head tile only
-          } else {
+        if constexpr (HeadDim != 256) {  // one head tile at D = 256
+          if (tensor_core_head_tiles(group_size, HeadDim) == 2) {
             return {SharedLayout<HeadDim, 2, kFormat, false>::kBytes, KernelShape<HeadDim, 2, kFormat, false>::kResidentCtas};
           }
         }

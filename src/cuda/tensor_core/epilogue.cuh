@@ -13,13 +13,14 @@
 #include "../kernel_params.hpp"
 #include "../partition_merge.cuh"
 #include "../policy.hpp"
+#include "cta_rows.cuh"
 #include "tqdecode/numeric.hpp"
 
 namespace tqdecode::cuda::tensor_core {
 
-// Element `dim` of the output row of (sequence `batch`, query head `hq`).
-__device__ __forceinline__ void store_output(const ReduceParams& r, int batch, std::int64_t hq, int dim, float value) {
-  store_from_float(r.output, r.output_dtype, batch * r.output_stride_batch + hq * r.output_stride_head + dim, value);
+// Element `dim` of output row `row` (a query token), query head `hq`.
+__device__ __forceinline__ void store_output(const ReduceParams& r, std::int64_t row, std::int64_t hq, int dim, float value) {
+  store_from_float(r.output, r.output_dtype, row * r.output_stride_batch + hq * r.output_stride_head + dim, value);
 }
 
 // An output element of a row with one partition (max in natural-log units):
@@ -32,31 +33,30 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
   return own_weight != 0.0f ? fmaf(own_weight, out, 0.0f) : 0.0f;
 }
 
-// The last CTA of (sequence `batch`, kv heads first_head ..) to finish
-// reduces the N partitions of its query rows with the sink and writes the
-// output (then resets the arrival counter, so CUDA-graph replays need no
-// memset). `Shape` is the kernel's (shape.cuh); `group` is Hq / Hk.
+// The last CTA of (sequence, kv heads, row tile) to finish reduces the N
+// partitions of its query rows with the sink and writes the output (then
+// resets the arrival counter, so CUDA-graph replays need no memset).
+// `Shape` is the kernel's (shape.cuh).
 template <class Shape>
-__device__ __forceinline__ void reduce_partitions_in_cta(const FusedDecodeParams& params, int batch, int first_head,
-                                                         int group, int warp, int lane) {
+__device__ __forceinline__ void reduce_partitions_in_cta(const FusedDecodeParams& params,
+                                                         const CtaRows<Shape::kRows>& rows, int warp, int lane) {
   constexpr int HeadDim = Shape::kHeadDim;
   constexpr int kWarps = Shape::kWarps;
-  constexpr int kRows = Shape::kRows;
   constexpr int kCtaRows = Shape::kCtaRows;
   const PartitionParams& p = params.partitions;
   const ReduceParams& r = params.reduce;
   const int num_kv_heads = p.layout.num_kv_heads;
   const int num_partitions = p.num_partitions;
   const bool has_sink = r.sinks != nullptr;
-  const auto row_valid = [&](int row) { return row % kRows < group; };
-  const auto query_head = [&](int row) { return std::int64_t(first_head + row / kRows) * group + row % kRows; };
   // The barriers around thread 0's acquire-release arrival order this CTA's
   // partition writes before it and the earlier CTAs' writes before the
   // reduction's loads (arrive_acq_rel).
   __shared__ bool is_last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    unsigned* arrival = params.arrivals + static_cast<std::int64_t>(batch) * num_kv_heads + first_head;
+    unsigned* arrival =
+        params.arrivals + (static_cast<std::int64_t>(rows.batch) * num_kv_heads + rows.first_head) * params.row_tiles +
+        rows.row_tile;
     is_last = arrive_acq_rel(arrival) == static_cast<unsigned>(num_partitions - 1);
     if (is_last) *arrival = 0u;  // ready for the next launch (graph replay)
   }
@@ -81,21 +81,21 @@ __device__ __forceinline__ void reduce_partitions_in_cta(const FusedDecodeParams
   };
   for (int item = warp; item < kCtaRows * kRowParts; item += kWarps) {
     const int row = item / kRowParts;
-    if (!row_valid(row)) continue;
+    if (!rows.valid(row)) continue;
     const int first_dim = (item % kRowParts) * (HeadDim / kRowParts) + kLaneDims * lane;
-    const std::int64_t hq = query_head(row);
-    const std::int64_t base = (static_cast<std::int64_t>(batch) * p.num_q_heads + hq) * num_partitions;
+    const std::int64_t hq = rows.query_head(row);
+    const std::int64_t base = (rows.slot(row) * p.num_q_heads + hq) * num_partitions;
     const bool present = lane < num_partitions;
     const float max = present ? __ldcg(p.part_max + base + lane) : -INFINITY;
     const float sum = present ? __ldcg(p.part_sum + base + lane) : 0.0f;
-    LaneValues rows[kRowBatch];  // dims first_dim .. + kLaneDims - 1 of partitions q0 + i
+    LaneValues partition_rows[kRowBatch];  // dims first_dim .. + kLaneDims - 1 of partitions q0 + i
     const auto load_rows = [&](int q0) {
 #pragma unroll
       for (int i = 0; i < kRowBatch; ++i) {
         const float* partition_row = p.part_out + (base + q0 + i) * HeadDim;
 #pragma unroll
         for (int v = 0; v < kVectors; ++v) {
-          rows[i].vector[v] = q0 + i < num_partitions
+          partition_rows[i].vector[v] = q0 + i < num_partitions
                                   ? __ldcg(reinterpret_cast<const LaneVector*>(partition_row + first_dim + kVectorDims * v))
                                   : LaneVector{};
         }
@@ -116,12 +116,13 @@ __device__ __forceinline__ void reduce_partitions_in_cta(const FusedDecodeParams
         const float w = __shfl_sync(kFullMask, own_weight, (q0 + i) & 31);
         if (q0 + i < num_partitions && w != 0.0f) {
 #pragma unroll
-          for (int j = 0; j < kLaneDims; ++j) value[j] = fmaf(w, rows[i].element[j], value[j]);
+          for (int j = 0; j < kLaneDims; ++j) value[j] = fmaf(w, partition_rows[i].element[j], value[j]);
         }
       }
     }
+    const std::int64_t output_row = rows.output_row(row);
 #pragma unroll
-    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);
+    for (int j = 0; j < kLaneDims; ++j) store_output(r, output_row, hq, first_dim + j, value[j]);
   }
 }
 

@@ -103,6 +103,7 @@
 #include "../partition_merge.cuh"
 #include "../policy.hpp"
 #include "bulk_copy.cuh"
+#include "cta_rows.cuh"
 #include "epilogue.cuh"
 #include "fragments.cuh"
 #include "launch.hpp"
@@ -177,7 +178,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up
 #endif
 
-  const int partition = blockIdx.x;
+  // Grid x: the row tiles of partition p side by side (cta_rows.cuh), so the
+  // CTAs reading the same tokens run together and share them in L2.
+  const int partition = blockIdx.x / params.row_tiles;
   const int first_head = blockIdx.y * HeadsPerCta;  // the CTA's kv heads: first_head .. + HeadsPerCta - 1
   const int batch = blockIdx.z;
   // The warp streams kv head first_head + head_slot as warp head_warp of kWarpsPerHead.
@@ -189,28 +192,79 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   const int num_kv_heads = p.layout.num_kv_heads;
   const int group = p.num_q_heads / num_kv_heads;
   const int num_partitions = p.num_partitions;
-  // CTA row r: query row r % kRows of kv head first_head + r / kRows (rows
-  // from `group` on within a head are padding).
-  const auto row_valid = [&](int row) { return row % kRows < group; };
-  const auto query_head = [&](int row) {
-    return std::int64_t(first_head + row / kRows) * group + row % kRows;
-  };
-  // NOTE: only entries of this sequence's block-table row are ever read.
-  const TokenRange range =
-      partition_range(p.covered_length(__ldg(p.seq_lens + batch)), num_partitions, p.partition_align, partition);
+  // The CTA's query rows, and what the tiles from cta_mask_from on compare
+  // their positions with, in shared memory rather than registers across the
+  // main loop (the two-head-tile loops hold 168 a thread); visible from the
+  // next barrier on. Lane quad c's rows 2c + e of head tile nt are query
+  // token first + delta, delta in bits 4 (2 nt + e) of row_deltas[c]
+  // (the same for every kv head of the CTA); position first_limit + delta on
+  // is masked for such a row.
+  __shared__ CtaRows<kRows> cta_rows;
+  __shared__ TokenRange cta_range;
+  __shared__ int cta_mask_from;  // the first masked position of any row: the range's end or the first row's limit
+  __shared__ int cta_first_limit;
+  __shared__ unsigned row_deltas[4];
+  constexpr int kRowsPerThread = Shape::kRowsPerThread;
+  std::uint16_t query_values[kRowsPerThread];
+  TokenRange range;
+  {
+    const CtaRows<kRows> rows{first_head,
+                              group,
+                              static_cast<int>(blockIdx.x) - partition * params.row_tiles,
+                              batch,
+                              params.rows.max_query_len,
+                              params.rows.span(batch),
+                              p.covered_length(__ldg(p.seq_lens + batch))};
+    // NOTE: only entries of this sequence's block-table row are ever read.
+    // The range stops at the limit of the CTA's last row; tokens from the
+    // first row's limit on are masked per row (one token per sequence: at
+    // the range's end, as the sequence's).
+    range = partition_range(rows.seq_len, num_partitions, p.partition_align, partition);
+    range.end = rows.any_valid() ? min(range.end, rows.last_limit()) : range.begin;
+    if (threadIdx.x == 0) {
+      cta_rows = rows;
+      cta_range = range;
+      cta_mask_from = min(range.end, rows.first_limit());
+      cta_first_limit = rows.first_limit();
+    }
+    if (threadIdx.x < 4) {
+      unsigned deltas = 0;
+      for (int nt = 0; nt < HeadTiles; ++nt) {
+        for (int e = 0; e < 2; ++e) {
+          const int row = kHeadsPerTile * nt + 2 * threadIdx.x + e;
+          deltas |= static_cast<unsigned>(rows.token(row) - rows.token(0)) << (4 * (2 * nt + e));
+        }
+      }
+      row_deltas[threadIdx.x] = deltas;
+    }
+    // The query first (one element per row and thread, as bits): under a
+    // saturated memory system its load waits behind the cache tiles if
+    // issued after them. An empty partition reads nothing.
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int row = first_row + kRowStep * i;
+      query_values[i] = 0;
+      if (range.begin < range.end && row < kCtaRows && rows.valid(row)) {
+        query_values[i] = __ldg(static_cast<const std::uint16_t*>(rq.query) + rows.output_row(row) * rq.query_stride_batch +
+                                rows.query_head(row) * rq.query_stride_head + dim);
+      }
+    }
+  }
+  const CtaRows<kRows>& rows = cta_rows;
+  const auto row_valid = [&](int row) { return rows.valid(row); };
   const ReduceParams& r = params.reduce;
   const bool has_sink = r.sinks != nullptr;
   // The partition's result for query row `row` (max in natural-log units, as
   // the spec's reducer expects): with one partition it is the output row, so
   // the reduction's rule runs here and nothing goes through the partition buffers.
   const auto finish_row = [&](int row, float max, float sum, float out) {
-    const std::int64_t hq = query_head(row);
+    const std::int64_t hq = rows.query_head(row);
     if (num_partitions == 1) {
       const float sink = has_sink ? __ldg(r.sinks + hq) : -INFINITY;
-      store_output(r, batch, hq, dim, single_partition_element(max, sum, out, has_sink, sink));
+      store_output(r, rows.output_row(row), hq, dim, single_partition_element(max, sum, out, has_sink, sink));
       return;
     }
-    const std::int64_t index = (static_cast<std::int64_t>(batch) * p.num_q_heads + hq) * num_partitions + partition;
+    const std::int64_t index = (rows.slot(row) * p.num_q_heads + hq) * num_partitions + partition;
     p.part_out[index * HeadDim + dim] = out;
     if (dim == 0) {
       p.part_max[index] = max;
@@ -220,25 +274,12 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
 
   if (range.begin >= range.end) {
     // NOTE: an empty partition writes the empty values and reads nothing else.
+    __syncthreads();  // cta_rows
     for (int row = first_row; row < kCtaRows; row += kRowStep) {
       if (row_valid(row)) finish_row(row, -INFINITY, 0.0f, 0.0f);
     }
   } else {
     // ---- 1. first tiles in flight, query rotation, lookup table -------------
-    // The query first (one element per row and thread, as bits): under a
-    // saturated memory system its load waits behind the cache tiles if issued
-    // after them.
-    constexpr int kRowsPerThread = Shape::kRowsPerThread;
-    std::uint16_t query_values[kRowsPerThread];
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int row = first_row + kRowStep * i;
-      query_values[i] = 0;
-      if (row < kCtaRows && row_valid(row)) {
-        query_values[i] = __ldg(static_cast<const std::uint16_t*>(rq.query) + batch * rq.query_stride_batch +
-                                query_head(row) * rq.query_stride_head + dim);
-      }
-    }
     // The ring's first kStages - 1 tiles are issued before anything else is
     // computed so their HBM latency overlaps the prologue.
     const int block_shift = 31 - __clz(p.layout.block_size);
@@ -499,6 +540,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     // The bulk-copy shapes take the host's product; the narrow ones keep
     // their loops (KernelShape::kHalfScaledProbabilities).
     const float score_scale = kBulkCopy ? params.scale_log2 : p.scale * kLog2e;
+    const int mask_from = cta_mask_from;
 
     // The warp's k-th tile, in ring stage stage_index = k % kStages (a
     // compile-time constant where the loop is unrolled by kStages).
@@ -582,17 +624,31 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
           }
         }
       }
-      if (tile_token + kTileTokens > range.end) {
-        // Slots past the sequence end hold junk (fp8 key bytes or fp16 fields
+      if (tile_token + kTileTokens > mask_from) {
+        // Slots past the range hold junk (fp8 key bytes or fp16 fields
         // that may be NaN or inf): exclude them by selection, never by
-        // arithmetic; score -inf, value fields 0.
+        // arithmetic; score -inf, value fields 0. Positions past a row's
+        // limit score kMaskedScore for that row.
+        const int end = cta_range.end;
+        const int first_limit = cta_first_limit;
+        const unsigned deltas = row_deltas[c];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          if (tile_token + token_at(8 * j + g) >= range.end) {
+          const int position = tile_token + token_at(8 * j + g);
+          if (position >= end) {
             value_scale[j] = 0.0f;
             value_zero[j] = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < HeadTiles; ++nt) d[nt][0][j] = d[nt][1][j] = -INFINITY;
+          } else if (position >= first_limit) {
+            const unsigned past = position - first_limit;
+#pragma unroll
+            for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                if (past >= ((deltas >> (4 * (2 * nt + e))) & 15u)) d[nt][e][j] = kMaskedScore;
+              }
+            }
           }
         }
       }
@@ -784,6 +840,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     __syncthreads();
     for (int row = first_row; row < kCtaRows; row += kRowStep) {
       if (!row_valid(row)) continue;
+      if (rows.limit(row) <= cta_range.begin) {  // a row with no token in the range: only other rows' warps ran
+        finish_row(row, -INFINITY, 0.0f, 0.0f);
+        continue;
+      }
       // The row's warp weights in 16-byte (8-byte) broadcast loads: a 4-byte
       // load per warp and head dim would be 64 loads per thread).
       float merged_out = 0.0f;
@@ -808,7 +868,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   if (num_partitions == 1) return;  // finish_row wrote the output
 
   // ---- 4. the last CTA of (sequence, kv heads) reduces the partitions --------
-  reduce_partitions_in_cta<Shape>(params, batch, first_head, group, warp, lane);
+  reduce_partitions_in_cta<Shape>(params, rows, warp, lane);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -838,8 +898,8 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   constexpr int kBytes = SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>::kBytes;
   allow_dynamic_shared_memory<kernel>(kBytes);
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(params.partitions.num_partitions, params.partitions.layout.num_kv_heads / HeadsPerCta,
-                        params.partitions.batch);
+  config.gridDim = dim3(params.partitions.num_partitions * params.row_tiles,
+                        params.partitions.layout.num_kv_heads / HeadsPerCta, params.partitions.batch);
   config.blockDim = dim3(Shape::kThreads);
   config.dynamicSmemBytes = kBytes;
   config.stream = stream;
@@ -854,19 +914,20 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, maps));
 }
 
-// The instance of a (head size, key format) for the call's group size and
-// the plan's shape (wide table, kv heads per CTA): launch.hpp declares it,
-// instances/ define one per file.
+// The instance of a (head size, key format) for the call's query rows per
+// kv head (group x query tokens) and the plan's shape (wide table, kv heads
+// per CTA): launch.hpp declares it, instances/ define one per file.
 template <int HeadDim, CacheFormat Format>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
+  const int head_tiles = tensor_core_head_tiles(group * params.rows.max_query_len, HeadDim);
   if constexpr (HeadDim != 128) {
     if constexpr (HeadDim == 64) {
-      if (group > kHeadsPerTile) return launch<HeadDim, 2, Format>(params, stream);
+      if (head_tiles == 2) return launch<HeadDim, 2, Format>(params, stream);
     }
     return launch<HeadDim, 1, Format>(params, stream);
   } else {
-    if (group > kHeadsPerTile) {
+    if (head_tiles == 2) {
       if constexpr (Format == CacheFormat::mse4) {
         if (params.wide_table) return launch<HeadDim, 2, Format, true>(params, stream);
       }

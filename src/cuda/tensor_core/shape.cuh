@@ -40,6 +40,13 @@ struct MergeStorage {
 // at tile k) no longer costs a rescale of the 40 accumulators each time.
 // The sums and outputs are exact for any reference.
 constexpr float kLazyRescaleLog2 = 4.0f;
+// A position past a row's causal limit (several query tokens per sequence)
+// scores this, not -inf: a row may have no position in a warp's tiles, and
+// a finite maximum keeps its exponentials finite (exp2(0) there, weighed 0
+// in the merge against the row's real maximum from another warp). A warp's
+// tiles rise in position, so once a row is masked in them it stays masked:
+// its masked maximum never becomes a reference for real scores.
+constexpr float kMaskedScore = -1.0e30f;
 // P' = p * value scale is an fp16 mma operand; with p <= 2^kLazyRescaleLog2 it
 // stays finite for scales up to this (value ranges up to about 61000).
 constexpr float kMaxLazyValueScale = 65504.0f / 16.0f;
