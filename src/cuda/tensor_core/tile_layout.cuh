@@ -173,6 +173,35 @@ struct PackedRunCopy {
   }
 };
 
+// The issue plan of a layout whose tile is one copy of its records (whole,
+// or in windows from a sector boundary) and one of its fp16 fields.
+template <class RecordCopy, int Fields, int MetaOffset>
+struct alignas(16) RecordIssuePlan {
+  std::uint32_t slot_stride;  // Hk * record bytes
+  RecordCopy records;
+  FieldChunk<Fields, MetaOffset> fields;  // lanes 0 .. 2 Fields - 1
+
+  __device__ static RecordIssuePlan make(const PartitionParams& p, int head, int lane, int slot_stride,
+                                         const RecordCopy& records) {
+    return {static_cast<std::uint32_t>(slot_stride), records, FieldChunk<Fields, MetaOffset>::make(p, head, lane)};
+  }
+  __device__ void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, int lane) const {
+    records.issue(stage, block + slot0 * slot_stride);
+    fields.issue(stage, block, slot0, lane);
+  }
+};
+
+// The plan of a layout packing whole records (Hk * RecordBytes and
+// head * RecordBytes multiples of 32) with a PackedRunCopy;
+// `destination(token, chunk)`: the chunk's offset within a stage.
+template <class Plan, int RecordBytes, class Destination>
+__device__ __forceinline__ Plan packed_record_plan(const PartitionParams& p, int head, int lane,
+                                                   Destination destination) {
+  const int slot_stride = p.layout.num_kv_heads * RecordBytes;
+  const auto records = PackedRunCopy<RecordBytes / 16>::make(slot_stride, head * RecordBytes, lane, destination);
+  return Plan::make(p, head, lane, slot_stride, records);
+}
+
 template <CacheFormat Format, int HeadDim>
 struct TileLayout;
 
@@ -237,23 +266,13 @@ struct TileLayout<CacheFormat::mse4, HeadDim> {
     return byte_offset<Bulk>(token, kKeyBytes + kLaneValueBytes * g);
   }
 
-  struct alignas(16) IssuePlan {
-    std::uint32_t slot_stride;  // Hk * D bytes
-    TokenRunCopy<kRecordBytes / 16, kCopyPeriod> records;
-    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
-  };
+  using IssuePlan = RecordIssuePlan<TokenRunCopy<kRecordBytes / 16, kCopyPeriod>, kFields, kMetaOffset>;
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
-    return {static_cast<std::uint32_t>(slot_stride),
-            TokenRunCopy<kRecordBytes / 16, kCopyPeriod>::make(slot_stride, head * kRecordBytes, lane, chunk_offset<false>),
-            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
-  }
-
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
-                               int lane) {
-    plan.records.issue(stage, block + slot0 * plan.slot_stride);
-    plan.fields.issue(stage, block, slot0, lane);
+    const auto records =
+        TokenRunCopy<kRecordBytes / 16, kCopyPeriod>::make(slot_stride, head * kRecordBytes, lane, chunk_offset<false>);
+    return IssuePlan::make(p, head, lane, slot_stride, records);
   }
 };
 
@@ -327,24 +346,14 @@ struct TileLayout<CacheFormat::mse3, 128> {
     return row_offset(token, lead(head) + kKeyBytes + 8 * g);
   }
 
-  struct alignas(16) IssuePlan {
-    std::uint32_t slot_stride;  // Hk * 112 bytes
-    TokenRunCopy<kRowBytes / 16> windows;
-    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
-  };
+  using IssuePlan = RecordIssuePlan<TokenRunCopy<kRowBytes / 16>, kFields, kMetaOffset>;
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
     const auto destination = [](int token, int chunk) { return row_offset(token, 16 * chunk); };
-    return {static_cast<std::uint32_t>(slot_stride),
-            TokenRunCopy<kRowBytes / 16>::make(slot_stride, head * kRecordBytes - lead(head), lane, destination),
-            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
-  }
-
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
-                               int lane) {
-    plan.windows.issue(stage, block + slot0 * plan.slot_stride);
-    plan.fields.issue(stage, block, slot0, lane);
+    const auto records =
+        TokenRunCopy<kRowBytes / 16>::make(slot_stride, head * kRecordBytes - lead(head), lane, destination);
+    return IssuePlan::make(p, head, lane, slot_stride, records);
   }
 };
 
@@ -392,24 +401,11 @@ struct TileLayout<CacheFormat::mse3_v3, 128> {
     return row_offset(token, kKeyBytes + ((6 * g) & ~3) + 4 * w);
   }
 
-  struct alignas(16) IssuePlan {
-    std::uint32_t slot_stride;  // Hk * 96 bytes
-    PackedRunCopy<kRecordBytes / 16> records;
-    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
-  };
+  using IssuePlan = RecordIssuePlan<PackedRunCopy<kRecordBytes / 16>, kFields, kMetaOffset>;
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
-    const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
     const auto destination = [](int token, int chunk) { return row_offset(token, 16 * chunk); };
-    return {static_cast<std::uint32_t>(slot_stride),
-            PackedRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, destination),
-            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
-  }
-
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
-                               int lane) {
-    plan.records.issue(stage, block + slot0 * plan.slot_stride);
-    plan.fields.issue(stage, block, slot0, lane);
+    return packed_record_plan<IssuePlan, kRecordBytes>(p, head, lane, destination);
   }
 };
 
@@ -468,11 +464,7 @@ struct TileLayout<CacheFormat::mse3, 64> {
     return record_offset(token, lead(token, head, num_kv_heads), kKeyBytes + 4 * g);
   }
 
-  struct alignas(16) IssuePlan {
-    std::uint32_t slot_stride;  // Hk * 56 bytes
-    PackedRunCopy<kWindowChunks> windows;
-    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
-  };
+  using IssuePlan = RecordIssuePlan<PackedRunCopy<kWindowChunks>, kFields, kMetaOffset>;
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int num_kv_heads = p.layout.num_kv_heads;
@@ -481,15 +473,9 @@ struct TileLayout<CacheFormat::mse3, 64> {
     const auto destination = [=](int token, int chunk) {
       return token * kRowBytes + (((chunk - (token_lead(token) >> 4) + token) & 7) << 4);
     };
-    return {static_cast<std::uint32_t>(slot_stride),
-            PackedRunCopy<kWindowChunks>::make(slot_stride, head * kRecordBytes, lane, destination, token_lead),
-            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
-  }
-
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
-                               int lane) {
-    plan.windows.issue(stage, block + slot0 * plan.slot_stride);
-    plan.fields.issue(stage, block, slot0, lane);
+    const auto records =
+        PackedRunCopy<kWindowChunks>::make(slot_stride, head * kRecordBytes, lane, destination, token_lead);
+    return IssuePlan::make(p, head, lane, slot_stride, records);
   }
 };
 
@@ -537,11 +523,7 @@ struct TileLayout<CacheFormat::mse3_v3, 64> {
     return record_offset(token, kKeyBytes + ((3 * g) & ~3) + 4 * w);
   }
 
-  struct alignas(16) IssuePlan {
-    std::uint32_t slot_stride;  // Hk * 48 bytes
-    TokenRunCopy<4, 1> windows;
-    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
-  };
+  using IssuePlan = RecordIssuePlan<TokenRunCopy<4, 1>, kFields, kMetaOffset>;
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int num_kv_heads = p.layout.num_kv_heads;
@@ -553,15 +535,8 @@ struct TileLayout<CacheFormat::mse3_v3, 64> {
       const int j = (chunk - (lead(token, head, num_kv_heads) >> 4)) & 3;
       return row * 128 + (((4 * (token & 1) + j) ^ swizzle(row)) << 4);
     };
-    return {static_cast<std::uint32_t>(slot_stride),
-            TokenRunCopy<4, 1>::make(slot_stride, window_start, lane, destination),
-            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
-  }
-
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
-                               int lane) {
-    plan.windows.issue(stage, block + slot0 * plan.slot_stride);
-    plan.fields.issue(stage, block, slot0, lane);
+    const auto records = TokenRunCopy<4, 1>::make(slot_stride, window_start, lane, destination);
+    return IssuePlan::make(p, head, lane, slot_stride, records);
   }
 };
 
@@ -599,24 +574,11 @@ struct PackedRecordsD256 {
     return record_offset(token, 24 * c + 8 * w);
   }
 
-  struct alignas(16) IssuePlan {
-    std::uint32_t slot_stride;  // Hk * kRecordBytes
-    PackedRunCopy<kRecordBytes / 16> records;
-    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
-  };
+  using IssuePlan = RecordIssuePlan<PackedRunCopy<kRecordBytes / 16>, kFields, kMetaOffset>;
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
-    const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
     const auto destination = [](int token, int chunk) { return record_offset(token, 16 * chunk); };
-    return {static_cast<std::uint32_t>(slot_stride),
-            PackedRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, destination),
-            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
-  }
-
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
-                               int lane) {
-    plan.records.issue(stage, block + slot0 * plan.slot_stride);
-    plan.fields.issue(stage, block, slot0, lane);
+    return packed_record_plan<IssuePlan, kRecordBytes>(p, head, lane, destination);
   }
 };
 
@@ -670,6 +632,13 @@ struct TileLayout<CacheFormat::fp8, HeadDim> {
     TokenRunCopy<kKeyBytes / 16> keys;
     TokenRunCopy<HeadDim / 32> values;
     FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..3
+
+    __device__ void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, int lane) const {
+      const std::uint8_t* tile = block + slot0 * slot_stride;
+      keys.issue(stage, tile);
+      values.issue(stage, tile);
+      fields.issue(stage, block, slot0, lane);
+    }
   };
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
@@ -678,14 +647,6 @@ struct TileLayout<CacheFormat::fp8, HeadDim> {
             TokenRunCopy<kKeyBytes / 16>::make(slot_stride, head * kRecordBytes, lane, key_chunk_offset),
             Values::template copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane),
             FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
-  }
-
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
-                               int lane) {
-    const std::uint8_t* tile = block + slot0 * plan.slot_stride;
-    plan.keys.issue(stage, tile);
-    plan.values.issue(stage, tile);
-    plan.fields.issue(stage, block, slot0, lane);
   }
 };
 
@@ -698,8 +659,7 @@ __device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8
   // non-negative: one 32 x 32 -> 64-bit multiply-add.
   const std::uint8_t* block = cache + static_cast<std::uint64_t>(static_cast<std::uint32_t>(physical)) *
                                           static_cast<std::uint32_t>(block_stride);
-  Layout::issue(stage, block, static_cast<std::uint32_t>((tile * kTileTokens) & block_mask), plan,
-                lane);
+  plan.issue(stage, block, static_cast<std::uint32_t>((tile * kTileTokens) & block_mask), lane);
 }
 
 // fp16 field `field` of token `token` of a tile's fields (at kMetaOffset in
