@@ -17,7 +17,7 @@ struct CUstream_st;
 namespace tqdecode {
 
 enum class DecodePath : std::uint8_t {
-  hopper,         ///< tensor-core kernel (every preset at D = 128; 4-bit and fp8 keys at D = 64 and 256), blocks cache order, on sm_90
+  hopper,         ///< tensor-core kernel (every preset at D = 64, 128 and 256), blocks cache order, on sm_90
   cuda_generic,   ///< CUDA kernels for every preset and supported shape on any CUDA GPU (GenericKernel)
   cpu_reference,  ///< host memory, no GPU (slow; tests and tools)
 };
@@ -33,12 +33,13 @@ enum class PathRequest : std::uint8_t { automatic, hopper, cuda_generic, cuda_ge
 enum class GenericKernel : std::uint8_t {
   /// The Hopper path's tensor-core kernel in its narrow configuration (8
   /// warps, 12 for groups 9..16 at D = 128), no programmatic launch: sm_80
-  /// and newer, D = 128 (every preset) or 64 and 256 (turboquant_4bit_nc and
-  /// turboquant_k8v4; groups over 8 at D = 256 in two row tiles), 16-byte aligned cache in the
-  /// blocks order, group up to 16, where the device's shared memory holds
-  /// its CTA (at D = 128 at most 153 KB: every sm_80 / sm_90 part; sm_86 /
-  /// sm_89 take the 3-bit-key presets up to group 8; at D = 256 up to 200
-  /// KB: sm_90).
+  /// and newer, D = 64, 128 or 256 (every preset; groups over 8 at D = 256
+  /// in two row tiles), 16-byte aligned cache in the blocks order, group up
+  /// to 16, where the device's shared memory holds its CTA (at D = 64 at
+  /// most 81 KB: every sm_80 and newer part; at D = 128 at most 153 KB:
+  /// every sm_80 / sm_90 part, sm_86 / sm_89 take the 3-bit-key presets up
+  /// to group 8; at D = 256 150 KB for 3-bit keys, sm_80 and sm_90, up to
+  /// 200 KB: sm_90).
   tensor_core,
   scalar,  ///< CUDA cores: any CUDA GPU, every preset and supported shape, both cache orders
 };

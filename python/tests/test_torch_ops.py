@@ -419,11 +419,15 @@ class CudaTest(unittest.TestCase):
         small_heads = make_case(CONFIGS[4]).to("cuda")  # turboquant_4bit_nc, D = 64: the tensor-core kernel too
         path = tqdecode.decode_path(*small_heads.decode_args()[0], **small_heads.decode_args()[1])
         self.assertEqual(path.path, "hopper" if tqdecode.is_available() else "cuda_generic")
-        generic = make_case(CONFIGS[5]).to("cuda")  # turboquant_k3v4_nc, D = 256: the generic path's scalar kernel
-        path = tqdecode.decode_path(*generic.decode_args()[0], **generic.decode_args()[1])
-        self.assertEqual(path.path, "cuda_generic")
-        if tqdecode.is_available():  # elsewhere the reason is the device, not the head dim
-            self.assertIn("head_dim 256", path.reason)
+        three_bit_d256 = make_case(CONFIGS[5]).to("cuda")  # turboquant_k3v4_nc, D = 256: the tensor-core kernel too
+        path = tqdecode.decode_path(*three_bit_d256.decode_args()[0], **three_bit_d256.decode_args()[1])
+        self.assertEqual(path.path, "hopper" if tqdecode.is_available() else "cuda_generic")
+        # turboquant_4bit_nc, D = 256, group 16: the tensor-core kernel in two row tiles of one head tile
+        large_group = make_case(Config("turboquant_4bit_nc", head_dim=256, num_q_heads=32, num_kv_heads=2)).to("cuda")
+        path = tqdecode.decode_path(*large_group.decode_args()[0], **large_group.decode_args()[1])
+        self.assertEqual(path.path, "hopper" if tqdecode.is_available() else "cuda_generic")
+        if tqdecode.is_available():  # elsewhere the reason may be the device's
+            self.assertIn("2 row tiles", path.reason)
 
     def test_device_checks_zero_bad_sequences_and_report_them(self):
         case = make_case(CONFIGS[0])  # seq_lens (37, 0, 1, 160, 95), block size 16

@@ -197,16 +197,16 @@ void launch_reduce_partitions(const ReduceParams& params, const QueryRows& rows,
 void launch_partitions_generic(const PartitionParams& params, const QueryRows& rows, CUstream_st* stream);
 
 /// Tensor-core kernel, the whole decode step: turboquant_4bit_nc, _k3v4_nc,
-/// _3bit_nc or _k8v4 at D = 128, turboquant_4bit_nc and _k8v4 also at D = 64
-/// and 256 (tensor_core_serves). Every configuration runs on sm_90 (the
+/// _3bit_nc or _k8v4 at D = 64, 128 and 256 (tensor_core_serves). Every
+/// configuration runs on sm_90 (the
 /// Hopper path); the narrow one (wide_table false: 128-byte table rows, 8
 /// warps, or 12 for two head tiles at D = 128) also on sm_80 and newer (the
 /// generic path's tensor-core kernel). D = 64 and 256 have the narrow
 /// configuration only (D = 256: groups up to 8).
 void launch_decode_tensor_core(const FusedDecodeParams& params, CUstream_st* stream);
 
-/// Whether the tensor-core kernel exists for this preset and head size.
-bool tensor_core_serves(Preset preset, int head_dim);
+/// Whether the tensor-core kernel exists for this head size (every preset has it).
+bool tensor_core_serves(int head_dim);
 
 /// What one CTA of the narrow configuration serving this preset, group
 /// size and head size needs: dynamic shared memory, and the CTAs per SM its

@@ -134,9 +134,8 @@ std::string tensor_core_layout_unsupported_reason(const DecodeArgs& args, const 
   if (args.layout.token_slots()) {
     return std::string("token_slots layout: the ") + kernel + " reads the blocks order only";
   }
-  if (!tensor_core_serves(args.layout.preset, args.layout.head_dim)) {
-    return "head_dim " + std::to_string(args.layout.head_dim) + " with " + preset_info(args.layout.preset).name + ": the " +
-           kernel + " serves 128 for every preset, 64 and 256 for turboquant_4bit_nc and turboquant_k8v4";
+  if (!tensor_core_serves(args.layout.head_dim)) {
+    return "head_dim " + std::to_string(args.layout.head_dim) + ": the " + kernel + " serves 64, 128 and 256";
   }
   if (args.layout.block_stride % 16 != 0 || reinterpret_cast<std::uintptr_t>(args.cache) % 16 != 0) {
     return std::string("cache pointer or block_stride not a multiple of 16 bytes (the ") + kernel + " uses 16-byte loads)";

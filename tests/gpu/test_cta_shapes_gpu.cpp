@@ -53,6 +53,12 @@ std::vector<ShapeCase> shape_cases() {
       {"d64_k8v4", Preset::turboquant_k8v4, 6, 2, 4, 1024, 64, false, 1, 4},
       {"d256_4bit", q4, 8, 2, 4, 4096, 256, false, 1, 16},
       {"d256_k8v4", Preset::turboquant_k8v4, 6, 3, 2, 2048, 256, false, 1, 8},
+      {"d64_k3v4_odd_hk", Preset::turboquant_k3v4_nc, 8, 2, 3, 2048, 64, false, 1, 8},
+      {"d64_k3v4_two_head_tiles", Preset::turboquant_k3v4_nc, 16, 3, 1, 1024, 64, false, 1, 4},
+      {"d64_3bit", Preset::turboquant_3bit_nc, 4, 2, 5, 4096, 64, false, 1, 16},
+      {"d64_3bit_two_head_tiles", Preset::turboquant_3bit_nc, 12, 3, 2, 1024, 64, false, 1, 4},
+      {"d256_k3v4", Preset::turboquant_k3v4_nc, 4, 2, 4, 4096, 256, false, 1, 16},
+      {"d256_3bit_odd_hk", Preset::turboquant_3bit_nc, 8, 3, 3, 2048, 256, false, 1, 8},
   };
 }
 

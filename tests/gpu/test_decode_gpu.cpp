@@ -131,6 +131,34 @@ std::vector<DecodeCase> decode_cases() {
       {"k8v4_d256_g8_bs32_waves", Preset::turboquant_k8v4, 64, 8, 256, 32, random_lengths(20, 2000, 26), 0, true},
       {"k8v4_d256_g2_large_values", Preset::turboquant_k8v4, 4, 2, 256, 16, {2000, 333}, 16, false, DType::f16,
        10000.0f},
+      // 3-bit keys at D = 64 (groups 3, 8, 16) and 256 (groups 1, 6, 8; 12
+      // and 16 in two row tiles): odd and even kv head counts, whose records
+      // start at every offset from a sector the layouts allow (0 to 24 bytes
+      // at D = 64, k3v4), block sizes 16 to 128, padded blocks, fp16 queries,
+      // sinks, large values.
+      {"k3v4_d64_g3_bs128_pad_f16", Preset::turboquant_k3v4_nc, 9, 3, 64, 128, {8191, 1, 130, 0, 4000}, 16, false,
+       DType::f16},
+      {"k3v4_d64_g8_bs16_sinks", Preset::turboquant_k3v4_nc, 40, 5, 64, 16, random_lengths(12, 3000, 27), 0, true},
+      {"k3v4_d64_g16_bs128_pad_sinks_f16", Preset::turboquant_k3v4_nc, 48, 3, 64, 128, {3000, 1, 0, 129}, 32, true,
+       DType::f16},
+      {"k3v4_d64_g8_b40_waves", Preset::turboquant_k3v4_nc, 64, 8, 64, 16, random_lengths(40, 3000, 28), 0, true},
+      {"3bit_d64_g3_bs16_pad_sinks", Preset::turboquant_3bit_nc, 3, 1, 64, 16, {1, 2, 15, 16, 31, 2049}, 48, true},
+      {"3bit_d64_g8_bs128_f16", Preset::turboquant_3bit_nc, 24, 3, 64, 128, {3000, 1, 0, 129}, 16, false, DType::f16},
+      {"3bit_d64_g16_bs16_sinks", Preset::turboquant_3bit_nc, 32, 2, 64, 16, {4097, 33, 0, 1}, 0, true},
+      {"k3v4_d256_g6_bs16", Preset::turboquant_k3v4_nc, 12, 2, 256, 16, {5000, 17, 1, 0, 2049}},
+      {"k3v4_d256_g8_bs64_pad_sinks_f16", Preset::turboquant_k3v4_nc, 24, 3, 256, 64, {3001, 100, 0, 1000}, 64, true,
+       DType::f16},
+      {"k3v4_d256_g1_b24_waves", Preset::turboquant_k3v4_nc, 8, 8, 256, 16, random_lengths(24, 2500, 29)},
+      {"k3v4_d256_g16_row_tiles", Preset::turboquant_k3v4_nc, 48, 3, 256, 16, {1500, 7, 0, 2049}, 0, true},
+      {"3bit_d256_g12_row_tiles_f16", Preset::turboquant_3bit_nc, 24, 2, 256, 32, {4000, 1, 65}, 16, false,
+       DType::f16},
+      {"k3v4_d256_large_values", Preset::turboquant_k3v4_nc, 16, 2, 256, 16, {3000, 17, 1200}, 0, true, DType::bf16,
+       10000.0f},
+      {"3bit_d256_g8_bs32_waves_sinks", Preset::turboquant_3bit_nc, 64, 8, 256, 32, random_lengths(20, 2000, 30), 0,
+       true},
+      {"3bit_d256_g1_bs128_pad_f16", Preset::turboquant_3bit_nc, 5, 5, 256, 128, {2500, 130, 1}, 16, false, DType::f16},
+      {"3bit_d256_g6_large_values", Preset::turboquant_3bit_nc, 6, 1, 256, 16, {2000, 333}, 16, false, DType::f16,
+       10000.0f},
   };
   // The token_slots order: every preset in both renormalization modes (fp8
   // keys: raw only), head dims 64 / 128 / 256, groups 3 to 16, block sizes
@@ -249,7 +277,7 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
 INSTANTIATE_TEST_SUITE_P(Grid, DecodeGpu, ::testing::ValuesIn(decode_cases()),
                          [](const auto& info) { return info.param.name; });
 
-TEST(DecodeGpuPath, HopperKernelServesEveryPresetAtHeadDim128And4BitAndFp8KeysAt64And256OnSm90) {
+TEST(DecodeGpuPath, HopperKernelServesEveryPresetAtHeadDims64To256OnSm90) {
   TQ_SKIP_WITHOUT_GPU();
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
@@ -263,9 +291,9 @@ TEST(DecodeGpuPath, HopperKernelServesEveryPresetAtHeadDim128And4BitAndFp8KeysAt
     EXPECT_EQ(choice.path, sm90 ? DecodePath::hopper : DecodePath::cuda_generic) << preset_info(preset).name;
     EXPECT_FALSE(choice.reason.empty());
   }
-  // Head sizes 64 and 256: the tensor-core kernel for 4-bit and fp8 keys
-  // (at D = 256 groups over 8 in two row tiles), the scalar kernel for 3-bit keys.
-  for (const Preset preset : {Preset::turboquant_4bit_nc, Preset::turboquant_k8v4}) {
+  // Head sizes 64 and 256: the tensor-core kernel for every preset (at D =
+  // 256 groups over 8 in two row tiles).
+  for (const Preset preset : kAllPresets) {
     for (const int d : {64, 256}) {
       const Scenario scenario = build({"d", preset, 32, 8, d, 16, {100}});
       DeviceScenario device(scenario);
@@ -276,12 +304,6 @@ TEST(DecodeGpuPath, HopperKernelServesEveryPresetAtHeadDim128And4BitAndFp8KeysAt
       EXPECT_EQ(plan.kv_heads_per_cta, 1);
     }
   }
-  const Scenario three_bit = build({"d64", Preset::turboquant_k3v4_nc, 32, 8, 64, 16, {100}});
-  DeviceScenario three_bit_device(three_bit);
-  const LaunchPlan generic = plan_decode(three_bit_device.args());
-  EXPECT_EQ(generic.path, DecodePath::cuda_generic);
-  EXPECT_EQ(generic.generic_kernel, GenericKernel::scalar);
-  EXPECT_NE(generic.reason.find("head_dim 64"), std::string::npos) << generic.reason;
   const Scenario large_group = build({"d256_g16", Preset::turboquant_4bit_nc, 32, 2, 256, 16, {100}});
   DeviceScenario large_group_device(large_group);
   const LaunchPlan row_tiles = plan_decode(large_group_device.args());

@@ -139,8 +139,7 @@ TEST(PartitionPolicy, NarrowConfigurationResidentCtasFollowTheDevicesSharedMemor
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 16, a100), 1);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 16, sm86), 0);  // 120576 > 101376
   // Head sizes 64 (two CTAs of 8 warps, one or two head tiles) and 256 (one
-  // CTA of 8 warps and one head tile; larger groups in row tiles); 3-bit
-  // keys have no kernel there.
+  // CTA of 8 warps and one head tile; larger groups in row tiles), every preset.
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 64).shared_bytes, 72832);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16, 64).shared_bytes, 75008);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 256).shared_bytes, 177792);
@@ -150,13 +149,31 @@ TEST(PartitionPolicy, NarrowConfigurationResidentCtasFollowTheDevicesSharedMemor
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 8, h200, 256), 1);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 16, h200, 256), 1);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16, 256).shared_bytes, 177792);
-  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, h200, 64), 0);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 8, 64).shared_bytes, 80512);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 16, 64).shared_bytes, 82688);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 8, 64).shared_bytes, 47232);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 16, 64).shared_bytes, 49408);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 8, 256).shared_bytes, 153216);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 8, 256).shared_bytes, 152704);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 16, 256).shared_bytes, 152704);  // one head tile, two row tiles
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, h200, 64), 2);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 16, sm86, 64), 1);  // 82688 + 1024: one per 100 KB
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_3bit_nc, 16, sm86, 64), 2);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, h200, 256), 1);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_3bit_nc, 8, a100, 256), 1);
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, sm86, 256), 0);  // 153216 > 101376
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 8, a100, 256), 0);  // 204288 > 166912
   const GridChoice d256 = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 6, 16, 2, 32768, 132, 256);
   EXPECT_FALSE(d256.wide_table);
   EXPECT_EQ(d256.kv_heads_per_cta, 1);
   EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 6, false, 256), 1);
   EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 4, false, 64), 2);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_3bit_nc, 16, false, 64), 2);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, false, 256), 1);
+  // 3-bit keys at D = 64 and 256: one kv head per CTA (the two-kv-head CTA is D = 128's).
+  const GridChoice three_bit_d64 = choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 2, 8, 4096, 132, 64);
+  EXPECT_FALSE(three_bit_d64.wide_table);
+  EXPECT_EQ(three_bit_d64.kv_heads_per_cta, 1);
 }
 
 // The tensor-core kernel's query rows per kv head (the group x the query

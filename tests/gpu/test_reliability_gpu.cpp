@@ -455,11 +455,8 @@ TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {
     const LaunchPlan& automatic = answers[0][shape * kRequests];
     const LaunchPlan& generic = answers[0][shape * kRequests + 1];
     const LaunchPlan& scalar = answers[0][shape * kRequests + 2];
-    // The tensor-core kernel: every preset at D = 128; 4-bit and fp8 keys at
-    // D = 64 and 256.
-    const bool three_bit_keys = args.layout.info().key_bits == 3;
-    const int d = args.layout.head_dim;
-    const bool tensor_cores = hopper_device && (d == 128 || !three_bit_keys);
+    // The tensor-core kernel: every preset at D = 64, 128 and 256.
+    const bool tensor_cores = hopper_device;
     SCOPED_TRACE(std::string(preset_info(args.layout.preset).name) + " D=" + std::to_string(args.layout.head_dim) +
                  " block_size=" + std::to_string(args.layout.block_size) + " B=" + std::to_string(args.batch) +
                  " Hk=" + std::to_string(args.layout.num_kv_heads) + " Hq=" + std::to_string(args.num_q_heads));

@@ -21,22 +21,17 @@ __global__ void tensor_core_probe_kernel() {}
 
 }  // namespace
 
-bool tensor_core_serves(Preset preset, int head_dim) {
-  return visit_preset(preset, [&]<Preset P>() { return tensor_core::serves_head_dim<tensor_core::cache_format(P)>(head_dim); });
-}
+bool tensor_core_serves(int head_dim) { return tensor_core::serves_head_dim(head_dim); }
 
 // The one dispatch point: key format (preset), head size, then (in the
 // instance) group size and the plan's shape.
 void launch_decode_tensor_core(const FusedDecodeParams& params, CUstream_st* stream) {
   const CacheLayout& layout = params.partitions.layout;
-  TQ_REQUIRE(tensor_core_serves(layout.preset, layout.head_dim), "head_dim",
-             std::to_string(layout.head_dim) + " has no tensor-core kernel for " + preset_info(layout.preset).name);
+  TQ_REQUIRE(tensor_core_serves(layout.head_dim), "head_dim",
+             std::to_string(layout.head_dim) + " has no tensor-core kernel (64, 128 and 256 have one)");
   visit_preset(layout.preset, [&]<Preset P>() {
     visit_head_dim(layout.head_dim, [&]<int HeadDim>() {
-      constexpr tensor_core::CacheFormat kFormat = tensor_core::cache_format(P);
-      if constexpr (tensor_core::serves_head_dim<kFormat>(HeadDim)) {
-        tensor_core::launch_for_group<HeadDim, kFormat>(params, stream);
-      }
+      tensor_core::launch_for_group<HeadDim, tensor_core::cache_format(P)>(params, stream);
     });
   });
 }
@@ -47,16 +42,12 @@ NarrowFootprint narrow_footprint(Preset preset, int group_size, int head_dim) {
   return visit_preset(preset, [&]<Preset P>() -> NarrowFootprint {
     constexpr tensor_core::CacheFormat kFormat = tensor_core::cache_format(P);
     return visit_head_dim(head_dim, [&]<int HeadDim>() -> NarrowFootprint {
-      if constexpr (!tensor_core::serves_head_dim<kFormat>(HeadDim)) {
-        return {0, 0};
-      } else {
-        if constexpr (HeadDim != 256) {  // one head tile at D = 256
-          if (tensor_core_head_tiles(group_size, HeadDim) == 2) {
-            return {SharedLayout<HeadDim, 2, kFormat, false>::kBytes, KernelShape<HeadDim, 2, kFormat, false>::kResidentCtas};
-          }
+      if constexpr (HeadDim != 256) {  // one head tile at D = 256
+        if (tensor_core_head_tiles(group_size, HeadDim) == 2) {
+          return {SharedLayout<HeadDim, 2, kFormat, false>::kBytes, KernelShape<HeadDim, 2, kFormat, false>::kResidentCtas};
         }
-        return {SharedLayout<HeadDim, 1, kFormat, false>::kBytes, KernelShape<HeadDim, 1, kFormat, false>::kResidentCtas};
       }
+      return {SharedLayout<HeadDim, 1, kFormat, false>::kBytes, KernelShape<HeadDim, 1, kFormat, false>::kResidentCtas};
     });
   });
 }

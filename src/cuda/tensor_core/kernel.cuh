@@ -1,7 +1,7 @@
-// The tensor-core ("Hopper") kernel: the whole decode step for every preset at
-// D = 128 — turboquant_4bit_nc (the headline profile), turboquant_k3v4_nc,
-// turboquant_3bit_nc and turboquant_k8v4 — and for turboquant_4bit_nc and
-// turboquant_k8v4 at D = 64 and 256 (shape.cuh), in one launch, built for sm_90a
+// The tensor-core ("Hopper") kernel: the whole decode step for every preset —
+// turboquant_4bit_nc (the headline profile), turboquant_k3v4_nc,
+// turboquant_3bit_nc and turboquant_k8v4 — at D = 64, 128 and 256
+// (shape.cuh), in one launch, built for sm_90a
 // (the Hopper path) and sm_80 (its narrow configuration, 128-byte table
 // rows, also serves the generic path on sm_80 and newer: GenericKernel::tensor_core).
 // The presets share everything after the scores; they differ in how keys
@@ -468,17 +468,21 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
 
     // Keys of tokens g and g + 8 (dims (D/4)c ..): for 4-bit keys one 8-byte
     // load (D = 64), one 16-byte load (D = 128) or two (D = 256); for fp8
-    // keys D/64 16-byte loads; three 4-byte words (3-bit). Values of tokens
-    // 2c, 2c + 1, 2c + 8, 2c + 9 (dims (D/8)g ..: D/16 bytes of 4-bit values).
+    // keys D/64 16-byte loads; for 3-bit keys two 4-byte words (D = 64), three
+    // (D = 128) or three 8-byte loads (D = 256). Values of tokens 2c, 2c + 1,
+    // 2c + 8, 2c + 9 (dims (D/8)g ..: D/16 bytes of 4-bit values, 3D/64 bytes
+    // of 3-bit values).
     constexpr int kKeyLoads = Layout::kKeyLoads;  // key load bases per token
     int key_offset[2][kKeyLoads];
     [[maybe_unused]] int value_offset[4];  // 4-bit values
-    // 3-bit values: words 0 and 1 of tokens 2c and 2c + 1 (those of 2c + 8
-    // and 2c + 9 are Layout::kOffset8Tokens further).
-    [[maybe_unused]] int value_word[2][2];
-    // 3-bit keys: the lane's three key words of token g (token g + 8's are
+    // 3-bit values: words 0, 1 (and 2 at D = 256) of tokens 2c and 2c + 1
+    // (those of 2c + 8 and 2c + 9 are Layout::kOffset8Tokens further).
+    constexpr int kValueWordLoads = HeadDim == 256 ? 3 : 2;
+    [[maybe_unused]] int value_word[2][kValueWordLoads];
+    // 3-bit keys: the lane's key loads of token g (token g + 8's are
     // Layout::kOffset8Tokens further).
-    [[maybe_unused]] int key_word[3];
+    constexpr int kKeyWordLoads = HeadDim == 64 ? 2 : 3;
+    [[maybe_unused]] int key_word[kKeyWordLoads];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int token = 8 * j + g;
@@ -487,7 +491,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         for (int part = 0; part < kKeyLoads; ++part) key_offset[j][part] = Layout::key_offset(token, c, part);
       } else if constexpr (three_bit_keys(Format)) {
 #pragma unroll
-        for (int w = 0; w < 3; ++w) key_word[w] = static_cast<int>(opaque(Layout::key_word_offset(g, c, w, head)));
+        for (int w = 0; w < kKeyWordLoads; ++w) {
+          key_word[w] = static_cast<int>(opaque(Layout::key_word_offset(g, c, w, head, num_kv_heads)));
+        }
       } else if (j == 0) {  // 4-bit keys: token g + 8's are Layout::kOffset8Tokens further
 #pragma unroll
         for (int part = 0; part < kKeyLoads; ++part) {
@@ -503,20 +509,29 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
           value_offset[k] = k < 2 ? Layout::template value_offset<kBulkCopy>(token, g, head)
                                   : value_offset[k - 2] + Layout::kOffset8Tokens;
         } else {
-          value_offset[k] = Layout::value_offset(token, g, head);
+          value_offset[k] = Layout::value_offset(token, g, head, num_kv_heads);
         }
       }
     } else {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
 #pragma unroll
-        for (int w = 0; w < 2; ++w) value_word[j][w] = static_cast<int>(opaque(Layout::value_word_offset(2 * c + j, g, w)));
+        for (int w = 0; w < kValueWordLoads; ++w) {
+          value_word[j][w] = static_cast<int>(opaque(Layout::value_word_offset(2 * c + j, g, w, head, num_kv_heads)));
+        }
       }
     }
     // 3-bit values: the byte permutes taking bytes 0..3 and 2..5 of the lane's
-    // 6 bytes from the two words at 6g & ~3 (they start at byte 2 (g & 1)).
-    [[maybe_unused]] const std::uint32_t low_selector = g & 1 ? 0x5432u : 0x3210u;
+    // 6 bytes from the two words at 6g & ~3 (they start at byte 2 (g & 1));
+    // at D = 64 bytes 0..3 from its 3 at 3g, (3g) mod 4 into the first word.
+    [[maybe_unused]] const std::uint32_t low_selector =
+        HeadDim == 64 ? 0x3210u + 0x1111u * ((3 * g) & 3) : g & 1 ? 0x5432u : 0x3210u;
     [[maybe_unused]] const std::uint32_t high_selector = g & 1 ? 0x7654u : 0x5432u;
+    // 3-bit keys at D = 64: the byte permutes putting the lane's 48 key bits in
+    // order (bits 0..31, then 32..47) from its two loads
+    // (three_bit_key_word_byte_d64: where c is odd the first is the second word).
+    [[maybe_unused]] const std::uint32_t key_low_selector = c & 1 ? 0x1076u : 0x3210u;
+    [[maybe_unused]] const std::uint32_t key_high_selector = c & 1 ? 0x3232u : 0x7654u;
 
     // O^T accumulators: dim tile m, rows g (dim 16g + 2m) and g + 8 (dim 16g + 2m + 1), heads 2c, 2c + 1.
     float acc[HeadTiles][kDimTiles][4];
@@ -582,7 +597,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;
         score_odd[nt][0] = score_odd[nt][1] = score_odd[nt][2] = score_odd[nt][3] = 0.0f;
       }
-      key_scores<Shape, Layout, Format>(stage, key_offset, key_word, qb, lane_lut, lut, score, score_odd);
+      key_scores<Shape, Layout, Format>(stage, key_offset, key_word, key_low_selector, key_high_selector, qb, lane_lut,
+                                        lut, score, score_odd);
 
       // Per-token fields of tokens g and g + 8: field `field` of token index
       // 8 j + g. The bulk-copy shapes take it as token token_at(g) + 8 j

@@ -17,10 +17,12 @@ namespace tqdecode::cuda::tensor_core {
 // S^T = K Q^T of one tile into the two accumulator chains (even and odd
 // k-steps): rows are tokens g and g + 8, columns heads 2c, 2c + 1. `lut` and
 // `lane_lut` are the key lookup table and the lane's byte offset in a row
-// (MSE keys); the offsets are the lane's, from the stage (kernel.cuh).
-template <class Shape, class Layout, CacheFormat Format>
+// (MSE keys); the offsets and the key selectors (3-bit keys at D = 64) are
+// the lane's, from the stage (kernel.cuh).
+template <class Shape, class Layout, CacheFormat Format, int KeyWordLoads>
 __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int (&key_offset)[2][Layout::kKeyLoads],
-                                           const int (&key_word)[3],
+                                           const int (&key_word)[KeyWordLoads], std::uint32_t key_low_selector,
+                                           std::uint32_t key_high_selector,
                                            const std::uint32_t (&qb)[Shape::kHeadTiles][Shape::kDimTiles][2],
                                            std::uint32_t lane_lut, const std::uint8_t* lut,
                                            float (&score)[Shape::kHeadTiles][4], float (&score_odd)[Shape::kHeadTiles][4]) {
@@ -52,24 +54,36 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
       for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
     }
   } else if constexpr (three_bit_keys(Format)) {
-    // The lane's 96 key bits: code pair p (dims 32c + 2p, + 1) is bits
-    // 6p..6p+5; k-step ks takes pairs 2ks (a0 / a1) and 2ks + 1 (a2 / a3).
-    // A funnel shift brings the pair to bits 7..12, the table's row index.
-    std::uint32_t words[2][3];
+    // The lane's 3D/4 key bits: code pair p (dims (D/4)c + 2p, + 1) is
+    // bits 6p..6p+5; k-step ks takes pairs 2ks (a0 / a1) and 2ks + 1 (a2 /
+    // a3). A funnel shift brings the pair to bits 7..12, the table's row index.
+    static_assert(KeyWordLoads == Layout::kKeyWordLoads);
+    constexpr int kKeyWords = Layout::kKeyWords;
+    std::uint32_t words[2][kKeyWords];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int w = 0; w < 3; ++w) {
-        words[j][w] = load_shared<std::uint32_t>(stage + key_word[w] + j * Layout::kOffset8Tokens);
+      for (int w = 0; w < KeyWordLoads; ++w) {
+        if constexpr (Layout::kKeyLoadBytes == 8) {
+          const uint2 pair = load_shared<uint2>(stage + key_word[w] + j * Layout::kOffset8Tokens);
+          words[j][2 * w] = pair.x, words[j][2 * w + 1] = pair.y;
+        } else {
+          words[j][w] = load_shared<std::uint32_t>(stage + key_word[w] + j * Layout::kOffset8Tokens);
+        }
+      }
+      if constexpr (HeadDim == 64) {
+        const std::uint32_t first = words[j][0], second = words[j][1];
+        words[j][0] = __byte_perm(first, second, key_low_selector);
+        words[j][1] = __byte_perm(first, second, key_high_selector);  // bits 32..47 in 0..15
       }
     }
-    const auto lookup = [&](const std::uint32_t (&bits)[3], int first_bit) {
+    const auto lookup = [&](const std::uint32_t (&bits)[kKeyWords], int first_bit) {
       const int word = first_bit >> 5;
       const int shift = (first_bit & 31) - 7;
       std::uint32_t x;
       if (shift < 0) {
         x = bits[word] << -shift;
-      } else if (word + 1 < 3) {
+      } else if (word + 1 < kKeyWords) {
         x = __funnelshift_r(bits[word], bits[word + 1], shift);
       } else {
         x = bits[word] >> shift;
@@ -131,9 +145,9 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
 // O^T += V^T P'^T of one tile: dim tile m takes the value codes of the
 // lane's dims and the tile's tokens (the operand windows below); `pb` holds
 // P' as the B operand halves of each head tile.
-template <class Shape, class Layout, CacheFormat Format>
+template <class Shape, class Layout, CacheFormat Format, int ValueWordLoads>
 __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, const int (&value_offset)[4],
-                                                  const int (&value_word)[2][2], std::uint32_t low_selector,
+                                                  const int (&value_word)[2][ValueWordLoads], std::uint32_t low_selector,
                                                   std::uint32_t high_selector,
                                                   const std::uint32_t (&pb)[Shape::kHeadTiles][2],
                                                   float (&acc)[Shape::kHeadTiles][Shape::kDimTiles][4]) {
@@ -179,35 +193,60 @@ __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, con
                         operand.template operator()<2 * Tile>(second), operand.template operator()<2 * Tile + 1>(second)});
     });
   } else {
-    // Each token's 6 bytes (dims 16g..16g+15) start at byte 2 (g & 1) of
-    // its first word: bytes 0..3 of them to `low`, bytes 2..5 to `high`.
-    std::uint32_t low[4], high[4];
+    // The lane's codes in groups of 16 (6 bytes; D = 256: two, D = 128:
+    // one) or at D = 64 one of 8 (3 bytes). Each group's bytes 0..3 go to
+    // `low`, bytes 2..5 to `high`. D = 128: the 6 bytes start at byte
+    // 2 (g & 1) of the token's first word; D = 256: the 12 bytes are
+    // three words; D = 64: the 3 bytes start (3g) mod 4 into the first.
+    static_assert(ValueWordLoads == Layout::kValueWordLoads);
+    constexpr int kGroups = HeadDim == 256 ? 2 : 1;
+    std::uint32_t low[kGroups][4];
+    [[maybe_unused]] std::uint32_t high[kGroups][4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int token_offset = (k >> 1) * Layout::kOffset8Tokens;
       const std::uint32_t w0 = load_shared<std::uint32_t>(stage + value_word[k & 1][0] + token_offset);
       const std::uint32_t w1 = load_shared<std::uint32_t>(stage + value_word[k & 1][1] + token_offset);
-      low[k] = __byte_perm(w0, w1, low_selector);
-      high[k] = __byte_perm(w0, w1, high_selector);
+      if constexpr (HeadDim == 256) {
+        const std::uint32_t w2 = load_shared<std::uint32_t>(stage + value_word[k & 1][2] + token_offset);
+        low[0][k] = w0;
+        high[0][k] = __byte_perm(w0, w1, 0x5432u);
+        low[1][k] = __byte_perm(w1, w2, 0x5432u);
+        high[1][k] = w2;
+      } else {
+        low[0][k] = __byte_perm(w0, w1, low_selector);
+        if constexpr (HeadDim == 128) high[0][k] = __byte_perm(w0, w1, high_selector);
+      }
     }
-    // Window b of a token pair: bytes b, b + 1 of the first token, then of the second.
-    std::uint32_t window[2][6];
+    // Window b of a token pair: bytes b, b + 1 of the first token, then
+    // of the second (D = 64: windows 0..2, the codes of bytes 0..2).
+    constexpr int kWindows = HeadDim == 64 ? 3 : 6;
+    std::uint32_t window[kGroups][2][kWindows];
 #pragma unroll
-    for (int pair = 0; pair < 2; ++pair) {
-      const int first = 2 * pair, second = 2 * pair + 1;
-      window[pair][0] = __byte_perm(low[first], low[second], 0x5410u);
-      window[pair][1] = __byte_perm(low[first], low[second], 0x6521u);
-      window[pair][2] = __byte_perm(low[first], low[second], 0x7632u);
-      window[pair][3] = __byte_perm(high[first], high[second], 0x6521u);
-      window[pair][4] = __byte_perm(high[first], high[second], 0x7632u);
-      window[pair][5] = __byte_perm(high[first], high[second], 0x7733u);  // byte 5 alone: its codes sit at bits 2 and 5
+    for (int group = 0; group < kGroups; ++group) {
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        const int first = 2 * pair, second = 2 * pair + 1;
+        const std::uint32_t(&l)[4] = low[group];
+        window[group][pair][0] = __byte_perm(l[first], l[second], 0x5410u);
+        window[group][pair][1] = __byte_perm(l[first], l[second], 0x6521u);
+        window[group][pair][2] = __byte_perm(l[first], l[second], 0x7632u);
+        if constexpr (kWindows == 6) {
+          const std::uint32_t(&h)[4] = high[group];
+          window[group][pair][3] = __byte_perm(h[first], h[second], 0x6521u);
+          window[group][pair][4] = __byte_perm(h[first], h[second], 0x7632u);
+          window[group][pair][5] = __byte_perm(h[first], h[second], 0x7733u);  // byte 5 alone: its codes sit at bits 2 and 5
+        }
+      }
     }
     static_for<kDimTiles>([&]<int Tile>() {
-      constexpr int kEven = 3 * (2 * Tile) / 8, kOdd = 3 * (2 * Tile + 1) / 8;  // windows of codes 2 Tile, 2 Tile + 1
-      mma_values(Tile, {operand.template operator()<2 * Tile>(window[0][kEven]),
-                        operand.template operator()<2 * Tile + 1>(window[0][kOdd]),
-                        operand.template operator()<2 * Tile>(window[1][kEven]),
-                        operand.template operator()<2 * Tile + 1>(window[1][kOdd])});
+      // Codes 2 Tile, 2 Tile + 1: code 2 Tile mod 16 and the next of group Tile / 8, in windows kEven, kOdd.
+      constexpr int kGroup = Tile / 8, kCode = 2 * Tile % 16;
+      constexpr int kEven = 3 * kCode / 8, kOdd = 3 * (kCode + 1) / 8;
+      mma_values(Tile, {operand.template operator()<2 * Tile>(window[kGroup][0][kEven]),
+                        operand.template operator()<2 * Tile + 1>(window[kGroup][0][kOdd]),
+                        operand.template operator()<2 * Tile>(window[kGroup][1][kEven]),
+                        operand.template operator()<2 * Tile + 1>(window[kGroup][1][kOdd])});
     });
   }
 }

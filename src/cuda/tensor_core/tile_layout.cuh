@@ -85,12 +85,13 @@ struct TokenRunCopy {
 };
 
 // Where one tile lives in a stage of a warp's ring and how it gets there, per
-// key format and head size D (value offsets take the kv head:
-// turboquant_k3v4_nc's rows start 0 or 16 bytes before the record). Lane
-// (g, c) = (lane >> 2, lane & 3) reads the keys of tokens g and g + 8 (dims
-// (D/4)c .. (D/4)(c+1) - 1) and the values of dims (D/8)g .. (D/8)(g+1) - 1
-// of tokens 2c, 2c + 1, 2c + 8, 2c + 9; every layout keeps those loads free
-// of bank conflicts. Offsets into the cache are within a block
+// key format and head size D (offsets take the kv head and the kv heads'
+// count: the 3-bit layouts' windows start up to 24 bytes before the record,
+// at D = 64 depending on the token). Lane (g, c) = (lane >> 2, lane & 3)
+// reads the keys of tokens g and g + 8 (dims (D/4)c .. (D/4)(c+1) - 1) and
+// the values of dims (D/8)g .. (D/8)(g+1) - 1 of tokens 2c, 2c + 1, 2c + 8,
+// 2c + 9; every layout keeps those loads free of bank conflicts, or pairs
+// them at most where it says so. Offsets into the cache are within a block
 // (hopper_unsupported_reason requires block_stride < 2^31).
 //   mse4     4-bit MSE keys, 4-bit values (turboquant_4bit_nc)
 //   mse3     3-bit MSE keys, 4-bit values (turboquant_k3v4_nc)
@@ -111,7 +112,7 @@ constexpr CacheFormat cache_format(Preset preset) {
 constexpr bool three_bit_keys(CacheFormat format) { return format == CacheFormat::mse3 || format == CacheFormat::mse3_v3; }
 constexpr int value_bits(CacheFormat format) { return format == CacheFormat::mse3_v3 ? 3 : 4; }
 
-// How value code `code` of a lane's 16 (dims 16g + code) enters the mma: at
+// How value code `code` of a lane's D/8 (dims (D/8)g + code) enters the mma: at
 // bit `position` of an fp16 mantissa whose exponent is that of 1, so the
 // operand is 1 + c 2^(position - 10). The ones are subtracted after the loop
 // (the sum of P' against ones, from the same mma accumulation) and the rest
@@ -120,15 +121,15 @@ constexpr int value_bits(CacheFormat format) { return format == CacheFormat::mse
 // magnitude sum P' becomes 2^-(14 + position) of a code step at most per
 // addition. 4-bit values: byte m of a token holds
 // codes 2m (position 0) and 2m + 1 (position 4). 3-bit values: code i is
-// bits 3i..3i+2 of the lane's 48, taken from a 16-bit window at byte 3i / 8
-// (position 3i % 8).
+// bits 3i..3i+2 of the lane's 3D/8, taken from a 16-bit window at byte
+// 3i / 8 (position 3i % 8, which repeats every 8 codes).
 constexpr int value_code_position(CacheFormat format, int code) {
   return value_bits(format) == 4 ? 4 * (code % 2) : 3 * code % 8;
 }
 // Every code fits its fp16 mantissa (10 bits).
 static_assert([] {
   for (CacheFormat format : {CacheFormat::mse4, CacheFormat::mse3_v3}) {
-    for (int code = 0; code < 16; ++code) {
+    for (int code = 0; code < 32; ++code) {
       if (value_code_position(format, code) + value_bits(format) > 10) return false;
     }
   }
@@ -138,8 +139,8 @@ static_assert([] {
 // A per-token run of `Chunks` 16-byte chunks (Chunks even, not dividing 32)
 // for the tile's 16 tokens, packed: copy i takes chunks 32 i .. 32 i + 31 of
 // the tile's 16 Chunks, chunk q being chunk q % Chunks of token q / Chunks.
-// A 32-byte sector of a sector-aligned run is an even-aligned chunk pair, so
-// each comes from one instruction.
+// A 32-byte sector of a run that starts on a sector boundary is an
+// even-aligned chunk pair, so each comes from one instruction.
 template <int Chunks>
 struct PackedRunCopy {
   static_assert(Chunks % 2 == 0 && kTileTokens * Chunks % 32 == 0);
@@ -147,15 +148,21 @@ struct PackedRunCopy {
   std::uint32_t source[kCopies];  // from the tile's first slot
   std::uint32_t destination[kCopies];
 
-  /// `destination_of(token, chunk)`: the chunk's offset within a stage.
-  template <class Destination>
-  __device__ static PackedRunCopy make(int slot_stride, int run_offset, int lane, Destination destination_of) {
+  /// No token's run starts before the run offset.
+  struct NoLead {
+    __device__ int operator()(int /*token*/) const { return 0; }
+  };
+  /// `destination_of(token, chunk)`: the chunk's offset within a stage;
+  /// `lead(token)`: bytes by which the token's run starts before run_offset.
+  template <class Destination, class Lead = NoLead>
+  __device__ static PackedRunCopy make(int slot_stride, int run_offset, int lane, Destination destination_of,
+                                       Lead lead = {}) {
     PackedRunCopy copy;
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
       const int token = (32 * i + lane) / Chunks;
       const int chunk = (32 * i + lane) % Chunks;
-      copy.source[i] = static_cast<std::uint32_t>(token * slot_stride + run_offset + 16 * chunk);
+      copy.source[i] = static_cast<std::uint32_t>(token * slot_stride + run_offset - lead(token) + 16 * chunk);
       copy.destination[i] = static_cast<std::uint32_t>(destination_of(token, chunk));
     }
     return copy;
@@ -165,6 +172,35 @@ struct PackedRunCopy {
     for (int i = 0; i < kCopies; ++i) cp_async_16(stage + destination[i], tile + source[i]);
   }
 };
+
+// The issue plan of a layout whose tile is one copy of its records (whole,
+// or in windows from a sector boundary) and one of its fp16 fields.
+template <class RecordCopy, int Fields, int MetaOffset>
+struct alignas(16) RecordIssuePlan {
+  std::uint32_t slot_stride;  // Hk * record bytes
+  RecordCopy records;
+  FieldChunk<Fields, MetaOffset> fields;  // lanes 0 .. 2 Fields - 1
+
+  __device__ static RecordIssuePlan make(const PartitionParams& p, int head, int lane, int slot_stride,
+                                         const RecordCopy& records) {
+    return {static_cast<std::uint32_t>(slot_stride), records, FieldChunk<Fields, MetaOffset>::make(p, head, lane)};
+  }
+  __device__ void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, int lane) const {
+    records.issue(stage, block + slot0 * slot_stride);
+    fields.issue(stage, block, slot0, lane);
+  }
+};
+
+// The plan of a layout packing whole records (Hk * RecordBytes and
+// head * RecordBytes multiples of 32) with a PackedRunCopy;
+// `destination(token, chunk)`: the chunk's offset within a stage.
+template <class Plan, int RecordBytes, class Destination>
+__device__ __forceinline__ Plan packed_record_plan(const PartitionParams& p, int head, int lane,
+                                                   Destination destination) {
+  const int slot_stride = p.layout.num_kv_heads * RecordBytes;
+  const auto records = PackedRunCopy<RecordBytes / 16>::make(slot_stride, head * RecordBytes, lane, destination);
+  return Plan::make(p, head, lane, slot_stride, records);
+}
 
 template <CacheFormat Format, int HeadDim>
 struct TileLayout;
@@ -230,23 +266,13 @@ struct TileLayout<CacheFormat::mse4, HeadDim> {
     return byte_offset<Bulk>(token, kKeyBytes + kLaneValueBytes * g);
   }
 
-  struct alignas(16) IssuePlan {
-    std::uint32_t slot_stride;  // Hk * D bytes
-    TokenRunCopy<kRecordBytes / 16, kCopyPeriod> records;
-    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
-  };
+  using IssuePlan = RecordIssuePlan<TokenRunCopy<kRecordBytes / 16, kCopyPeriod>, kFields, kMetaOffset>;
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
-    return {static_cast<std::uint32_t>(slot_stride),
-            TokenRunCopy<kRecordBytes / 16, kCopyPeriod>::make(slot_stride, head * kRecordBytes, lane, chunk_offset<false>),
-            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
-  }
-
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
-                               int lane) {
-    plan.records.issue(stage, block + slot0 * plan.slot_stride);
-    plan.fields.issue(stage, block, slot0, lane);
+    const auto records =
+        TokenRunCopy<kRecordBytes / 16, kCopyPeriod>::make(slot_stride, head * kRecordBytes, lane, chunk_offset<false>);
+    return IssuePlan::make(p, head, lane, slot_stride, records);
   }
 };
 
@@ -291,10 +317,9 @@ struct ValueArea {
 // conflict-free, as are the values' 8-byte loads. Then the 3 fp16 fields.
 // (A dense 48-byte key area and a value area of two tokens per row cost
 // excess shared wavefronts and L2 sectors: docs/PERFORMANCE.md.)
-template <int HeadDim>
-struct TileLayout<CacheFormat::mse3, HeadDim> {
-  static_assert(HeadDim == 128, "3-bit keys: D = 128");
-  static constexpr int kKeyBytes = HeadDim * 3 / 8;  // 48
+template <>
+struct TileLayout<CacheFormat::mse3, 128> {
+  static constexpr int kKeyBytes = 48;
   static constexpr int kRecordBytes = kKeyBytes + 64;  // 112
   static constexpr int kRowBytes = 128;                // the window of one token
   static constexpr int kFields = 3;                    // key norm, value scale, value zero
@@ -309,35 +334,26 @@ struct TileLayout<CacheFormat::mse3, HeadDim> {
     return token * kRowBytes + ((((byte >> 4) ^ token) & 7) << 4) + (byte & 15);
   }
   /// Key word w (of 3) of the lane's 12 key bytes (dims 32c..32c+31, 3 bits each) of `token`.
-  __device__ static int key_word_offset(int token, int c, int w, int head) {
+  __device__ static int key_word_offset(int token, int c, int w, int head, int /*num_kv_heads*/) {
     return row_offset(token, lead(head) + 12 * c + 4 * w);
   }
   /// From a token's key words to those of the token 8 later (the same swizzle).
   static constexpr int kOffset8Tokens = 8 * kRowBytes;
-  static constexpr int kKeyLoads = 1;  // key_word_offset: three words
+  static constexpr int kKeyLoads = 1;  // key_word_offset instead
+  static constexpr int kKeyWords = 3, kKeyWordLoads = 3, kKeyLoadBytes = 4;  // three 4-byte loads
   /// The lane's 8 value bytes of `token`.
-  __device__ static int value_offset(int token, int g, int head) {
+  __device__ static int value_offset(int token, int g, int head, int /*num_kv_heads*/) {
     return row_offset(token, lead(head) + kKeyBytes + 8 * g);
   }
 
-  struct alignas(16) IssuePlan {
-    std::uint32_t slot_stride;  // Hk * 112 bytes
-    TokenRunCopy<kRowBytes / 16> windows;
-    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
-  };
+  using IssuePlan = RecordIssuePlan<TokenRunCopy<kRowBytes / 16>, kFields, kMetaOffset>;
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
     const auto destination = [](int token, int chunk) { return row_offset(token, 16 * chunk); };
-    return {static_cast<std::uint32_t>(slot_stride),
-            TokenRunCopy<kRowBytes / 16>::make(slot_stride, head * kRecordBytes - lead(head), lane, destination),
-            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
-  }
-
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
-                               int lane) {
-    plan.windows.issue(stage, block + slot0 * plan.slot_stride);
-    plan.fields.issue(stage, block, slot0, lane);
+    const auto records =
+        TokenRunCopy<kRowBytes / 16>::make(slot_stride, head * kRecordBytes - lead(head), lane, destination);
+    return IssuePlan::make(p, head, lane, slot_stride, records);
   }
 };
 
@@ -355,11 +371,10 @@ struct TileLayout<CacheFormat::mse3, HeadDim> {
 // at most pairwise (as in any row layout of whole chunks). Then the 3 fp16
 // fields. (Dense 48-byte key and value areas take four copies a tile; this
 // layout three.)
-template <int HeadDim>
-struct TileLayout<CacheFormat::mse3_v3, HeadDim> {
-  static_assert(HeadDim == 128, "3-bit keys: D = 128");
-  static constexpr int kKeyBytes = HeadDim * 3 / 8;    // 48
-  static constexpr int kValueBytes = HeadDim * 3 / 8;  // 48
+template <>
+struct TileLayout<CacheFormat::mse3_v3, 128> {
+  static constexpr int kKeyBytes = 48;
+  static constexpr int kValueBytes = 48;
   static constexpr int kRecordBytes = kKeyBytes + kValueBytes;  // 96
   static constexpr int kRowBytes = 128;
   static constexpr int kFields = 3;  // key norm, value scale, value zero
@@ -373,33 +388,214 @@ struct TileLayout<CacheFormat::mse3_v3, HeadDim> {
     return token * kRowBytes + ((((byte >> 4) + rotation(token)) & 7) << 4) + (byte & 15);
   }
   /// Key word w (of 3) of the lane's 12 key bytes (dims 32c..32c+31) of `token`.
-  __device__ static int key_word_offset(int token, int c, int w, int /*head*/) { return row_offset(token, 12 * c + 4 * w); }
+  __device__ static int key_word_offset(int token, int c, int w, int /*head*/, int /*num_kv_heads*/) {
+    return row_offset(token, 12 * c + 4 * w);
+  }
   /// From a token's words to those of the token 8 later (rotation(t + 8) = rotation(t)).
   static constexpr int kOffset8Tokens = 8 * kRowBytes;
-  static constexpr int kKeyLoads = 1;  // key_word_offset: three words
+  static constexpr int kKeyLoads = 1;  // key_word_offset instead
+  static constexpr int kKeyWords = 3, kKeyWordLoads = 3, kKeyLoadBytes = 4;  // three 4-byte loads
+  static constexpr int kValueWordLoads = 2;
   /// Value word w (of 2) of lane g for `token`.
-  __device__ static int value_word_offset(int token, int g, int w) {
+  __device__ static int value_word_offset(int token, int g, int w, int /*head*/, int /*num_kv_heads*/) {
     return row_offset(token, kKeyBytes + ((6 * g) & ~3) + 4 * w);
   }
 
-  struct alignas(16) IssuePlan {
-    std::uint32_t slot_stride;  // Hk * 96 bytes
-    PackedRunCopy<kRecordBytes / 16> records;
-    FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..5
-  };
+  using IssuePlan = RecordIssuePlan<PackedRunCopy<kRecordBytes / 16>, kFields, kMetaOffset>;
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
-    const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
     const auto destination = [](int token, int chunk) { return row_offset(token, 16 * chunk); };
-    return {static_cast<std::uint32_t>(slot_stride),
-            PackedRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, destination),
-            FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
+    return packed_record_plan<IssuePlan, kRecordBytes>(p, head, lane, destination);
+  }
+};
+
+// 3-bit keys at D = 64: a lane's 6 key bytes (dims 16c..16c+15) start at
+// record byte 6c, 2 (c & 1) bytes into the word at 6c & ~3. It loads that
+// word and the next, the next first where c is odd: the first loads of the
+// four lanes of a token then take words 0, 2, 3, 5 (from the record's start)
+// and the second loads words 1, 1, 4, 4, one word of each bank residue mod 4
+// a token, where the words in order took residue 0 twice. The kernel's byte
+// permutes put the 48 bits in order (key_low_selector).
+__device__ __forceinline__ int three_bit_key_word_byte_d64(int c, int w) { return ((6 * c) & ~3) + 4 * (w ^ (c & 1)); }
+
+// 3-bit MSE keys, 4-bit values at D = 64 (turboquant_k3v4_nc): 56-byte
+// records (24 key bytes, 32 value bytes), 8-byte aligned, so a record starts
+// lead = 0, 8, 16 or 24 bytes after the sector boundary at or below it,
+// depending on the token as well as the kv head where Hk is odd (the tile's
+// first record starts on one: 16 x 56 Hk is a multiple of 32, and so are the
+// 8 tokens' 8 x 56 Hk between tokens i and i + 8). Each token's window of 6
+// chunks (three sectors: lead + 56 <= 80) from that boundary is one run of a
+// PackedRunCopy<6>, whose instructions never split a sector. Token t's row
+// is 128 bytes; window chunk k sits at 16-byte position (k - lead / 16 + t)
+// mod 8, which puts the record's byte b at ((lead mod 16) + b) from position
+// t: the lanes' value words (tokens 2c + x, record bytes 24 + 4g) are then
+// free of bank conflicts, as are the key loads where Hk is even (a record
+// lead mod 16 the same for every token); where Hk is odd the tokens' leads
+// alternate between 0 and 8 mod 16 and one key load of the two pairs up.
+template <>
+struct TileLayout<CacheFormat::mse3, 64> {
+  static constexpr int kKeyBytes = 24;
+  static constexpr int kRecordBytes = kKeyBytes + 32;
+  static constexpr int kWindowChunks = 6;
+  static constexpr int kRowBytes = 128;
+  static constexpr int kFields = 3;  // key norm, value scale, value zero
+  static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
+  static constexpr int kMetaOffset = kTileTokens * kRowBytes;  // 2048
+  static constexpr int kStageBytes = kMetaOffset + 96;         // 2144
+  static constexpr int kOffset8Tokens = 8 * kRowBytes;         // the same lead and position
+  static constexpr int kKeyLoads = 1;                          // key_word_offset instead
+  static constexpr int kKeyWords = 2, kKeyWordLoads = 2, kKeyLoadBytes = 4;  // 48 bits in two 4-byte loads
+
+  /// Bytes from the sector boundary at or below the record of (token of the tile, head) to the record.
+  __device__ static int lead(int token, int head, int num_kv_heads) {
+    return (kRecordBytes * (token * num_kv_heads + head)) & 31;
+  }
+  /// Byte `byte` of the record of `token` in a stage.
+  __device__ static int record_offset(int token, int lead, int byte) {
+    const int from_chunk = (lead & 15) + byte;  // from the start of the window chunk holding the record's start
+    return token * kRowBytes + ((((from_chunk >> 4) + token) & 7) << 4) + (from_chunk & 15);
+  }
+  /// The lane's key word load w (of 2) of `token` (three_bit_key_word_byte_d64).
+  __device__ static int key_word_offset(int token, int c, int w, int head, int num_kv_heads) {
+    return record_offset(token, lead(token, head, num_kv_heads), three_bit_key_word_byte_d64(c, w));
+  }
+  /// The lane's 4 value bytes (dims 8g..8g+7) of `token`.
+  __device__ static int value_offset(int token, int g, int head, int num_kv_heads) {
+    return record_offset(token, lead(token, head, num_kv_heads), kKeyBytes + 4 * g);
   }
 
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
-                               int lane) {
-    plan.records.issue(stage, block + slot0 * plan.slot_stride);
-    plan.fields.issue(stage, block, slot0, lane);
+  using IssuePlan = RecordIssuePlan<PackedRunCopy<kWindowChunks>, kFields, kMetaOffset>;
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    const int num_kv_heads = p.layout.num_kv_heads;
+    const int slot_stride = num_kv_heads * kRecordBytes;
+    const auto token_lead = [=](int token) { return lead(token, head, num_kv_heads); };
+    const auto destination = [=](int token, int chunk) {
+      return token * kRowBytes + (((chunk - (token_lead(token) >> 4) + token) & 7) << 4);
+    };
+    const auto records =
+        PackedRunCopy<kWindowChunks>::make(slot_stride, head * kRecordBytes, lane, destination, token_lead);
+    return IssuePlan::make(p, head, lane, slot_stride, records);
+  }
+};
+
+// 3-bit MSE keys, 3-bit values at D = 64 (turboquant_3bit_nc): 48-byte
+// records (24 key bytes, 24 value bytes), so a record starts lead = 0 or 16
+// bytes after the sector boundary at or below it (per token and kv head, as
+// for k3v4 at D = 64). Each token's window of 4 chunks (two sectors: lead +
+// 48 <= 64) from that boundary is one run of a TokenRunCopy<4>. Two tokens a
+// 128-byte row: record chunk j (window chunk j + lead / 16, the chunk left
+// over at j = 3) is unit u = 4 (t & 1) + j, stored at u ^ swizzle(t / 2),
+// swizzle(r) = 2 (r & 3) + ((r >> 1) & 1). The key loads (words 0, 2, 3, 5,
+// then 1 and 4, of tokens g: three_bit_key_word_byte_d64) and the value
+// loads (tokens 2c + x, the two words from record byte 24 + (3g & ~3)) are
+// then free of bank conflicts, whatever the leads.
+template <>
+struct TileLayout<CacheFormat::mse3_v3, 64> {
+  static constexpr int kKeyBytes = 24;
+  static constexpr int kValueBytes = 24;
+  static constexpr int kRecordBytes = kKeyBytes + kValueBytes;
+  static constexpr int kFields = 3;  // key norm, value scale, value zero
+  static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
+  static constexpr int kMetaOffset = kTileTokens * 64;  // 1024
+  static constexpr int kStageBytes = kMetaOffset + 96;  // 1120
+  static constexpr int kOffset8Tokens = 8 * 64;         // four rows: the same swizzle and lead
+  static constexpr int kKeyLoads = 1;                   // key_word_offset instead
+  static constexpr int kKeyWords = 2, kKeyWordLoads = 2, kKeyLoadBytes = 4;  // 48 bits in two 4-byte loads
+  static constexpr int kValueWordLoads = 2;
+
+  __device__ static int lead(int token, int head, int num_kv_heads) {
+    return (kRecordBytes * (token * num_kv_heads + head)) & 31;
+  }
+  __device__ static int swizzle(int row) { return 2 * (row & 3) + ((row >> 1) & 1); }
+  /// Byte `byte` (below 64) of the record of `token` in a stage.
+  __device__ static int record_offset(int token, int byte) {
+    const int row = token >> 1;
+    return row * 128 + (((4 * (token & 1) + (byte >> 4)) ^ swizzle(row)) << 4) + (byte & 15);
+  }
+  /// The lane's key word load w (of 2) of `token` (three_bit_key_word_byte_d64).
+  __device__ static int key_word_offset(int token, int c, int w, int /*head*/, int /*num_kv_heads*/) {
+    return record_offset(token, three_bit_key_word_byte_d64(c, w));
+  }
+  /// Value word w (of 2) of lane g for `token`: its 3 bytes (dims 8g..8g+7)
+  /// start (3g) mod 4 bytes into word 0.
+  __device__ static int value_word_offset(int token, int g, int w, int /*head*/, int /*num_kv_heads*/) {
+    return record_offset(token, kKeyBytes + ((3 * g) & ~3) + 4 * w);
+  }
+
+  using IssuePlan = RecordIssuePlan<TokenRunCopy<4, 1>, kFields, kMetaOffset>;
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    const int num_kv_heads = p.layout.num_kv_heads;
+    const int slot_stride = num_kv_heads * kRecordBytes;
+    // The lane's tokens lane / 4 and lane / 4 + 8 have one lead.
+    const int window_start = head * kRecordBytes - lead(lane / 4, head, num_kv_heads);
+    const auto destination = [=](int token, int chunk) {
+      const int row = token >> 1;
+      const int j = (chunk - (lead(token, head, num_kv_heads) >> 4)) & 3;
+      return row * 128 + (((4 * (token & 1) + j) ^ swizzle(row)) << 4);
+    };
+    const auto records = TokenRunCopy<4, 1>::make(slot_stride, window_start, lane, destination);
+    return IssuePlan::make(p, head, lane, slot_stride, records);
+  }
+};
+
+// 3-bit MSE keys at D = 256: records of whole sectors (96 key bytes, then
+// 128 bytes of 4-bit values (k3v4) or 96 of 3-bit values (3bit); Hk * 224 or
+// Hk * 192 and head * 224 or head * 192 are multiples of 32), packed by a
+// PackedRunCopy. Token t's row is 256 bytes; record chunk k sits at position
+// k + rotation(t) mod 16, rotation(t) = 6 t + 2 ((t >> 2) & 1) mod 16. Lane
+// c's 24 key bytes (dims 64c..64c+63) are three 8-byte loads, and a half
+// warp's (tokens g of one half, four lanes each) cover the 32 banks once;
+// the values' loads (tokens 2c + x: 16 bytes at 96 + 16g, or three words
+// from 96 + 12g) and each quarter warp's copy writes fall on distinct banks
+// too. Then the 3 fp16 fields.
+template <CacheFormat Format>
+struct PackedRecordsD256 {
+  static constexpr int kKeyBytes = 96;
+  static constexpr int kValueBytes = Format == CacheFormat::mse3 ? 128 : 96;
+  static constexpr int kRecordBytes = kKeyBytes + kValueBytes;
+  static constexpr int kRowBytes = 256;
+  static constexpr int kFields = 3;  // key norm, value scale, value zero
+  static constexpr int kNormField = 0, kValueScaleField = 1, kValueZeroField = 2;
+  static constexpr int kMetaOffset = kTileTokens * kRowBytes;  // 4096
+  static constexpr int kStageBytes = kMetaOffset + 96;         // 4192
+  static constexpr int kOffset8Tokens = 8 * kRowBytes;         // rotation(t + 8) = rotation(t)
+  static constexpr int kKeyLoads = 1;                          // key_word_offset instead
+  static constexpr int kKeyWords = 6, kKeyWordLoads = 3, kKeyLoadBytes = 8;  // 192 bits in three 8-byte loads
+
+  __device__ static int rotation(int token) { return (6 * token + 2 * ((token >> 2) & 1)) & 15; }
+  /// Byte `byte` of `token`'s record in a stage.
+  __device__ static int record_offset(int token, int byte) {
+    return token * kRowBytes + ((((byte >> 4) + rotation(token)) & 15) << 4) + (byte & 15);
+  }
+  /// The lane's key load w (of 3, 8 bytes each) of `token`.
+  __device__ static int key_word_offset(int token, int c, int w, int /*head*/, int /*num_kv_heads*/) {
+    return record_offset(token, 24 * c + 8 * w);
+  }
+
+  using IssuePlan = RecordIssuePlan<PackedRunCopy<kRecordBytes / 16>, kFields, kMetaOffset>;
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    const auto destination = [](int token, int chunk) { return record_offset(token, 16 * chunk); };
+    return packed_record_plan<IssuePlan, kRecordBytes>(p, head, lane, destination);
+  }
+};
+
+template <>
+struct TileLayout<CacheFormat::mse3, 256> : PackedRecordsD256<CacheFormat::mse3> {
+  /// The lane's 16 value bytes (dims 32g..32g+31) of `token`.
+  __device__ static int value_offset(int token, int g, int /*head*/, int /*num_kv_heads*/) {
+    return record_offset(token, kKeyBytes + 16 * g);
+  }
+};
+
+template <>
+struct TileLayout<CacheFormat::mse3_v3, 256> : PackedRecordsD256<CacheFormat::mse3_v3> {
+  static constexpr int kValueWordLoads = 3;
+  /// Value word w (of 3) of the lane's 12 bytes (dims 32g..32g+31) of `token`.
+  __device__ static int value_word_offset(int token, int g, int w, int /*head*/, int /*num_kv_heads*/) {
+    return record_offset(token, kKeyBytes + 12 * g + 4 * w);
   }
 };
 
@@ -427,13 +623,22 @@ struct TileLayout<CacheFormat::fp8, HeadDim> {
   }
   /// The lane's D/4 key bytes of `token` are kKeyLoads 16-byte loads, parts 0, 1, ...
   __device__ static int key_offset(int token, int c, int part) { return key_chunk_offset(token, kKeyLoads * c + part); }
-  __device__ static int value_offset(int token, int g, int /*head*/) { return kValueArea + Values::offset(token, g); }
+  __device__ static int value_offset(int token, int g, int /*head*/, int /*num_kv_heads*/) {
+    return kValueArea + Values::offset(token, g);
+  }
 
   struct alignas(16) IssuePlan {
     std::uint32_t slot_stride;  // Hk * 3D/2 bytes
     TokenRunCopy<kKeyBytes / 16> keys;
     TokenRunCopy<HeadDim / 32> values;
     FieldChunk<kFields, kMetaOffset> fields;  // lanes 0..3
+
+    __device__ void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, int lane) const {
+      const std::uint8_t* tile = block + slot0 * slot_stride;
+      keys.issue(stage, tile);
+      values.issue(stage, tile);
+      fields.issue(stage, block, slot0, lane);
+    }
   };
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
@@ -442,14 +647,6 @@ struct TileLayout<CacheFormat::fp8, HeadDim> {
             TokenRunCopy<kKeyBytes / 16>::make(slot_stride, head * kRecordBytes, lane, key_chunk_offset),
             Values::template copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane),
             FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
-  }
-
-  __device__ static void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, const IssuePlan& plan,
-                               int lane) {
-    const std::uint8_t* tile = block + slot0 * plan.slot_stride;
-    plan.keys.issue(stage, tile);
-    plan.values.issue(stage, tile);
-    plan.fields.issue(stage, block, slot0, lane);
   }
 };
 
@@ -462,8 +659,7 @@ __device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8
   // non-negative: one 32 x 32 -> 64-bit multiply-add.
   const std::uint8_t* block = cache + static_cast<std::uint64_t>(static_cast<std::uint32_t>(physical)) *
                                           static_cast<std::uint32_t>(block_stride);
-  Layout::issue(stage, block, static_cast<std::uint32_t>((tile * kTileTokens) & block_mask), plan,
-                lane);
+  plan.issue(stage, block, static_cast<std::uint32_t>((tile * kTileTokens) & block_mask), lane);
 }
 
 // fp16 field `field` of token `token` of a tile's fields (at kMetaOffset in
