@@ -24,12 +24,14 @@ status=0
 ./build/tests/tqdecode_cpu_tests --gtest_brief=1 >"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
 ./build/tests/tqdecode_gpu_tests >>"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
 # Every CTA shape on a split grid (CtaShapes), lengths past the block table,
-# graph replay, the stores; several query tokens per sequence: inconsistent
-# offsets, one query tile of 32 rows, 8-warp CTAs (D = 256, 32 rows), replay.
+# graph replay, the stores; query rows in row tiles (group 16 at D = 256);
+# several query tokens per sequence: inconsistent offsets, 32 rows (two row
+# tiles of the tensor-core kernel, one query tile of the scalar kernel),
+# 8-warp CTAs (D = 256, 32 rows), replay.
 # Racecheck leaves out the cases whose scalar-kernel merge (16 and 32 rows)
 # draws its false report (docs/RELIABILITY.md, resolved findings).
 small='Split/CtaShapes.*:DecodeGpuArguments.LengthsPast*:Grid/DecodeGpu.*/q4_d64:DecodeGpuGraph.*:StoreGpu*'
-small+=':Grid/VarlenGpu.*/q4_d128_g8_spec4:VarlenGpuGraph.*'
+small+=':Grid/DecodeGpu.*/q4_d256_g16_row_tiles:Grid/VarlenGpu.*/q4_d128_g8_spec4:VarlenGpuGraph.*'
 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests \
   --gtest_filter="$small:VarlenGpuArguments.*:Grid/VarlenGpu.*/k3v4_nc_d256_g16" >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \

@@ -202,19 +202,27 @@ void launch_partitions_generic(const PartitionParams& params, const QueryRows& r
 /// Hopper path); the narrow one (wide_table false: 128-byte table rows, 8
 /// warps, or 12 for two head tiles at D = 128) also on sm_80 and newer (the
 /// generic path's tensor-core kernel). D = 64 and 256 have the narrow
-/// configuration only (D = 256: groups up to 8).
+/// configuration only (groups over 8 at D = 256 in two row tiles).
 void launch_decode_tensor_core(const FusedDecodeParams& params, CUstream_st* stream);
 
 /// Whether the tensor-core kernel exists for this head size (every preset has it).
 bool tensor_core_serves(int head_dim);
 
-/// What one CTA of the narrow configuration serving this preset, group
-/// size and head size needs: dynamic shared memory, and the CTAs per SM its
-/// launch bounds plan for ({0, 0}: no such kernel).
-struct NarrowFootprint {
+/// What one CTA of the tensor-core kernel's instance for this preset, query
+/// rows per kv head (the group x the query tokens of a sequence: head tiles
+/// by tensor_core_head_tiles) and head size needs, in the wide-table shape
+/// with `kv_heads_per_cta` kv heads (4-bit keys at D = 128, sm_90) or in the
+/// narrow configuration: dynamic shared memory, and the CTAs per SM its
+/// launch bounds plan for (shape.cuh's KernelShape and SharedLayout).
+struct KernelFootprint {
   int shared_bytes;
   int planned_ctas_per_sm;
 };
-NarrowFootprint narrow_footprint(Preset preset, int group_size, int head_dim = 128);
+KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head_dim, bool wide_table,
+                                      int kv_heads_per_cta);
+/// The narrow configuration's footprint (one kv head per CTA).
+inline KernelFootprint narrow_footprint(Preset preset, int rows_per_head, int head_dim = 128) {
+  return tensor_core_footprint(preset, rows_per_head, head_dim, false, 1);
+}
 
 }  // namespace tqdecode::cuda

@@ -54,12 +54,12 @@ bool wide_table_kernel(Preset preset, int head_dim) { return preset == Preset::t
 
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table, int head_dim) {
   if (path != DecodePath::hopper) return 2;
-  // tensor_core/shape.cuh, KernelShape: one CTA in the wide-table shape (16
-  // warps, 12 for groups over 8), else the narrow configuration's (at D =
-  // 128 two of 8 warps up to group 8, one of 12 beyond; two of 8 at D = 64,
-  // one of 8 at D = 256).
-  return wide_table && wide_table_kernel(preset, head_dim) ? 1
-                                                            : narrow_footprint(preset, group_size, head_dim).planned_ctas_per_sm;
+  // The kernel's shape table (tensor_core/shape.cuh, KernelShape): one CTA
+  // in the wide-table shape (16 warps, 12 for groups over 8), else the
+  // narrow configuration's (at D = 128 two of 8 warps up to group 8, one of
+  // 12 beyond; two of 8 at D = 64, one of 8 at D = 256).
+  return tensor_core_footprint(preset, group_size, head_dim, wide_table && wide_table_kernel(preset, head_dim), 1)
+      .planned_ctas_per_sm;
 }
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
@@ -68,11 +68,15 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
   const auto waves_of = [&](long long ctas) { return (ctas + sm_count - 1) / sm_count; };
+  // CTAs per SM of the shape with `heads_per_cta` kv heads per CTA (the shape table).
+  const auto resident = [&](bool wide, int heads_per_cta) {
+    return tensor_core_footprint(preset, group_size, head_dim, wide, heads_per_cta).planned_ctas_per_sm;
+  };
   if (path == DecodePath::hopper && wide_table_kernel(preset, head_dim)) {
     // Two head tiles: one CTA of 12 warps per SM either way, so the wide
     // table's shorter loop wins on every grid.
     if (group_size > kHeadsPerTile) {
-      return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1), true};
+      return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, resident(true, 1)), true};
     }
     // One kv head per CTA for grids of at most kWideTableMaxWaves waves;
     // several kv heads per CTA keep several work items per SM streaming, as
@@ -82,7 +86,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     // (docs/PERFORMANCE.md).
     GridChoice best{0, true};
     long long best_waves = 0;
-    const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, 1);
+    const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, resident(true, 1));
     const long long wide_waves = waves_of(static_cast<long long>(batch) * num_kv_heads * wide);
     if (wide_waves <= kWideTableMaxWaves) {
       best = {wide, true, 1};
@@ -90,7 +94,8 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     }
     for (const int heads_per_cta : kWideKvHeadsPerCta) {
       if (num_kv_heads % heads_per_cta != 0) continue;
-      const int partitions = choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count, 1);
+      const int partitions = choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
+                                                   resident(true, heads_per_cta));
       const long long waves = waves_of(static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions);
       if (best.num_partitions == 0 || waves < best_waves) {
         best = {partitions, true, heads_per_cta};
@@ -104,7 +109,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // SM do not end together: one gets ahead and the other then streams alone,
   // with half the warps.
   if (path == DecodePath::hopper && head_dim == 128 && group_size <= kHeadsPerTile && num_kv_heads % 2 == 0) {
-    const int paired = choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, 1);
+    const int paired = choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, resident(false, 2));
     if (waves_of(static_cast<long long>(batch) * (num_kv_heads / 2) * paired) <= kWideTableMaxWaves) return {paired, false, 2};
   }
   return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
@@ -158,7 +163,7 @@ std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& 
 }
 
 int narrow_resident_ctas(Preset preset, int group_size, const DeviceInfo& device, int head_dim) {
-  const NarrowFootprint footprint = narrow_footprint(preset, group_size, head_dim);
+  const KernelFootprint footprint = narrow_footprint(preset, group_size, head_dim);
   if (footprint.shared_bytes > device.shared_per_block) return 0;
   constexpr int kReservedPerCta = 1024;  // shared memory the system keeps per resident CTA (sm_80 and newer)
   return std::min(footprint.planned_ctas_per_sm, device.shared_per_sm / (footprint.shared_bytes + kReservedPerCta));

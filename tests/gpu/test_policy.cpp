@@ -176,6 +176,21 @@ TEST(PartitionPolicy, NarrowConfigurationResidentCtasFollowTheDevicesSharedMemor
   EXPECT_EQ(three_bit_d64.kv_heads_per_cta, 1);
 }
 
+// The shape table gives the policy every instance's shared memory and CTAs
+// per SM, the wide-table and two-kv-head shapes included.
+TEST(PartitionPolicy, ShapeTableGivesEveryInstancesFootprint) {
+  const KernelFootprint wide = tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1);
+  EXPECT_EQ(wide.shared_bytes, 208384);
+  EXPECT_EQ(wide.planned_ctas_per_sm, 1);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8).shared_bytes, 222720);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1).shared_bytes, 175488);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k3v4_nc, 8, 128, false, 2).shared_bytes, 155904);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k3v4_nc, 8, 128, false, 2).planned_ctas_per_sm, 1);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, false, 1).planned_ctas_per_sm, 2);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, true), 1);
+  EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, false), 2);
+}
+
 // The tensor-core kernel's query rows per kv head (the group x the query
 // tokens of a sequence) in row tiles of one or two head tiles (one at D = 256).
 TEST(PartitionPolicy, QueryRowsFoldIntoRowTilesOfOneOrTwoHeadTiles) {

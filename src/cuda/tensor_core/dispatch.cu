@@ -19,6 +19,13 @@ namespace {
 // Compiled with the same targets as the instances: if the device can run it, it can run them.
 __global__ void tensor_core_probe_kernel() {}
 
+// An instance's entry of the shape table.
+template <int HeadDim, int HeadTiles, tensor_core::CacheFormat Format, bool Wide, int HeadsPerCta>
+constexpr KernelFootprint footprint_of() {
+  return {tensor_core::SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>::kBytes,
+          tensor_core::KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas};
+}
+
 }  // namespace
 
 bool tensor_core_serves(int head_dim) { return tensor_core::serves_head_dim(head_dim); }
@@ -36,18 +43,31 @@ void launch_decode_tensor_core(const FusedDecodeParams& params, CUstream_st* str
   });
 }
 
-NarrowFootprint narrow_footprint(Preset preset, int group_size, int head_dim) {
-  using tensor_core::KernelShape;
-  using tensor_core::SharedLayout;
-  return visit_preset(preset, [&]<Preset P>() -> NarrowFootprint {
-    constexpr tensor_core::CacheFormat kFormat = tensor_core::cache_format(P);
-    return visit_head_dim(head_dim, [&]<int HeadDim>() -> NarrowFootprint {
-      if constexpr (HeadDim != 256) {  // one head tile at D = 256
-        if (tensor_core_head_tiles(group_size, HeadDim) == 2) {
-          return {SharedLayout<HeadDim, 2, kFormat, false>::kBytes, KernelShape<HeadDim, 2, kFormat, false>::kResidentCtas};
+KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head_dim, bool wide_table,
+                                      int kv_heads_per_cta) {
+  using tensor_core::CacheFormat;
+  return visit_preset(preset, [&]<Preset P>() -> KernelFootprint {
+    constexpr CacheFormat kFormat = tensor_core::cache_format(P);
+    return visit_head_dim(head_dim, [&]<int HeadDim>() -> KernelFootprint {
+      const int head_tiles = tensor_core_head_tiles(rows_per_head, HeadDim);
+      if constexpr (kFormat == CacheFormat::mse4 && HeadDim == 128) {  // the wide-table shapes
+        if (wide_table) {
+          if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, true, 1>();
+          switch (kv_heads_per_cta) {
+            case 8: return footprint_of<HeadDim, 1, kFormat, true, 8>();
+            case 4: return footprint_of<HeadDim, 1, kFormat, true, 4>();
+            case 2: return footprint_of<HeadDim, 1, kFormat, true, 2>();
+            default: return footprint_of<HeadDim, 1, kFormat, true, 1>();
+          }
         }
       }
-      return {SharedLayout<HeadDim, 1, kFormat, false>::kBytes, KernelShape<HeadDim, 1, kFormat, false>::kResidentCtas};
+      if constexpr (kFormat != CacheFormat::mse4 && HeadDim == 128) {  // the other presets' two-kv-head CTA
+        if (kv_heads_per_cta == 2 && head_tiles == 1) return footprint_of<HeadDim, 1, kFormat, false, 2>();
+      }
+      if constexpr (HeadDim != 256) {  // one head tile at D = 256
+        if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, false, 1>();
+      }
+      return footprint_of<HeadDim, 1, kFormat, false, 1>();
     });
   });
 }

@@ -1,6 +1,7 @@
 // Epilogue stages of the tensor-core decode kernel (internal): writing an
-// output row, and the split-KV reduction that the last CTA of a (sequence,
-// kv heads) runs over the N partitions. The merge rule is
+// output row, the merge of a CTA's warps (stage 3), and the split-KV
+// reduction that the last CTA of a (sequence, kv heads, row tile) runs over
+// the N partitions (stage 4). The merge rule is
 // partition_merge.cuh's, shared with the CUDA and CPU reducers.
 #pragma once
 
@@ -14,6 +15,10 @@
 #include "../partition_merge.cuh"
 #include "../policy.hpp"
 #include "cta_rows.cuh"
+#include "fragments.cuh"
+#include "shape.cuh"
+#include "softmax.cuh"
+#include "tile_layout.cuh"
 #include "tqdecode/numeric.hpp"
 
 namespace tqdecode::cuda::tensor_core {
@@ -31,6 +36,116 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
   const float own_weight = output_weight(weight, weight, partition_has_tokens(max, sum), partition_is_nan(max, sum),
                                          has_sink, sink, merged_max);
   return own_weight != 0.0f ? fmaf(own_weight, out, 0.0f) : 0.0f;
+}
+
+// Stage 3: merges the CTA's warps' softmax states (each row's maximum,
+// sum and warp weights once, one warp per row; then the weighted outputs,
+// one head dim per thread) in shared memory over the dead table and rings,
+// and hands each valid row's partition result (max in natural-log units,
+// sum, normalized output element) to finish_row(row, max, sum, out).
+// `range_begin`: the partition's first position; a row whose causal limit
+// is at or before it has no token there (empty values).
+template <class Shape, class Shared, CacheFormat Format, class FinishRow>
+__device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::uint8_t* shared,
+                                            const CtaRows<Shape::kRows>& rows, int range_begin, int warp, int lane,
+                                            const FinishRow& finish_row) {
+  constexpr int HeadDim = Shape::kHeadDim;
+  constexpr int HeadTiles = Shape::kHeadTiles;
+  constexpr int kDimTiles = Shape::kDimTiles;
+  constexpr int kWarps = Shape::kWarps;
+  constexpr int kWarpsPerHead = Shape::kWarpsPerHead;
+  constexpr int kRows = Shape::kRows;
+  constexpr int kCtaRows = Shape::kCtaRows;
+  constexpr int kRowStep = Shape::kRowStep;
+  const int head_slot = Shape::kHeadsPerCta == 1 ? 0 : warp / kWarpsPerHead;
+  const int head_warp = Shape::kHeadsPerCta == 1 ? warp : warp % kWarpsPerHead;
+  const int c = lane & 3;
+  const int g = lane >> 2;
+  const int dim = threadIdx.x & (HeadDim - 1);
+  const int first_row = threadIdx.x / HeadDim;
+#pragma unroll
+  for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+#pragma unroll
+      for (int offset = 4; offset < 32; offset <<= 1) {
+        softmax.row_sum[nt][e] += __shfl_xor_sync(kFullMask, softmax.row_sum[nt][e], offset);
+        softmax.zero_sum[nt][e] += __shfl_xor_sync(kFullMask, softmax.zero_sum[nt][e], offset);
+      }
+    }
+  }
+  __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer
+  auto& merge = *reinterpret_cast<typename Shared::Merge*>(shared);
+  // Value code `code`'s sum over the tokens, from its accumulator (value_code_position).
+  const auto code_sum = [](float accumulated, float ones, float zero, int code) {
+    return fmaf(accumulated - ones, static_cast<float>(1 << (10 - value_code_position(Format, code))), zero);
+  };
+#pragma unroll
+  for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = kRows * head_slot + kHeadsPerTile * nt + 2 * c + e;
+      float* out = merge.out[head_warp][row];
+#pragma unroll
+      for (int m = 0; m < kDimTiles; ++m) {
+        *reinterpret_cast<float2*>(out + merge_dim<HeadDim>(row, HeadDim / 8 * g + 2 * m)) =
+            make_float2(code_sum(softmax.acc[nt][m][e], softmax.pv_sum[nt][e], softmax.zero_sum[nt][e], 2 * m),
+                        code_sum(softmax.acc[nt][m][2 + e], softmax.pv_sum[nt][e], softmax.zero_sum[nt][e], 2 * m + 1));
+      }
+      if (g == 0) {
+        merge.max[head_warp][row] = softmax.row_max[nt][e];
+        merge.sum[head_warp][row] = softmax.row_sum[nt][e];
+      }
+    }
+  }
+  __syncthreads();
+  // Each row's maximum, weights and sum, once per row: one warp per row,
+  // lane w holding warp w's (every thread computing them for its own head
+  // dims makes the merge a large part of a small grid's call).
+  // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
+  // non-finite query) makes the partition NaN so the reduction keeps it.
+  for (int row = warp; row < kCtaRows; row += kWarps) {
+    if (!rows.valid(row)) continue;
+    const bool present = lane < kWarpsPerHead;
+    const float max = present ? merge.max[lane][row] : -INFINITY;
+    const float sum = present ? merge.sum[lane][row] : 0.0f;
+    const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
+    const float merged_max = warp_max(max_for_merge(max));
+    const float weight = max == -INFINITY ? 0.0f : fast_exp2(max - merged_max);
+    const float merged_sum = warp_sum(weight * sum);
+    if (present) merge.weight[row][lane] = weight;
+    if (lane == 0) {
+      merge.merged_max[row] = any_nan ? quiet_nan() : merged_max;
+      merge.merged_sum[row] = any_nan ? quiet_nan() : merged_sum;
+    }
+  }
+  __syncthreads();
+  for (int row = first_row; row < kCtaRows; row += kRowStep) {
+    if (!rows.valid(row)) continue;
+    if (rows.limit(row) <= range_begin) {  // a row with no token in the range: only other rows' warps ran
+      finish_row(row, -INFINITY, 0.0f, 0.0f);
+      continue;
+    }
+    // The row's warp weights in 16-byte (8-byte) broadcast loads: a 4-byte
+    // load per warp and head dim would be 64 loads per thread).
+    float merged_out = 0.0f;
+    const auto add_warp = [&](int w, float weight) {
+      merged_out = fmaf(weight, merge.out[w][row][merge_dim<HeadDim>(row, dim)], merged_out);
+    };
+    static_assert(kWarpsPerHead % 2 == 0, "the row's weights in 8- or 16-byte loads");
+#pragma unroll
+    for (int w = 0; w < kWarpsPerHead; w += kWarpsPerHead % 4 == 0 ? 4 : 2) {
+      if constexpr (kWarpsPerHead % 4 == 0) {
+        const float4 weights = *reinterpret_cast<const float4*>(&merge.weight[row][w]);
+        add_warp(w, weights.x), add_warp(w + 1, weights.y), add_warp(w + 2, weights.z), add_warp(w + 3, weights.w);
+      } else {
+        const float2 weights = *reinterpret_cast<const float2*>(&merge.weight[row][w]);
+        add_warp(w, weights.x), add_warp(w + 1, weights.y);
+      }
+    }
+    const float merged_sum = merge.merged_sum[row];
+    finish_row(row, merge.merged_max[row] * kLn2, merged_sum, merged_out / merged_sum);
+  }
 }
 
 // The last CTA of (sequence, kv heads, row tile) to finish reduces the N

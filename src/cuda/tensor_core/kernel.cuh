@@ -78,14 +78,16 @@
 //
 // Files (src/cuda/tensor_core/), by stage:
 //   shape.cuh        instance shapes (warps, resident CTAs) and shared-memory layouts
+//   cta_rows.cuh     the query rows a CTA serves (group x query tokens, row tiles) and their causal limits
 //   tile_layout.cuh  where a tile lives in a ring stage, per key format and head size; its cp.async copies
 //   bulk_copy.cuh    the wide shape's bulk tensor copies and barriers (tensor maps: ../cache_tensor_maps.cpp)
-//   prologue.cuh     the key lookup table
-//   rotation.cuh     the query rotation on the tensor cores
+//   prologue.cuh     stages 0-1: the key lookup table, the rotated query rows
+//   rotation.cuh     the query rotation's products on the tensor cores
 //   fragments.cuh    register-level operations (packing, mma, transpose)
 //   mainloop.cuh     stage 2's products per key format: key scores, value accumulation
-//   kernel.cuh       this file: decode_cta (stages 0 to 3), the kernel, its launch
-//   epilogue.cuh     writing outputs, stage 4 (the partitions' reduction)
+//   softmax.cuh      stage 2's online softmax per row and the probabilities P'
+//   kernel.cuh       this file: decode_cta (the stages in order, the tile stream), the kernel, its launch
+//   epilogue.cuh     writing outputs, stage 3 (the warps' merge), stage 4 (the partitions' reduction)
 //   launch.hpp       the instances; instances/<format>_d<D>.cu compile one each
 //   dispatch.cu      the one dispatch of a call to its instance (../dispatch.hpp), the policy's footprints
 #pragma once
@@ -111,6 +113,7 @@
 #include "prologue.cuh"
 #include "rotation.cuh"
 #include "shape.cuh"
+#include "softmax.cuh"
 #include "tile_layout.cuh"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/partition.hpp"
@@ -392,50 +395,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       }
       if (!Shape::kPiTBeforeWait && !kRotationLoads && rotates) load_rotation_operands<HeadDim>(rotation, rq.PiT, warp, lane);
       __syncthreads();  // the query bits are in place
-      const float query_scale = power_of_two(-table_exponent);
       if (rotates) {
-        // At most two head tiles per pass: four (four kv heads per CTA) in one
-        // pass would spill PiT's operands.
-        constexpr int kTilesPerPass = std::min(kCtaRows / kHeadsPerTile, 2);
-        constexpr int kTileStride = Shared::kQueryBitsTileStride;
-        constexpr int kRowStride = Shared::kQueryBitsStride;
-        const bool f16_query = rq.query_dtype == DType::f16;
-        // q_rot = bf16(q @ PiT) (docs/FORMAT.md), then times 2^-table_exponent
-        // into fp16: exact from 2^-14 (times the table's scale) up to 65504
-        // times it; below, fp16 subnormals keep the absolute error under
-        // 2^-25 times that scale.
-        const auto store_rows = [&](int first, int dim_tile, const RotationSums<kTilesPerPass>& sums) {
-          store_rotation(sums, dim_tile, lane, [&](int row, int dim_out, float2 pair) {
-            *reinterpret_cast<std::uint32_t*>(query_rows + query_slot<HeadDim>(first + row, dim_out)) =
-                pack_f16(round_to_bf16(pair.x) * query_scale, round_to_bf16(pair.y) * query_scale);
-          });
-        };
-        if constexpr (kRotationLoads) {
-          // D = 256: each tile's operands in passes over the input dims.
-          for (int dim_tile = warp; dim_tile < kRotationTiles; dim_tile += kWarps) {
-#pragma unroll
-            for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
-              RotationSums<kTilesPerPass> sums;
-#pragma unroll 1
-              for (int step = 0; step < HeadDim / 16; step += kRotationKSteps) {
-                load_rotation_operands<HeadDim>(rotation, rq.PiT, dim_tile, lane, step);
-                accumulate_rotation<kTilesPerPass, kTileStride, kRowStride>(
-                    sums, split_rotation_operands(rotation), query_bits + (first / kHeadsPerTile) * kTileStride + 16 * step,
-                    f16_query, lane);
-              }
-              store_rows(first, dim_tile, sums);
-            }
-          }
-        } else {
-          const SplitRotationOperands<kRotationKSteps> split = split_rotation_operands(rotation);
-#pragma unroll
-          for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
-            RotationSums<kTilesPerPass> sums;
-            accumulate_rotation<kTilesPerPass, kTileStride, kRowStride>(
-                sums, split, query_bits + (first / kHeadsPerTile) * kTileStride, f16_query, lane);
-            store_rows(first, warp, sums);
-          }
-        }
+        rotate_query_rows<Shape, Shared>(rotation, query_bits, query_rows, rq.PiT, rq.query_dtype == DType::f16,
+                                         power_of_two(-table_exponent), warp, lane);
       }
     }
     int blocks_next = load_blocks(32);  // only now: the rotation needs the registers
@@ -533,24 +495,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     [[maybe_unused]] const std::uint32_t key_low_selector = c & 1 ? 0x1076u : 0x3210u;
     [[maybe_unused]] const std::uint32_t key_high_selector = c & 1 ? 0x3232u : 0x7654u;
 
-    // O^T accumulators: dim tile m, rows g (dim 16g + 2m) and g + 8 (dim 16g + 2m + 1), heads 2c, 2c + 1.
-    float acc[HeadTiles][kDimTiles][4];
-    float pv_sum[HeadTiles][4];  // sum_t P'_t per head (columns 2c, 2c + 1; every row)
-    float row_max[HeadTiles][2], row_sum[HeadTiles][2], zero_sum[HeadTiles][2];  // heads 2c + e; max in base-2 units
-    // KernelShape::kScoresLessMax: -row_max while that is finite, 0 before.
-    float neg_reference[HeadTiles][2];
-#pragma unroll
-    for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-      for (int m = 0; m < kDimTiles; ++m) acc[nt][m][0] = acc[nt][m][1] = acc[nt][m][2] = acc[nt][m][3] = 0.0f;
-      pv_sum[nt][0] = pv_sum[nt][1] = pv_sum[nt][2] = pv_sum[nt][3] = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        row_max[nt][e] = -INFINITY;
-        neg_reference[nt][e] = 0.0f;
-        row_sum[nt][e] = zero_sum[nt][e] = 0.0f;
-      }
-    }
+    OnlineSoftmax<Shape> softmax;
+    softmax.init();
 
     // The bulk-copy shapes take the host's product; the narrow ones keep
     // their loops (KernelShape::kHalfScaledProbabilities).
@@ -610,7 +556,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       };
       constexpr bool kHalfScaled = Shape::kHalfScaledProbabilities;
       float norm_scale[2], value_zero[2];
-      std::conditional_t<kHalfScaled, __half, float> value_scale[2];  // fp16 as stored where kHalfScaled
+      typename OnlineSoftmax<Shape>::ValueScale value_scale[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         if constexpr (kFp8) {
@@ -625,21 +571,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         }
         value_zero[j] = __half2float(token_field(Layout::kValueZeroField, j));
       }
-      // Base-2 scores, less the row's maximum where KernelShape::kScoresLessMax
-      // (then the maximum's reference is neg_reference): [head tile][head 2c + e][token g / g + 8].
-      constexpr bool kLessMax = Shape::kScoresLessMax;
-      float d[HeadTiles][2][2];
-#pragma unroll
-      for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const float sum = score[nt][2 * j + e] + score_odd[nt][2 * j + e];
-            d[nt][e][j] = kLessMax ? fmaf(sum, norm_scale[j], neg_reference[nt][e]) : sum * norm_scale[j];
-          }
-        }
-      }
+      typename OnlineSoftmax<Shape>::Scores d;
+      softmax.base2_scores(score, score_odd, norm_scale, d);
       if (tile_token + kTileTokens > mask_from) {
         // Slots past the range hold junk (fp8 key bytes or fp16 fields
         // that may be NaN or inf): exclude them by selection, never by
@@ -669,118 +602,14 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         }
       }
 
-      // Online softmax per head, then P' = p * value scale as the B operand of
-      // O^T += V^T P'^T. The maxima are references, moved only when a score
-      // exceeds one by more than kLazyRescaleLog2 (so p <= 2^kLazyRescaleLog2):
-      // one vote, and only then the shuffles for the tile maxima and the
-      // rescale of the accumulators. A tile with a value scale too large for
-      // p * scale to stay finite in fp16 takes the exact path (p <= 1). The
-      // warp's first tile always takes it (the maxima start at -inf).
-      bool large_scale;
-      if constexpr (kHalfScaled) {
-        large_scale = __hgt(__hmax(__habs(value_scale[0]), __habs(value_scale[1])), __float2half_rn(kMaxLazyValueScale));
-      } else {
-        large_scale = fmaxf(fabsf(value_scale[0]), fabsf(value_scale[1])) > kMaxLazyValueScale;
-      }
-      bool grows = large_scale || (kLessMax && k == 0);
-      if constexpr (kLessMax) {
-        // One threshold for every score: their maximum as a tree, a chain of
-        // 4 instead of 8 dependent comparisons.
-        constexpr int kScores = HeadTiles * 4;
-        float largest[kScores];
-#pragma unroll
-        for (int i = 0; i < kScores; ++i) largest[i] = d[i / 4][(i / 2) % 2][i % 2];
-#pragma unroll
-        for (int width = kScores / 2; width > 0; width /= 2) {
-#pragma unroll
-          for (int i = 0; i < width; ++i) largest[i] = fmaxf(largest[i], largest[i + width]);
-        }
-        grows |= largest[0] > kLazyRescaleLog2;
-      } else {
-#pragma unroll
-        for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-#pragma unroll
-            for (int j = 0; j < 2; ++j) grows |= d[nt][e][j] > row_max[nt][e] + kLazyRescaleLog2;
-          }
-        }
-      }
-      if (__any_sync(kFullMask, grows)) {
-        // Each row moves its reference by its own scores and the tile's value
-        // scales only, never because another row of the warp did: a head's
-        // output does not depend on the other heads' queries.
-        const float threshold = __any_sync(kFullMask, large_scale) ? 0.0f : kLazyRescaleLog2;
-#pragma unroll
-        for (int nt = 0; nt < HeadTiles; ++nt) {
-          float alpha[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float s0 = kLessMax ? d[nt][e][0] - neg_reference[nt][e] : d[nt][e][0];
-            const float s1 = kLessMax ? d[nt][e][1] - neg_reference[nt][e] : d[nt][e][1];
-            float tile_max = fmaxf(s0, s1);
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 4));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 8));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 16));
-            const float new_max = tile_max > row_max[nt][e] + threshold ? tile_max : row_max[nt][e];
-            alpha[e] = fast_exp2(row_max[nt][e] - new_max);
-            row_max[nt][e] = new_max;
-            if (kLessMax) {
-              if (fabsf(new_max) < INFINITY) neg_reference[nt][e] = -new_max;
-              d[nt][e][0] = s0 + neg_reference[nt][e];
-              d[nt][e][1] = s1 + neg_reference[nt][e];
-            }
-            row_sum[nt][e] *= alpha[e];
-            zero_sum[nt][e] *= alpha[e];
-          }
-#pragma unroll
-          for (int m = 0; m < kDimTiles; ++m) {
-            acc[nt][m][0] *= alpha[0];
-            acc[nt][m][1] *= alpha[1];
-            acc[nt][m][2] *= alpha[0];
-            acc[nt][m][3] *= alpha[1];
-          }
-          pv_sum[nt][0] *= alpha[0];
-          pv_sum[nt][1] *= alpha[1];
-          pv_sum[nt][2] *= alpha[0];
-          pv_sum[nt][3] *= alpha[1];
-        }
-      }
+      // Online softmax per head (softmax.cuh), then P' = p * value scale as
+      // the B operand of O^T += V^T P'^T.
+      softmax.move_references(d, value_scale, k == 0);
       std::uint32_t pb[HeadTiles][2];
-#pragma unroll
-      for (int nt = 0; nt < HeadTiles; ++nt) {
-        float p_token[2][2];  // [token g / g + 8][head 2c + e]
-        // P' of a token for heads 2c, 2c + 1: fp16(p x scale), or where
-        // kHalfScaled fp16(p) x scale (rounded twice: at most 2^-10 relative,
-        // far below the 4-bit codes' resolution).
-        const auto scaled_pair = [](const float (&p_heads)[2], auto scale) {
-          if constexpr (kHalfScaled) {
-            const __half2 pair = __hmul2(__floats2half2_rn(p_heads[0], p_heads[1]), __half2half2(scale));
-            return *reinterpret_cast<const std::uint32_t*>(&pair);
-          } else {
-            return pack_f16(p_heads[0] * scale, p_heads[1] * scale);
-          }
-        };
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p0 = fast_exp2(kLessMax ? d[nt][e][0] : d[nt][e][0] - row_max[nt][e]);
-          const float p1 = fast_exp2(kLessMax ? d[nt][e][1] : d[nt][e][1] - row_max[nt][e]);
-          row_sum[nt][e] += p0 + p1;
-          zero_sum[nt][e] = fmaf(p0, value_zero[0], fmaf(p1, value_zero[1], zero_sum[nt][e]));
-          p_token[0][e] = p0;
-          p_token[1][e] = p1;
-        }
-        // (token, head) fragments of tokens 0..7 and 8..15 -> (head, token): the B operand halves.
-        pb[nt][0] = transpose_8x8(scaled_pair(p_token[0], value_scale[0]));
-        pb[nt][1] = transpose_8x8(scaled_pair(p_token[1], value_scale[1]));
-      }
-
-      accumulate_values<Shape, Layout, Format>(stage, value_offset, value_word, low_selector, high_selector, pb, acc);
-      {
-        const std::uint32_t ones[4] = {kHalfOnes, kHalfOnes, kHalfOnes, kHalfOnes};
-#pragma unroll
-        for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(pv_sum[nt], ones, pb[nt][0], pb[nt][1]);
-      }
+      softmax.probabilities(d, value_scale, value_zero, pb);
+      accumulate_values<Shape, Layout, Format>(stage, value_offset, value_word, low_selector, high_selector, pb,
+                                               softmax.acc);
+      softmax.add_probability_sums(pb);
       __syncwarp();  // the stage is refilled by the next iteration's issue
     };
     if constexpr (kBulkCopy) {
@@ -796,90 +625,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     }
     if constexpr (!kBulkCopy) cp_async_wait<0>();
 
-    // ---- 3. merge the warps -----------------------------------------------------
-#pragma unroll
-    for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-#pragma unroll
-        for (int offset = 4; offset < 32; offset <<= 1) {
-          row_sum[nt][e] += __shfl_xor_sync(kFullMask, row_sum[nt][e], offset);
-          zero_sum[nt][e] += __shfl_xor_sync(kFullMask, zero_sum[nt][e], offset);
-        }
-      }
-    }
-    __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer
-    auto& merge = *reinterpret_cast<typename Shared::Merge*>(shared);
-    // Value code `code`'s sum over the tokens, from its accumulator (value_code_position).
-    const auto code_sum = [](float accumulated, float ones, float zero, int code) {
-      return fmaf(accumulated - ones, static_cast<float>(1 << (10 - value_code_position(Format, code))), zero);
-    };
-#pragma unroll
-    for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int row = kRows * head_slot + kHeadsPerTile * nt + 2 * c + e;
-        float* out = merge.out[head_warp][row];
-#pragma unroll
-        for (int m = 0; m < kDimTiles; ++m) {
-          *reinterpret_cast<float2*>(out + merge_dim<HeadDim>(row, HeadDim / 8 * g + 2 * m)) =
-              make_float2(code_sum(acc[nt][m][e], pv_sum[nt][e], zero_sum[nt][e], 2 * m),
-                          code_sum(acc[nt][m][2 + e], pv_sum[nt][e], zero_sum[nt][e], 2 * m + 1));
-        }
-        if (g == 0) {
-          merge.max[head_warp][row] = row_max[nt][e];
-          merge.sum[head_warp][row] = row_sum[nt][e];
-        }
-      }
-    }
-    __syncthreads();
-    // Each row's maximum, weights and sum, once per row: one warp per row,
-    // lane w holding warp w's (every thread computing them for its own head
-    // dims makes the merge a large part of a small grid's call).
-    // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
-    // non-finite query) makes the partition NaN so the reduction keeps it.
-    for (int row = warp; row < kCtaRows; row += kWarps) {
-      if (!row_valid(row)) continue;
-      const bool present = lane < kWarpsPerHead;
-      const float max = present ? merge.max[lane][row] : -INFINITY;
-      const float sum = present ? merge.sum[lane][row] : 0.0f;
-      const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
-      const float merged_max = warp_max(max_for_merge(max));
-      const float weight = max == -INFINITY ? 0.0f : fast_exp2(max - merged_max);
-      const float merged_sum = warp_sum(weight * sum);
-      if (present) merge.weight[row][lane] = weight;
-      if (lane == 0) {
-        merge.merged_max[row] = any_nan ? quiet_nan() : merged_max;
-        merge.merged_sum[row] = any_nan ? quiet_nan() : merged_sum;
-      }
-    }
-    __syncthreads();
-    for (int row = first_row; row < kCtaRows; row += kRowStep) {
-      if (!row_valid(row)) continue;
-      if (rows.limit(row) <= cta_range.begin) {  // a row with no token in the range: only other rows' warps ran
-        finish_row(row, -INFINITY, 0.0f, 0.0f);
-        continue;
-      }
-      // The row's warp weights in 16-byte (8-byte) broadcast loads: a 4-byte
-      // load per warp and head dim would be 64 loads per thread).
-      float merged_out = 0.0f;
-      const auto add_warp = [&](int w, float weight) {
-        merged_out = fmaf(weight, merge.out[w][row][merge_dim<HeadDim>(row, dim)], merged_out);
-      };
-      static_assert(kWarpsPerHead % 2 == 0, "the row's weights in 8- or 16-byte loads");
-#pragma unroll
-      for (int w = 0; w < kWarpsPerHead; w += kWarpsPerHead % 4 == 0 ? 4 : 2) {
-        if constexpr (kWarpsPerHead % 4 == 0) {
-          const float4 weights = *reinterpret_cast<const float4*>(&merge.weight[row][w]);
-          add_warp(w, weights.x), add_warp(w + 1, weights.y), add_warp(w + 2, weights.z), add_warp(w + 3, weights.w);
-        } else {
-          const float2 weights = *reinterpret_cast<const float2*>(&merge.weight[row][w]);
-          add_warp(w, weights.x), add_warp(w + 1, weights.y);
-        }
-      }
-      const float merged_sum = merge.merged_sum[row];
-      finish_row(row, merge.merged_max[row] * kLn2, merged_sum, merged_out / merged_sum);
-    }
+    // ---- 3. merge the warps (epilogue.cuh) --------------------------------------
+    merge_warps<Shape, Shared, Format>(softmax, shared, rows, cta_range.begin, warp, lane, finish_row);
   }
   if (num_partitions == 1) return;  // finish_row wrote the output
 

@@ -1,5 +1,6 @@
 // Prologue stages of the tensor-core decode kernel (internal): the key
-// lookup table built from the centroids. (The query rotation is rotation.cuh.)
+// lookup table built from the centroids, and the CTA's rotated query rows
+// (its products on the tensor cores are rotation.cuh's).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +8,8 @@
 #include <cstdint>
 
 #include "fragments.cuh"
+#include "rotation.cuh"
+#include "shape.cuh"
 
 namespace tqdecode::cuda::tensor_core {
 
@@ -42,6 +45,66 @@ __device__ __forceinline__ int build_lookup_table(std::uint8_t* shared, const fl
     }
   }
   return exponent;
+}
+
+/// Stage 1 of the MSE presets: warp w writes output-dim tiles w, w +
+/// kWarps, ... of the CTA's rotated query rows into `query_rows` (the mma
+/// operand's fp16 values, query_slot) from the query's bits (head tiles of
+/// kHeadsPerTile rows at Shared's strides): q_rot = bf16(q @ PiT)
+/// (docs/FORMAT.md), then times `query_scale` (2^-table_exponent) into fp16.
+/// `rotation` holds PiT's operands where one tile and one pass per warp
+/// (D = 64, 128) let them load once; D = 256 loads them per tile and pass.
+template <class Shape, class Shared, int KSteps>
+__device__ __forceinline__ void rotate_query_rows(RotationOperands<KSteps>& rotation, const std::uint16_t* query_bits,
+                                                  std::uint16_t* query_rows, const float* PiT, bool f16_query,
+                                                  float query_scale, int warp, int lane) {
+  constexpr int HeadDim = Shape::kHeadDim;
+  constexpr int kWarps = Shape::kWarps;
+  constexpr int kCtaRows = Shape::kCtaRows;
+  constexpr int kRotationTiles = HeadDim / 16;
+  constexpr int kRotationKSteps = KSteps;
+  constexpr bool kRotationLoads = kRotationTiles > kWarps || kRotationKSteps < HeadDim / 16;
+  // At most two head tiles per pass: four (four kv heads per CTA) in one
+  // pass would spill PiT's operands.
+  constexpr int kTilesPerPass = std::min(kCtaRows / kHeadsPerTile, 2);
+  constexpr int kTileStride = Shared::kQueryBitsTileStride;
+  constexpr int kRowStride = Shared::kQueryBitsStride;
+  // q_rot = bf16(q @ PiT) (docs/FORMAT.md), then times 2^-table_exponent
+  // into fp16: exact from 2^-14 (times the table's scale) up to 65504
+  // times it; below, fp16 subnormals keep the absolute error under
+  // 2^-25 times that scale.
+  const auto store_rows = [&](int first, int dim_tile, const RotationSums<kTilesPerPass>& sums) {
+    store_rotation(sums, dim_tile, lane, [&](int row, int dim_out, float2 pair) {
+      *reinterpret_cast<std::uint32_t*>(query_rows + query_slot<HeadDim>(first + row, dim_out)) =
+          pack_f16(round_to_bf16(pair.x) * query_scale, round_to_bf16(pair.y) * query_scale);
+    });
+  };
+  if constexpr (kRotationLoads) {
+    // D = 256: each tile's operands in passes over the input dims.
+    for (int dim_tile = warp; dim_tile < kRotationTiles; dim_tile += kWarps) {
+#pragma unroll
+      for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
+        RotationSums<kTilesPerPass> sums;
+#pragma unroll 1
+        for (int step = 0; step < HeadDim / 16; step += kRotationKSteps) {
+          load_rotation_operands<HeadDim>(rotation, PiT, dim_tile, lane, step);
+          accumulate_rotation<kTilesPerPass, kTileStride, kRowStride>(
+              sums, split_rotation_operands(rotation), query_bits + (first / kHeadsPerTile) * kTileStride + 16 * step,
+              f16_query, lane);
+        }
+        store_rows(first, dim_tile, sums);
+      }
+    }
+  } else {
+    const SplitRotationOperands<kRotationKSteps> split = split_rotation_operands(rotation);
+#pragma unroll
+    for (int first = 0; first < kCtaRows; first += kTilesPerPass * kHeadsPerTile) {
+      RotationSums<kTilesPerPass> sums;
+      accumulate_rotation<kTilesPerPass, kTileStride, kRowStride>(
+          sums, split, query_bits + (first / kHeadsPerTile) * kTileStride, f16_query, lane);
+      store_rows(first, warp, sums);
+    }
+  }
 }
 
 }  // namespace tqdecode::cuda::tensor_core
