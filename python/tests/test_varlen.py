@@ -185,7 +185,8 @@ class VarlenCudaTest(unittest.TestCase):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        for new_lens in ((100, 7, 40, 7), (2, 7, 140, 5), (128, 0, 26, 0)):  # the same T = 154 tokens
+        # The same T = 154 tokens, each sequence's at most max_query_len and its seq_len (300, 7, 140, 9).
+        for new_lens in ((100, 7, 40, 7), (20, 7, 118, 9), (128, 0, 26, 0)):
             new_starts = torch.tensor([0, *new_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
             starts.copy_(new_starts)
             output.fill_(float("nan"))
