@@ -365,12 +365,27 @@ def query_tokens_lines(records):
     lines = ["## Several query tokens per sequence (single step)", "",
              "Each sequence has q_len new tokens. varlen: one call of the varlen entry; rows: the same tokens as rows "
              "of the one-token entry (a row per token over its own prefix), as engines send them without it; q_len 1: "
-             "the one-token step of the same problem (automatic path, and the scalar kernel).", "",
+             "the one-token step of the same problem (automatic path, and the scalar kernel). bf16: no bf16 decode "
+             "with a causal mask aligned to the end runs here, so the time the same work's bf16 K/V, query and output "
+             "bytes take at the measured read ceiling (a lower bound for any bf16 kernel). TFLOP/s: the QK^T and PV "
+             "products of the call (4 Hq D per query token and position it sees) per second.", "",
              "| shape | q_len | varlen | path | % read | rows | rows / varlen | q_len 1 step | varlen / q_len 1 | "
-             "q_len 1, scalar kernel | varlen / scalar q_len 1 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "q_len 1, scalar kernel | varlen / scalar q_len 1 | bf16 at the read ceiling | bf16 / varlen | "
+             "TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ratio(a, b):
         return fmt(a / b if a and b else None, ".2f", "x")
+
+    def bf16_floor_us(r):
+        q_tokens = r["B"] * r["q_len"]
+        nbytes = r["tokens"] * r["Hk"] * 4 * r["D"] + 4 * q_tokens * r["Hq"] * r["D"]
+        return nbytes / (r["read_tbps"] * 1e6) if r.get("read_tbps") else None
+
+    def tflops(r):
+        # Token j of q new tokens of a sequence of length L sees L - q + j + 1 positions.
+        q = r["q_len"]
+        positions = q * r["tokens"] - r["B"] * q * q + r["B"] * q * (q + 1) // 2
+        return 4 * r["Hq"] * r["D"] * positions / (r["tq_us"] * 1e6) if r["tq_us"] else None
 
     for r in varlen:
         rows = next((o for o in ok if o["name"] == r["name"] and o["request"] == "rows"), None)
@@ -381,7 +396,9 @@ def query_tokens_lines(records):
         lines.append(f"| {r['name']} | {r['q_len']} | {fmt(r['tq_us'], '.1f', ' us')} | "
                      f"{' '.join(filter(None, (r['path'], r['kernel'])))} | {percent(r['frac_of_read'])} | "
                      f"{fmt(rows_us, '.1f', ' us')} | {ratio(rows_us, r['tq_us'])} | {fmt(single_us, '.1f', ' us')} | "
-                     f"{ratio(r['tq_us'], single_us)} | {fmt(scalar_us, '.1f', ' us')} | {ratio(r['tq_us'], scalar_us)} |")
+                     f"{ratio(r['tq_us'], single_us)} | {fmt(scalar_us, '.1f', ' us')} | {ratio(r['tq_us'], scalar_us)} | "
+                     f"{fmt(bf16_floor_us(r), '.1f', ' us')} | {ratio(bf16_floor_us(r), r['tq_us'])} | "
+                     f"{fmt(tflops(r), '.1f')} |")
     return lines + [""]
 
 
