@@ -85,7 +85,8 @@
 //   rotation.cuh     the query rotation's products on the tensor cores
 //   fragments.cuh    register-level operations (packing, mma, transpose)
 //   mainloop.cuh     stage 2's products per key format: key scores, value accumulation
-//   softmax.cuh      stage 2's online softmax per row and the probabilities P'
+//   stream.cuh       stage 2's tile ring per warp: its tiles, their blocks, the copies into its stages
+//   softmax.cuh      stage 2's online softmax per row, the masks past the range and the causal limits, P'
 //   kernel.cuh       this file: decode_cta (the stages in order, the tile stream), the kernel, its launch
 //   epilogue.cuh     writing outputs, stage 3 (the warps' merge), stage 4 (the partitions' reduction)
 //   launch.hpp       the instances; instances/<format>_d<D>.cu compile one each
@@ -114,6 +115,7 @@
 #include "rotation.cuh"
 #include "shape.cuh"
 #include "softmax.cuh"
+#include "stream.cuh"
 #include "tile_layout.cuh"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/partition.hpp"
@@ -149,10 +151,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   // instructions in their loops; the fp8 loop comes out longer).
   const int lane = Format == CacheFormat::fp8 ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(opaque(threadIdx.x & 31));
   // The token of a tile's S^T row or O^T k index `index` (TileLayout<mse4>).
-  const auto token_at = [](int index) {
-    if constexpr (Format == CacheFormat::mse4) return Layout::template token_at<kBulkCopy>(index);
-    return index;
-  };
+  const auto token_at = [](int index) { return LaneOperands<Shape, Layout, Format>::token_at(index); };
 
   // ---- 0. constants, then wait for the previous kernel of the stream ----------
   // PiT and the centroids only (decode.hpp: they are not written by the
@@ -285,89 +284,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     // ---- 1. first tiles in flight, query rotation, lookup table -------------
     // The ring's first kStages - 1 tiles are issued before anything else is
     // computed so their HBM latency overlaps the prologue.
-    const int block_shift = 31 - __clz(p.layout.block_size);
-    const int block_mask = p.layout.block_size - 1;
-    const std::uint8_t* cache = p.cache;
-    const std::int64_t block_stride = p.layout.block_stride;
-    const std::int32_t* table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
-    const std::uint32_t shared_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
-    std::uint32_t records_offset = Shared::kRecordsOffset;  // stage 0 of warp 0
-    if constexpr (kBulkCopy) {
-      records_offset = ((shared_address + records_offset + Shared::kRecordsAlign - 1) & ~(Shared::kRecordsAlign - 1u)) -
-                       shared_address;
-    }
-    const std::uint32_t ring_offset = opaque(records_offset + warp * Shared::kWarpRingStride);
-    const std::uint8_t* ring = shared + ring_offset;
-    const std::uint32_t ring_address = shared_address + ring_offset;
-    // Bulk copies: the warp's stage s has its fields at fields_address + s
-    // kFieldsStride and its barrier at barrier_address + 8 s; the copies of
-    // its n-th tile complete phase n / kStages of barrier n % kStages.
-    const std::uint32_t fields_offset = Shared::kFieldsOffset + warp * kStages * Shared::kFieldsStride;
-    const std::uint32_t fields_address = shared_address + fields_offset;
-    const std::uint32_t barrier_address = shared_address + Shared::kBarrierOffset + warp * kStages * 8;
-    // cp.async: the lane's copy plan; one plan per kv head of the CTA,
-    // published by the __syncthreads before the main loop.
-    const typename Layout::IssuePlan plan = kBulkCopy ? typename Layout::IssuePlan{} : Layout::make_plan(p, head, lane);
-    auto* plans = reinterpret_cast<typename Layout::IssuePlan*>(shared + Shared::kPlanOffset) + 32 * head_slot;
-    if constexpr (kBulkCopy) {
-      if (lane == 0) {
-#pragma unroll
-        for (int s = 0; s < kStages; ++s) mbarrier_init(barrier_address + 8 * s, 1);
-        fence_barrier_init();
-      }
-      __syncwarp();
-    } else {
-      if (head_warp == 0) plans[lane] = plan;
-    }
-    const int first_tile = range.begin / kTileTokens + head_warp;
-    const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
-    const int count = first_tile < end_tile ? (end_tile - first_tile + kWarpsPerHead - 1) / kWarpsPerHead : 0;
-
-    // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
-    // holds the block of the warp's tile i + j for the window i (a multiple of
-    // 32) being issued, `blocks_next` those of the next window, loaded a
-    // window ahead; one shuffle per tile instead of a dependent table load.
-    const auto load_blocks = [&](int window) {
-      const int index = window + lane;
-      return index < count ? tile_block(table, first_tile + index * kWarpsPerHead, block_shift) : 0;
-    };
-    // The tensor maps' addresses, broadcast so they stay in uniform registers
-    // across the loop instead of being recomputed from the parameters per tile.
-    const auto uniform_address = [](const void* pointer) {
-      const auto address = reinterpret_cast<std::uint64_t>(pointer);
-      const std::uint32_t low = __shfl_sync(kFullMask, static_cast<std::uint32_t>(address), 0);
-      const std::uint32_t high = __shfl_sync(kFullMask, static_cast<std::uint32_t>(address >> 32), 0);
-      return reinterpret_cast<const void*>((static_cast<std::uint64_t>(high) << 32) | low);
-    };
-    const void* records_map = kBulkCopy ? uniform_address(&maps.records) : nullptr;
-    const void* fields_map = kBulkCopy ? uniform_address(&maps.fields) : nullptr;
-    // The warp's n-th tile (in physical block `physical`) into stage n % kStages.
-    const auto issue_bulk = [&](int n, int physical, auto stage_index) {
-      if (elect_one_lane()) {
-        const int stage = stage_index;
-        const std::uint32_t barrier = barrier_address + 8 * stage;
-        const int slot = ((first_tile + n * kWarpsPerHead) * kTileTokens) & block_mask;
-        mbarrier_arrive_expect_tx(barrier, Layout::kMetaOffset + Shared::kFieldBytes);
-        bulk_tensor_load(ring_address + stage * Shared::kStageStride, records_map, 0, head, slot, physical,
-                         barrier);
-        bulk_tensor_load(fields_address + stage * Shared::kFieldsStride, fields_map, slot,
-                         Layout::kFields * head, physical, barrier);
-      }
-    };
-    int blocks = load_blocks(0);
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if constexpr (kBulkCopy) {
-        const int physical = __shfl_sync(kFullMask, blocks, s);
-        if (s < count) issue_bulk(s, physical, s);
-      } else {
-        if (s < count) {
-          issue_tile<Layout>(ring_address + s * Shared::kStageStride, cache, block_stride, __shfl_sync(kFullMask, blocks, s),
-                             first_tile + s * kWarpsPerHead, block_mask, plan, lane);
-        }
-        cp_async_commit();
-      }
-    }
+    TileRing<Shape, Shared> ring(p, maps, shared, range, batch, head, head_slot, warp, head_warp, lane);
+    ring.issue_first_tiles();
     if constexpr (kFp8) {
       // fp8 keys: the query as it is, in fp16 (exact for fp16 queries and
       // for bf16 values of magnitude 2^-14 to 65504).
@@ -383,7 +301,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       // MSE keys: the rotation on the tensor cores (rotation.cuh).
       // The wide shape: in the rings' last stages (SharedLayout).
       auto* query_bits = reinterpret_cast<std::uint16_t*>(
-          shared + (Shared::kQueryBitsInRings ? records_offset + (kStages - 1) * Shared::kStageStride
+          shared + (Shared::kQueryBitsInRings ? ring.records_offset + (kStages - 1) * Shared::kStageStride
                                               : Shared::kQueryOffset + Shared::kQueryBytes));
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
@@ -400,7 +318,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
                                          power_of_two(-table_exponent), warp, lane);
       }
     }
-    int blocks_next = load_blocks(32);  // only now: the rotation needs the registers
+    ring.load_second_window();
     if constexpr (kBulkCopy) fence_proxy_async_shared();  // the copy engine overwrites the query bits next
     __syncthreads();
 
@@ -428,72 +346,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     asm("mov.b32 %0, %1;" : "=r"(lane_lut) : "r"(static_cast<std::uint32_t>(lane) << 2));
     [[maybe_unused]] const std::uint8_t* lut = shared;
 
-    // Keys of tokens g and g + 8 (dims (D/4)c ..): for 4-bit keys one 8-byte
-    // load (D = 64), one 16-byte load (D = 128) or two (D = 256); for fp8
-    // keys D/64 16-byte loads; for 3-bit keys two 4-byte words (D = 64), three
-    // (D = 128) or three 8-byte loads (D = 256). Values of tokens 2c, 2c + 1,
-    // 2c + 8, 2c + 9 (dims (D/8)g ..: D/16 bytes of 4-bit values, 3D/64 bytes
-    // of 3-bit values).
-    constexpr int kKeyLoads = Layout::kKeyLoads;  // key load bases per token
-    int key_offset[2][kKeyLoads];
-    [[maybe_unused]] int value_offset[4];  // 4-bit values
-    // 3-bit values: words 0, 1 (and 2 at D = 256) of tokens 2c and 2c + 1
-    // (those of 2c + 8 and 2c + 9 are Layout::kOffset8Tokens further).
-    constexpr int kValueWordLoads = HeadDim == 256 ? 3 : 2;
-    [[maybe_unused]] int value_word[2][kValueWordLoads];
-    // 3-bit keys: the lane's key loads of token g (token g + 8's are
-    // Layout::kOffset8Tokens further).
-    constexpr int kKeyWordLoads = HeadDim == 64 ? 2 : 3;
-    [[maybe_unused]] int key_word[kKeyWordLoads];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int token = 8 * j + g;
-      if constexpr (kFp8) {
-#pragma unroll
-        for (int part = 0; part < kKeyLoads; ++part) key_offset[j][part] = Layout::key_offset(token, c, part);
-      } else if constexpr (three_bit_keys(Format)) {
-#pragma unroll
-        for (int w = 0; w < kKeyWordLoads; ++w) {
-          key_word[w] = static_cast<int>(opaque(Layout::key_word_offset(g, c, w, head, num_kv_heads)));
-        }
-      } else if (j == 0) {  // 4-bit keys: token g + 8's are Layout::kOffset8Tokens further
-#pragma unroll
-        for (int part = 0; part < kKeyLoads; ++part) {
-          key_offset[0][part] = static_cast<int>(opaque(Layout::template key_offset<kBulkCopy>(token_at(token), c, part)));
-        }
-      }
-    }
-    if constexpr (value_bits(Format) == 4) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int token = token_at(2 * c + (k & 1) + 8 * (k >> 1));
-        if constexpr (Format == CacheFormat::mse4) {
-          value_offset[k] = k < 2 ? Layout::template value_offset<kBulkCopy>(token, g, head)
-                                  : value_offset[k - 2] + Layout::kOffset8Tokens;
-        } else {
-          value_offset[k] = Layout::value_offset(token, g, head, num_kv_heads);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int w = 0; w < kValueWordLoads; ++w) {
-          value_word[j][w] = static_cast<int>(opaque(Layout::value_word_offset(2 * c + j, g, w, head, num_kv_heads)));
-        }
-      }
-    }
-    // 3-bit values: the byte permutes taking bytes 0..3 and 2..5 of the lane's
-    // 6 bytes from the two words at 6g & ~3 (they start at byte 2 (g & 1));
-    // at D = 64 bytes 0..3 from its 3 at 3g, (3g) mod 4 into the first word.
-    [[maybe_unused]] const std::uint32_t low_selector =
-        HeadDim == 64 ? 0x3210u + 0x1111u * ((3 * g) & 3) : g & 1 ? 0x5432u : 0x3210u;
-    [[maybe_unused]] const std::uint32_t high_selector = g & 1 ? 0x7654u : 0x5432u;
-    // 3-bit keys at D = 64: the byte permutes putting the lane's 48 key bits in
-    // order (bits 0..31, then 32..47) from its two loads
-    // (three_bit_key_word_byte_d64: where c is odd the first is the second word).
-    [[maybe_unused]] const std::uint32_t key_low_selector = c & 1 ? 0x1076u : 0x3210u;
-    [[maybe_unused]] const std::uint32_t key_high_selector = c & 1 ? 0x3232u : 0x7654u;
+    const LaneOperands<Shape, Layout, Format> operands(g, c, head, num_kv_heads);
 
     OnlineSoftmax<Shape> softmax;
     softmax.init();
@@ -506,34 +359,12 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     // The warp's k-th tile, in ring stage stage_index = k % kStages (a
     // compile-time constant where the loop is unrolled by kStages).
     const auto stream_tile = [&](int k, auto stage_index, unsigned phase) {
+      ring.advance(k, stage_index, phase);
       const int stage_id = stage_index;
-      const int ahead = k + kStages - 1;
-      if (ahead < count) {
-        if ((ahead & 31) == 0) {
-          blocks = blocks_next;
-          blocks_next = load_blocks(ahead + 32);
-        }
-        if constexpr (kBulkCopy) {
-          issue_bulk(ahead, __shfl_sync(kFullMask, blocks, ahead & 31),
-                     std::integral_constant<int, (decltype(stage_index)::value + kStages - 1) % kStages>{});
-        } else {
-          const int tile = first_tile + ahead * kWarpsPerHead;
-          issue_tile<Layout>(ring_address + (ahead % kStages) * Shared::kStageStride, cache, block_stride,
-                             __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask,
-                             typename Layout::IssuePlan(plans[lane]), lane);
-        }
-      }
-      if constexpr (kBulkCopy) {
-        mbarrier_wait_parity(barrier_address + 8 * stage_id, phase);
-      } else {
-        cp_async_commit();
-        cp_async_wait<kStages - 1>();
-        __syncwarp();
-      }
-      const std::uint8_t* stage = ring + stage_id * Shared::kStageStride;
+      const std::uint8_t* stage = shared + ring.ring_offset + stage_id * Shared::kStageStride;
       const std::uint8_t* fields =
-          kBulkCopy ? shared + fields_offset + stage_id * Shared::kFieldsStride : stage + Layout::kMetaOffset;
-      const int tile_token = (first_tile + k * kWarpsPerHead) * kTileTokens;
+          kBulkCopy ? shared + ring.fields_offset + stage_id * Shared::kFieldsStride : stage + Layout::kMetaOffset;
+      const int tile_token = ring.tile_token(k);
 
       // S^T = K Q^T: rows are tokens g and g + 8, columns heads 2c, 2c + 1.
       // Two accumulator chains (even and odd k-steps) halve the mma dependency chain.
@@ -543,8 +374,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;
         score_odd[nt][0] = score_odd[nt][1] = score_odd[nt][2] = score_odd[nt][3] = 0.0f;
       }
-      key_scores<Shape, Layout, Format>(stage, key_offset, key_word, key_low_selector, key_high_selector, qb, lane_lut,
-                                        lut, score, score_odd);
+      key_scores<Shape, Layout, Format>(stage, operands.key_offset, operands.key_word, operands.key_low_selector,
+                                        operands.key_high_selector, qb, lane_lut, lut, score, score_odd);
 
       // Per-token fields of tokens g and g + 8: field `field` of token index
       // 8 j + g. The bulk-copy shapes take it as token token_at(g) + 8 j
@@ -574,32 +405,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       typename OnlineSoftmax<Shape>::Scores d;
       softmax.base2_scores(score, score_odd, norm_scale, d);
       if (tile_token + kTileTokens > mask_from) {
-        // Slots past the range hold junk (fp8 key bytes or fp16 fields
-        // that may be NaN or inf): exclude them by selection, never by
-        // arithmetic; score -inf, value fields 0. Positions past a row's
-        // limit score kMaskedScore for that row.
-        const int end = cta_range.end;
-        const int first_limit = cta_first_limit;
-        const unsigned deltas = row_deltas[c];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int position = tile_token + token_at(8 * j + g);
-          if (position >= end) {
-            value_scale[j] = 0.0f;
-            value_zero[j] = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < HeadTiles; ++nt) d[nt][0][j] = d[nt][1][j] = -INFINITY;
-          } else if (position >= first_limit) {
-            const unsigned past = position - first_limit;
-#pragma unroll
-            for (int nt = 0; nt < HeadTiles; ++nt) {
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                if (past >= ((deltas >> (4 * (2 * nt + e))) & 15u)) d[nt][e][j] = kMaskedScore;
-              }
-            }
-          }
-        }
+        softmax.mask_tile(d, value_scale, value_zero, cta_range.end, cta_first_limit, row_deltas[c],
+                          [&](int j) { return tile_token + token_at(8 * j + g); });
       }
 
       // Online softmax per head (softmax.cuh), then P' = p * value scale as
@@ -607,7 +414,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       softmax.move_references(d, value_scale, k == 0);
       std::uint32_t pb[HeadTiles][2];
       softmax.probabilities(d, value_scale, value_zero, pb);
-      accumulate_values<Shape, Layout, Format>(stage, value_offset, value_word, low_selector, high_selector, pb,
+      accumulate_values<Shape, Layout, Format>(stage, operands.value_offset, operands.value_word, operands.low_selector,
+                                               operands.high_selector, pb,
                                                softmax.acc);
       softmax.add_probability_sums(pb);
       __syncwarp();  // the stage is refilled by the next iteration's issue
@@ -615,13 +423,13 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     if constexpr (kBulkCopy) {
       // Unrolled by kStages: every stage and barrier address is an immediate.
       unsigned phase = 0;  // of the barriers' current use: (k / kStages) & 1
-      for (int k0 = 0; k0 < count; k0 += kStages, phase ^= 1u) {
+      for (int k0 = 0; k0 < ring.count; k0 += kStages, phase ^= 1u) {
         static_for<kStages>([&]<int S>() {
-          if (k0 + S < count) stream_tile(k0 + S, std::integral_constant<int, S>{}, phase);
+          if (k0 + S < ring.count) stream_tile(k0 + S, std::integral_constant<int, S>{}, phase);
         });
       }
     } else {
-      for (int k = 0; k < count; ++k) stream_tile(k, k % kStages, 0u);
+      for (int k = 0; k < ring.count; ++k) stream_tile(k, k % kStages, 0u);
     }
     if constexpr (!kBulkCopy) cp_async_wait<0>();
 

@@ -14,6 +14,89 @@
 
 namespace tqdecode::cuda::tensor_core {
 
+/// A lane's operands in a ring stage, the same for every tile of the stream
+/// (offsets from the stage's start, and byte-permute selectors). Keys of
+/// tokens g and g + 8 (dims (D/4)c ..): for 4-bit keys one 8-byte load
+/// (D = 64), one 16-byte load (D = 128) or two (D = 256); for fp8 keys D/64
+/// 16-byte loads; for 3-bit keys two 4-byte words (D = 64), three (D = 128)
+/// or three 8-byte loads (D = 256). Values of tokens 2c, 2c + 1, 2c + 8,
+/// 2c + 9 (dims (D/8)g ..: D/16 bytes of 4-bit values, 3D/64 bytes of 3-bit
+/// values).
+template <class Shape, class Layout, CacheFormat Format>
+struct LaneOperands {
+  static constexpr int HeadDim = Shape::kHeadDim;
+  static constexpr bool kBulkCopy = Shape::kBulkCopy;
+  static constexpr int kKeyWordLoads = HeadDim == 64 ? 2 : 3;
+  static constexpr int kValueWordLoads = HeadDim == 256 ? 3 : 2;
+  int key_offset[2][Layout::kKeyLoads];  // key load bases per token
+  int value_offset[4];                   // 4-bit values
+  // 3-bit values: words 0, 1 (and 2 at D = 256) of tokens 2c and 2c + 1
+  // (those of 2c + 8 and 2c + 9 are Layout::kOffset8Tokens further).
+  int value_word[2][kValueWordLoads];
+  // 3-bit keys: the lane's key loads of token g (token g + 8's are
+  // Layout::kOffset8Tokens further).
+  int key_word[kKeyWordLoads];
+  std::uint32_t low_selector, high_selector, key_low_selector, key_high_selector;
+
+  /// The token of a tile's S^T row or O^T k index `index` (TileLayout<mse4>).
+  __device__ __forceinline__ static int token_at(int index) {
+    if constexpr (Format == CacheFormat::mse4) return Layout::template token_at<kBulkCopy>(index);
+    return index;
+  }
+
+  __device__ __forceinline__ LaneOperands(int g, int c, int head, int num_kv_heads) {
+    constexpr bool kFp8 = Format == CacheFormat::fp8;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int token = 8 * j + g;
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int part = 0; part < Layout::kKeyLoads; ++part) key_offset[j][part] = Layout::key_offset(token, c, part);
+      } else if constexpr (three_bit_keys(Format)) {
+#pragma unroll
+        for (int w = 0; w < kKeyWordLoads; ++w) {
+          key_word[w] = static_cast<int>(opaque(Layout::key_word_offset(g, c, w, head, num_kv_heads)));
+        }
+      } else if (j == 0) {  // 4-bit keys: token g + 8's are Layout::kOffset8Tokens further
+#pragma unroll
+        for (int part = 0; part < Layout::kKeyLoads; ++part) {
+          key_offset[0][part] = static_cast<int>(opaque(Layout::template key_offset<kBulkCopy>(token_at(token), c, part)));
+        }
+      }
+    }
+    if constexpr (value_bits(Format) == 4) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int token = token_at(2 * c + (k & 1) + 8 * (k >> 1));
+        if constexpr (Format == CacheFormat::mse4) {
+          value_offset[k] = k < 2 ? Layout::template value_offset<kBulkCopy>(token, g, head)
+                                  : value_offset[k - 2] + Layout::kOffset8Tokens;
+        } else {
+          value_offset[k] = Layout::value_offset(token, g, head, num_kv_heads);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int w = 0; w < kValueWordLoads; ++w) {
+          value_word[j][w] = static_cast<int>(opaque(Layout::value_word_offset(2 * c + j, g, w, head, num_kv_heads)));
+        }
+      }
+    }
+    // 3-bit values: the byte permutes taking bytes 0..3 and 2..5 of the lane's
+    // 6 bytes from the two words at 6g & ~3 (they start at byte 2 (g & 1));
+    // at D = 64 bytes 0..3 from its 3 at 3g, (3g) mod 4 into the first word.
+    low_selector = HeadDim == 64 ? 0x3210u + 0x1111u * ((3 * g) & 3) : g & 1 ? 0x5432u : 0x3210u;
+    high_selector = g & 1 ? 0x7654u : 0x5432u;
+    // 3-bit keys at D = 64: the byte permutes putting the lane's 48 key bits in
+    // order (bits 0..31, then 32..47) from its two loads
+    // (three_bit_key_word_byte_d64: where c is odd the first is the second word).
+    key_low_selector = c & 1 ? 0x1076u : 0x3210u;
+    key_high_selector = c & 1 ? 0x3232u : 0x7654u;
+  }
+};
+
 // S^T = K Q^T of one tile into the two accumulator chains (even and odd
 // k-steps): rows are tokens g and g + 8, columns heads 2c, 2c + 1. `lut` and
 // `lane_lut` are the key lookup table and the lane's byte offset in a row

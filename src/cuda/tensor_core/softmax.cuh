@@ -69,6 +69,37 @@ struct OnlineSoftmax {
     }
   }
 
+  /// Masks a tile that reaches past the CTA's first masked position: slots
+  /// past the range's `end` hold junk (fp8 key bytes or fp16 fields that may
+  /// be NaN or inf), excluded by selection, never by arithmetic (score -inf,
+  /// value fields 0); a position at or past a row's causal limit scores
+  /// kMaskedScore for that row. Lane quad c's rows 2c + e of head tile nt
+  /// see positions below first_limit + bits 4 (2 nt + e) of `deltas`;
+  /// position(j) is token g + 8 j's.
+  template <class Position>
+  __device__ __forceinline__ void mask_tile(Scores& d, ValueScale (&value_scale)[2], float (&value_zero)[2], int end,
+                                            int first_limit, unsigned deltas, const Position& position) const {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int at = position(j);
+      if (at >= end) {
+        value_scale[j] = 0.0f;
+        value_zero[j] = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kHeadTiles; ++nt) d[nt][0][j] = d[nt][1][j] = -INFINITY;
+      } else if (at >= first_limit) {
+        const unsigned past = at - first_limit;
+#pragma unroll
+        for (int nt = 0; nt < kHeadTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (past >= ((deltas >> (4 * (2 * nt + e))) & 15u)) d[nt][e][j] = kMaskedScore;
+          }
+        }
+      }
+    }
+  }
+
   /// The maxima are references, moved only when a score exceeds one by more
   /// than kLazyRescaleLog2 (so p <= 2^kLazyRescaleLog2): one vote, and only
   /// then the shuffles for the tile maxima and the rescale of the

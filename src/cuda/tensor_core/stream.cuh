@@ -1,0 +1,178 @@
+// Stage 2's tile ring of the tensor-core decode kernel (internal): which
+// 16-token tiles a warp streams, their physical blocks, and the copies that
+// bring each into one of the warp's kStages ring stages: cp.async through a
+// copy plan (tile_layout.cuh), or in the wide shape bulk tensor copies
+// completing on one barrier per stage (bulk_copy.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../device_utils.cuh"
+#include "../kernel_params.hpp"
+#include "../policy.hpp"
+#include "bulk_copy.cuh"
+#include "shape.cuh"
+#include "tile_layout.cuh"
+#include "tqdecode/partition.hpp"
+
+namespace tqdecode::cuda::tensor_core {
+
+/// A warp's ring: its tiles first_tile, first_tile + kWarpsPerHead, ... of
+/// kv head `head` (count of them), and where each one lands.
+template <class Shape, class Shared>
+struct TileRing {
+  using Layout = typename Shared::Layout;
+  static constexpr bool kBulkCopy = Shape::kBulkCopy;
+  static constexpr int kWarpsPerHead = Shape::kWarpsPerHead;
+
+  const std::uint8_t* cache;
+  std::int64_t block_stride;
+  const std::int32_t* table;  // the sequence's block-table row
+  int block_shift, block_mask;
+  std::uint32_t records_offset;  // the rings' start (stage 0 of warp 0)
+  std::uint32_t ring_offset, ring_address;
+  // Bulk copies: the warp's stage s has its fields at fields_address + s
+  // kFieldsStride and its barrier at barrier_address + 8 s; the copies of
+  // its n-th tile complete phase n / kStages of barrier n % kStages.
+  std::uint32_t fields_offset, fields_address, barrier_address;
+  typename Layout::IssuePlan plan;         // cp.async: the lane's copy plan
+  typename Layout::IssuePlan* plans;       // cp.async: the plans of the CTA's kv heads, one per lane
+  const void* records_map;                 // bulk copies: the tensor maps
+  const void* fields_map;
+  int head, lane, first_tile, count;
+  // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
+  // holds the block of the warp's tile i + j for the window i (a multiple of
+  // 32) being issued, `blocks_next` those of the next window, loaded a
+  // window ahead; one shuffle per tile instead of a dependent table load.
+  int blocks, blocks_next;
+
+  /// The warp's tiles of `range` (whole tiles, kv head `head`, warp
+  /// head_warp of kWarpsPerHead), and its ring in `shared`; publishes the
+  /// copy plan (head_slot's, by its first warp) or initialises the barriers.
+  __device__ __forceinline__ TileRing(const PartitionParams& p, const CacheTensorMaps& maps, std::uint8_t* shared,
+                                      TokenRange range, int batch, int head, int head_slot, int warp, int head_warp,
+                                      int lane)
+      : head(head), lane(lane) {
+    block_shift = 31 - __clz(p.layout.block_size);
+    block_mask = p.layout.block_size - 1;
+    cache = p.cache;
+    block_stride = p.layout.block_stride;
+    table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
+    const std::uint32_t shared_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
+    records_offset = Shared::kRecordsOffset;
+    if constexpr (kBulkCopy) {
+      records_offset = ((shared_address + records_offset + Shared::kRecordsAlign - 1) & ~(Shared::kRecordsAlign - 1u)) -
+                       shared_address;
+    }
+    ring_offset = opaque(records_offset + warp * Shared::kWarpRingStride);
+    ring_address = shared_address + ring_offset;
+    fields_offset = Shared::kFieldsOffset + warp * kStages * Shared::kFieldsStride;
+    fields_address = shared_address + fields_offset;
+    barrier_address = shared_address + Shared::kBarrierOffset + warp * kStages * 8;
+    // One plan per kv head of the CTA, published by the __syncthreads before the main loop.
+    plan = kBulkCopy ? typename Layout::IssuePlan{} : Layout::make_plan(p, head, lane);
+    plans = reinterpret_cast<typename Layout::IssuePlan*>(shared + Shared::kPlanOffset) + 32 * head_slot;
+    if constexpr (kBulkCopy) {
+      if (lane == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages; ++s) mbarrier_init(barrier_address + 8 * s, 1);
+        fence_barrier_init();
+      }
+      __syncwarp();
+    } else {
+      if (head_warp == 0) plans[lane] = plan;
+    }
+    first_tile = range.begin / kTileTokens + head_warp;
+    const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
+    count = first_tile < end_tile ? (end_tile - first_tile + kWarpsPerHead - 1) / kWarpsPerHead : 0;
+    // The tensor maps' addresses, broadcast so they stay in uniform registers
+    // across the loop instead of being recomputed from the parameters per tile.
+    const auto uniform_address = [](const void* pointer) {
+      const auto address = reinterpret_cast<std::uint64_t>(pointer);
+      const std::uint32_t low = __shfl_sync(kFullMask, static_cast<std::uint32_t>(address), 0);
+      const std::uint32_t high = __shfl_sync(kFullMask, static_cast<std::uint32_t>(address >> 32), 0);
+      return reinterpret_cast<const void*>((static_cast<std::uint64_t>(high) << 32) | low);
+    };
+    records_map = kBulkCopy ? uniform_address(&maps.records) : nullptr;
+    fields_map = kBulkCopy ? uniform_address(&maps.fields) : nullptr;
+  }
+
+  __device__ __forceinline__ int load_blocks(int window) const {
+    const int index = window + lane;
+    return index < count ? tile_block(table, first_tile + index * kWarpsPerHead, block_shift) : 0;
+  }
+
+  /// The warp's n-th tile (in physical block `physical`) into stage n % kStages.
+  template <class StageIndex>
+  __device__ __forceinline__ void issue_bulk(int n, int physical, StageIndex stage_index) const {
+    if (elect_one_lane()) {
+      const int stage = stage_index;
+      const std::uint32_t barrier = barrier_address + 8 * stage;
+      const int slot = ((first_tile + n * kWarpsPerHead) * kTileTokens) & block_mask;
+      mbarrier_arrive_expect_tx(barrier, Layout::kMetaOffset + Shared::kFieldBytes);
+      bulk_tensor_load(ring_address + stage * Shared::kStageStride, records_map, 0, head, slot, physical, barrier);
+      bulk_tensor_load(fields_address + stage * Shared::kFieldsStride, fields_map, slot, Layout::kFields * head,
+                       physical, barrier);
+    }
+  }
+
+  /// The ring's first kStages - 1 tiles, issued before anything else is
+  /// computed so their HBM latency overlaps the prologue.
+  __device__ __forceinline__ void issue_first_tiles() {
+    blocks = load_blocks(0);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if constexpr (kBulkCopy) {
+        const int physical = __shfl_sync(kFullMask, blocks, s);
+        if (s < count) issue_bulk(s, physical, s);
+      } else {
+        if (s < count) {
+          issue_tile<Layout>(ring_address + s * Shared::kStageStride, cache, block_stride, __shfl_sync(kFullMask, blocks, s),
+                             first_tile + s * kWarpsPerHead, block_mask, plan, lane);
+        }
+        cp_async_commit();
+      }
+    }
+  }
+
+  /// The second window's blocks (after the prologue: the rotation needs the registers).
+  __device__ __forceinline__ void load_second_window() { blocks_next = load_blocks(32); }
+
+  /// Before the warp's k-th tile, in stage `stage_index` = k % kStages (a
+  /// compile-time constant where the loop is unrolled by kStages): issues
+  /// tile k + kStages - 1, then waits for tile k (barrier phase `phase`).
+  template <class StageIndex>
+  __device__ __forceinline__ void advance(int k, StageIndex stage_index, unsigned phase) {
+    const int ahead = k + kStages - 1;
+    if (ahead < count) {
+      if ((ahead & 31) == 0) {
+        blocks = blocks_next;
+        blocks_next = load_blocks(ahead + 32);
+      }
+      if constexpr (kBulkCopy) {
+        issue_bulk(ahead, __shfl_sync(kFullMask, blocks, ahead & 31),
+                   std::integral_constant<int, (StageIndex::value + kStages - 1) % kStages>{});
+      } else {
+        const int tile = first_tile + ahead * kWarpsPerHead;
+        issue_tile<Layout>(ring_address + (ahead % kStages) * Shared::kStageStride, cache, block_stride,
+                           __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask,
+                           typename Layout::IssuePlan(plans[lane]), lane);
+      }
+    }
+    if constexpr (kBulkCopy) {
+      mbarrier_wait_parity(barrier_address + 8 * static_cast<int>(stage_index), phase);
+    } else {
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      __syncwarp();
+    }
+  }
+
+  /// The first position of the warp's k-th tile.
+  __device__ __forceinline__ int tile_token(int k) const { return (first_tile + k * kWarpsPerHead) * kTileTokens; }
+};
+
+}  // namespace tqdecode::cuda::tensor_core
