@@ -57,12 +57,12 @@ __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::
   constexpr int kRows = Shape::kRows;
   constexpr int kCtaRows = Shape::kCtaRows;
   constexpr int kRowStep = Shape::kRowStep;
-  const int head_slot = Shape::kHeadsPerCta == 1 ? 0 : warp / kWarpsPerHead;
-  const int head_warp = Shape::kHeadsPerCta == 1 ? warp : warp % kWarpsPerHead;
+  const int head_slot = Shape::head_slot(warp);
+  const int head_warp = Shape::head_warp(warp);
   const int c = lane & 3;
   const int g = lane >> 2;
-  const int dim = threadIdx.x & (HeadDim - 1);
-  const int first_row = threadIdx.x / HeadDim;
+  const int dim = Shape::thread_dim();
+  const int first_row = Shape::thread_first_row();
 #pragma unroll
   for (int nt = 0; nt < HeadTiles; ++nt) {
 #pragma unroll

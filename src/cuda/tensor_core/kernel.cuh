@@ -135,7 +135,6 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
   constexpr int kDimTiles = Shape::kDimTiles;
   constexpr int kWarps = Shape::kWarps;
-  constexpr int kWarpsPerHead = Shape::kWarpsPerHead;
   constexpr int kRows = Shape::kRows;
   constexpr int kCtaRows = Shape::kCtaRows;
   constexpr int kRowStep = Shape::kRowStep;
@@ -186,11 +185,12 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   const int first_head = blockIdx.y * HeadsPerCta;  // the CTA's kv heads: first_head .. + HeadsPerCta - 1
   const int batch = blockIdx.z;
   // The warp streams kv head first_head + head_slot as warp head_warp of kWarpsPerHead.
-  const int head_slot = HeadsPerCta == 1 ? 0 : warp / kWarpsPerHead;
-  const int head_warp = HeadsPerCta == 1 ? warp : warp % kWarpsPerHead;
+  const int head_slot = Shape::head_slot(warp);
+  const int head_warp = Shape::head_warp(warp);
   const int head = first_head + head_slot;
-  const int dim = threadIdx.x & (HeadDim - 1);     // rotation, merge and reduction: one head dim per thread,
-  const int first_row = threadIdx.x / HeadDim;     // rows first_row, first_row + kRowStep, ...
+  // Rotation, merge and reduction: one head dim per thread, rows first_row, first_row + kRowStep, ...
+  const int dim = Shape::thread_dim();
+  const int first_row = Shape::thread_first_row();
   const int num_kv_heads = p.layout.num_kv_heads;
   const int group = p.num_q_heads / num_kv_heads;
   const int num_partitions = p.num_partitions;

@@ -149,6 +149,12 @@ struct KernelShape {
   static constexpr int kRowStep = kThreads / HeadDim;
   static_assert(kThreads % HeadDim == 0, "whole rows per thread group");
   static constexpr int kRowsPerThread = (kCtaRows + kRowStep - 1) / kRowStep;
+  /// The thread's head dim and first row there (rows first_row, + kRowStep, ...).
+  __device__ __forceinline__ static int thread_dim() { return threadIdx.x & (HeadDim - 1); }
+  __device__ __forceinline__ static int thread_first_row() { return threadIdx.x / HeadDim; }
+  /// Warp `warp` streams the CTA's kv head head_slot(warp) as warp head_warp(warp) of kWarpsPerHead.
+  __device__ __forceinline__ static int head_slot(int warp) { return HeadsPerCta == 1 ? 0 : warp / kWarpsPerHead; }
+  __device__ __forceinline__ static int head_warp(int warp) { return HeadsPerCta == 1 ? warp : warp % kWarpsPerHead; }
 };
 
 /// Shared memory of a CTA: [lookup table (MSE keys) | rings][query rows][query bits][issue plans]
