@@ -54,9 +54,11 @@ TQ_HOST_DEVICE void cache_code_word(std::int64_t word, const tqdecode::CacheLayo
     const std::int64_t in_block = (word * 16) % layout.block_stride;
     for (int j = 0; j < 16; ++j) {
       const std::int64_t offset = in_block + j;
-      if (offset < layout.metadata_region_offset() && offset % layout.record_bytes() < layout.key_bytes()) {
-        bytes[j] &= 0xbf;
-      }
+      // token_slots: the dense order of shape_layout (head_stride = slot bytes).
+      const bool key_byte = layout.token_slots()
+                                ? offset % layout.head_stride < layout.key_bytes()
+                                : offset < layout.metadata_region_offset() && offset % layout.record_bytes() < layout.key_bytes();
+      if (key_byte) bytes[j] &= 0xbf;
     }
   }
 }
@@ -145,7 +147,7 @@ TQ_HOST_DEVICE void plant_peak(const PeakInputs& in, int sequence, int kv_head, 
   const std::int64_t block = in.block_table[std::int64_t(sequence) * in.table_width + position / layout.block_size];
   const int slot = position % layout.block_size;
   std::uint8_t* block_base = in.cache + layout.block_offset(block);
-  std::uint8_t* key = block_base + layout.record_offset(slot, kv_head);
+  std::uint8_t* key = block_base + layout.key_offset(slot, kv_head);
   const int dim = layout.head_dim;
   const int group = in.num_q_heads / layout.num_kv_heads;
   const std::uint16_t* q = in.query + (std::int64_t(sequence) * in.num_q_heads + std::int64_t(kv_head) * group) * dim;

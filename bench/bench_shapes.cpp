@@ -33,7 +33,8 @@ namespace {
 
 constexpr std::string_view kKnownFields[] = {"name",          "preset", "B",    "L",  "Hq",           "Hk",
                                              "D",             "block_size", "lengths", "max_model_len", "scores",
-                                             "q_len",         "tp",     "back_to_back", "engine", "requests", "quick"};
+                                             "q_len",         "tp",     "back_to_back", "engine", "requests", "quick",
+                                             "order",         "norm_correction"};
 
 [[noreturn]] void bad_field(const std::string& where, std::string_view key, const std::string& what) {
   throw std::runtime_error(where + ": \"" + std::string(key) + "\" " + what);
@@ -104,6 +105,13 @@ Shape parse_shape(const Json& item, const std::string& where) {
   shape.back_to_back = bool_member(item, "back_to_back", named);
   shape.engine = bool_member(item, "engine", named);
   shape.quick = bool_member(item, "quick", named);
+  const std::string order = string_member(item, "order", named, "blocks");
+  if (order != "blocks" && order != "token_slots") bad_field(named, "order", "must be \"blocks\" or \"token_slots\"");
+  shape.order = order == "token_slots" ? tqdecode::CacheOrder::token_slots : tqdecode::CacheOrder::blocks;
+  shape.norm_correction = bool_member(item, "norm_correction", named);
+  if (shape.norm_correction && shape.order != tqdecode::CacheOrder::token_slots) {
+    bad_field(named, "norm_correction", "needs order \"token_slots\"");
+  }
   if (const Json* requests = item.member("requests")) {
     if (requests->kind != Json::Kind::array || requests->items.empty()) {
       bad_field(named, "requests", "must be a non-empty array of path requests");
@@ -117,8 +125,8 @@ Shape parse_shape(const Json& item, const std::string& where) {
       bad_field(named, "requests", "must start with \"automatic\" (the other paths are compared with it)");
     }
   }
-  // The library's own checks: supported head dim, block size, group size.
-  tqdecode::make_layout(shape.preset, shape.head_dim, shape.block_size, shape.num_kv_heads);
+  // The library's own checks: supported head dim, block size, group size, norm correction.
+  shape_layout(shape);
   tqdecode::validate_group_size(shape.num_q_heads, shape.num_kv_heads);
   const std::int64_t longest = shape.lengths == Lengths::ragged ? shape.context / 4 + 3 * std::int64_t(shape.context) / 2
                                                                  : shape.context;
@@ -164,9 +172,17 @@ std::vector<std::int32_t> sequence_lengths(const Shape& shape) {
   return lengths;
 }
 
+tqdecode::CacheLayout shape_layout(const Shape& shape) {
+  if (shape.order == tqdecode::CacheOrder::token_slots) {
+    return tqdecode::make_token_slots_layout(shape.preset, shape.head_dim, shape.block_size, shape.num_kv_heads,
+                                             shape.norm_correction);
+  }
+  return tqdecode::make_layout(shape.preset, shape.head_dim, shape.block_size, shape.num_kv_heads);
+}
+
 InstancePlan plan_instances(const Shape& shape) {
   InstancePlan plan;
-  plan.layout = tqdecode::make_layout(shape.preset, shape.head_dim, shape.block_size, shape.num_kv_heads);
+  plan.layout = shape_layout(shape);
   if (plan.layout.block_stride % 16 != 0) throw std::runtime_error(shape.name + ": block stride is not a multiple of 16 bytes");
   plan.lengths = sequence_lengths(shape);
   for (const std::int32_t length : plan.lengths) {

@@ -29,6 +29,8 @@ struct Shape {
   Scores scores = Scores::flat;
   int q_len = 1;  // query tokens per sequence; above 1: the varlen entry, and the same tokens as rows of the one-token entry
   int tp = 0;     // tensor-parallel degree this per-GPU shape is a shard of; 0: not a shard row
+  tqdecode::CacheOrder order = tqdecode::CacheOrder::blocks;  // token_slots: vLLM's dense CUDA layout
+  bool norm_correction = false;  // token_slots, MSE keys: renormalized at decode
   bool back_to_back = false;
   bool engine = false;
   bool quick = false;
@@ -76,6 +78,10 @@ struct InstancePlan {
 };
 
 InstancePlan plan_instances(const Shape& shape);
+
+/// The shape's cache layout: the blocks order, or the token_slots order with
+/// vLLM's dense strides.
+tqdecode::CacheLayout shape_layout(const Shape& shape);
 
 /// Block tables of `instances` instances, [instances][B][table_width].
 /// Instance r owns physical blocks [r * blocks, (r + 1) * blocks), shuffled

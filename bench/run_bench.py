@@ -67,6 +67,13 @@ TARGETS = [
                    "b16_l32768_hq32_hk8_d64_bs16_4bit_nc")
       for metric, value in (("frac_of_read", 0.75), ("speedup_vs_bf16", 2.8))],
     ("b16_l8192_hq9_hk3_d64_bs16_4bit_nc", "speedup_vs_bf16", ">=", 1.8, "issue 28"),
+    *[(name, metric, ">=", value, "issue 33")
+      for name in ("b16_l32768_g8_bs16_4bit_nc_slots_nc", "b64_l8192_g8_bs16_4bit_nc_slots_nc",
+                   "b32_l131072_g8_bs16_4bit_nc_slots_nc")
+      for metric, value in (("frac_of_read", 0.80), ("speedup_vs_bf16", 3.2))],
+    ("b16_l32768_g8_bs16_k8v4_slots", "frac_of_read", ">=", 0.80, "issue 33"),
+    ("b16_l32768_g8_bs16_k3v4_nc_slots_nc", "frac_of_read", ">=", 0.70, "issue 33"),
+    ("b16_l32768_g8_bs16_3bit_nc_slots_nc", "frac_of_read", ">=", 0.70, "issue 33"),
     *[(f"b16_l32768_hq12_hk2_d256_bs16_{preset}", "frac_of_read", ">=", 0.65, "issue 28")
       for preset in ("k3v4_nc", "3bit_nc", "k8v4")],
     (HEADLINE, "us_vs_reference", "<=", 1.02, "issue 28"),
@@ -229,7 +236,7 @@ def merge(tq_parts, bf16_parts, shapes, crashed, commit):
         bf16_b2b = b.get("back_to_back_us") if bf16_us is not None else None
         records.append({
             **{k: shape.get(k) for k in ("preset", "B", "L", "Hq", "Hk", "D", "block_size", "lengths", "max_model_len",
-                                         "scores", "q_len", "tp")},
+                                         "scores", "q_len", "tp", "order", "norm_correction")},
             "name": r["name"], "status": r.get("status"), "request": r.get("request", ""), "path": r.get("path", ""),
             "kernel": r.get("kernel", ""), "reason": r.get("reason", ""), "partitions": r.get("partitions"),
             "tokens": r.get("tokens", plan.get("tokens")), "bytes": r.get("bytes", plan.get("bytes")),
@@ -361,7 +368,8 @@ def query_tokens_lines(records):
     varlen = [r for r in ok if r["request"] == "varlen"]
     if not varlen:
         return []
-    same = ("preset", "B", "L", "Hq", "Hk", "D", "block_size", "lengths", "max_model_len", "scores")
+    same = ("preset", "B", "L", "Hq", "Hk", "D", "block_size", "lengths", "max_model_len", "scores", "order",
+            "norm_correction")
     lines = ["## Several query tokens per sequence (single step)", "",
              "Each sequence has q_len new tokens. varlen: one call of the varlen entry; rows: the same tokens as rows "
              "of the one-token entry (a row per token over its own prefix), as engines send them without it; q_len 1: "
@@ -399,6 +407,27 @@ def query_tokens_lines(records):
                      f"{ratio(r['tq_us'], single_us)} | {fmt(scalar_us, '.1f', ' us')} | {ratio(r['tq_us'], scalar_us)} | "
                      f"{fmt(bf16_floor_us(r), '.1f', ' us')} | {ratio(bf16_floor_us(r), r['tq_us'])} | "
                      f"{fmt(tflops(r), '.1f')} |")
+    return lines + [""]
+
+
+def token_slots_lines(records):
+    """The token_slots rows (vLLM's CUDA cache) beside the same shape in the blocks order."""
+    slots = [r for r in records if r.get("order") == "token_slots" and r["status"] == "ok" and r["q_len"] == 1]
+    if not slots:
+        return []
+    blocks = {(r["preset"], r["B"], r["L"], r["Hq"], r["Hk"], r["D"], r["block_size"], r["request"]): r
+              for r in records if r.get("order") == "blocks" and r["status"] == "ok" and r["q_len"] == 1
+              and r["lengths"] == "uniform" and r["scores"] == "flat" and not r["max_model_len"]}
+    lines = ["## token_slots order (the layout vLLM writes on CUDA GPUs; single step)", "",
+             "| shape | request | norm correction | path | time | % of read ceiling | bf16 | speedup | "
+             "blocks order, same shape |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in slots:
+        same = blocks.get((r["preset"], r["B"], r["L"], r["Hq"], r["Hk"], r["D"], r["block_size"], r["request"]))
+        lines.append(f"| {r['name']} | {r['request']} | {'yes' if r['norm_correction'] else 'no'} | "
+                     f"{' '.join(filter(None, (r['path'], r['kernel'])))} | {fmt(r['tq_us'], '.1f', ' us')} | "
+                     f"{percent(r['frac_of_read'])} | {fmt(r['bf16_us'], '.1f', ' us')} | "
+                     f"{fmt(r['speedup_vs_bf16'], '.2f', 'x')} | "
+                     f"{fmt(same and same['tq_us'], '.1f', ' us')} {percent(same and same['frac_of_read'])} |")
     return lines + [""]
 
 
@@ -457,6 +486,7 @@ def write_markdown(path, meta, records, engine, targets, bf16_parts):
         lines.append("")
 
     lines += query_tokens_lines(records)
+    lines += token_slots_lines(records)
 
     shards = sorted((r for r in records if r["tp"] and r["request"] == "automatic"),
                     key=lambda r: (r["tp"], -r["B"] * r["L"], r["B"]))

@@ -32,7 +32,8 @@ BLOCK_SIZES = (16, 32, 64, 128)
 MAX_GROUP = 16
 REQUESTS = ("automatic", "hopper", "cuda_generic", "cuda_generic_scalar")
 DEFAULTS = {"lengths": "uniform", "max_model_len": None, "scores": "flat", "q_len": 1, "tp": None,
-            "back_to_back": False, "engine": False, "requests": ["automatic"], "quick": False}
+            "back_to_back": False, "engine": False, "requests": ["automatic"], "quick": False, "order": "blocks",
+            "norm_correction": False}
 REQUIRED = ("name", "preset", "B", "L", "Hq", "Hk", "D", "block_size")
 
 
@@ -72,7 +73,11 @@ def check_shape(raw, where):
         raise ShapeError(f"{where}: Hq / Hk must be a whole group of 1 to {MAX_GROUP}")
     if shape["lengths"] not in ("uniform", "ragged") or shape["scores"] not in ("flat", "peaked"):
         raise ShapeError(f"{where}: lengths must be uniform or ragged, scores flat or peaked")
-    for key in ("back_to_back", "engine", "quick"):
+    if shape["order"] not in ("blocks", "token_slots"):
+        raise ShapeError(f"{where}: order must be blocks or token_slots")
+    if shape["norm_correction"] and (shape["order"] != "token_slots" or PRESETS[shape["preset"]][2]):
+        raise ShapeError(f"{where}: norm_correction needs order token_slots and MSE keys")
+    for key in ("back_to_back", "engine", "quick", "norm_correction"):
         if not isinstance(shape[key], bool):
             raise ShapeError(f"{where}: \"{key}\" must be true or false")
     requests = shape["requests"]

@@ -465,6 +465,8 @@ std::string shape_json(const Shape& s, const InstancePlan& p) {
   out += ", \"max_model_len\": " + (s.max_model_len > 0 ? std::to_string(s.max_model_len) : std::string("null"));
   out += ", \"scores\": " + json_string(scores_name(s.scores)) + ", \"q_len\": " + std::to_string(s.q_len);
   out += ", \"tp\": " + (s.tp > 0 ? std::to_string(s.tp) : std::string("null"));
+  out += ", \"order\": " + json_string(tqdecode::cache_order_name(s.order));
+  out += ", \"norm_correction\": " + std::string(s.norm_correction ? "true" : "false");
   out += ", \"tokens\": " + std::to_string(p.tokens) + ", \"max_len\": " + std::to_string(p.max_len);
   out += ", \"table_width\": " + std::to_string(p.table_width) + ", \"blocks\": " + std::to_string(p.blocks);
   out += ", \"cache_bytes\": " + std::to_string(p.cache_bytes) + ", \"bytes\": " + std::to_string(p.bytes);

@@ -212,17 +212,18 @@ bool tensor_core_serves(int head_dim);
 /// rows per kv head (the group x the query tokens of a sequence: head tiles
 /// by tensor_core_head_tiles) and head size needs, in the wide-table shape
 /// with `kv_heads_per_cta` kv heads (4-bit keys at D = 128, sm_90) or in the
-/// narrow configuration: dynamic shared memory, and the CTAs per SM its
-/// launch bounds plan for (shape.cuh's KernelShape and SharedLayout).
+/// narrow configuration (the only one for token_slots caches, whose stages
+/// are larger): dynamic shared memory, and the CTAs per SM its launch bounds
+/// plan for (shape.cuh's KernelShape and SharedLayout).
 struct KernelFootprint {
   int shared_bytes;
   int planned_ctas_per_sm;
 };
 KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head_dim, bool wide_table,
-                                      int kv_heads_per_cta);
+                                      int kv_heads_per_cta, bool token_slots = false);
 /// The narrow configuration's footprint (one kv head per CTA).
-inline KernelFootprint narrow_footprint(Preset preset, int rows_per_head, int head_dim = 128) {
-  return tensor_core_footprint(preset, rows_per_head, head_dim, false, 1);
+inline KernelFootprint narrow_footprint(Preset preset, int rows_per_head, int head_dim = 128, bool token_slots = false) {
+  return tensor_core_footprint(preset, rows_per_head, head_dim, false, 1, token_slots);
 }
 
 }  // namespace tqdecode::cuda

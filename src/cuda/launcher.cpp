@@ -79,10 +79,11 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   if (request == PathRequest::hopper || (request == PathRequest::automatic && not_hopper.empty())) {
     const cuda::GridChoice grid = cuda::choose_grid(DecodePath::hopper, args.layout.preset, rows_per_head, row_tile_batch,
                                                     args.layout.num_kv_heads, max_context, device.sm_count,
-                                                    args.layout.head_dim);
+                                                    args.layout.head_dim, args.layout.token_slots());
     const std::string reason = (request == PathRequest::hopper ? std::string("requested")
                                                                : std::string(preset_info(args.layout.preset).name) +
-                                                                     ", D=" + std::to_string(args.layout.head_dim) + " on sm_90") +
+                                                                     ", D=" + std::to_string(args.layout.head_dim) + " on sm_90" +
+                                                                     (args.layout.token_slots() ? ", token_slots order" : "")) +
                                row_tiles_text(args);
     return {DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
             grid.kv_heads_per_cta};
@@ -98,8 +99,10 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     plan.generic_kernel = GenericKernel::tensor_core;
     plan.num_partitions = cuda::choose_num_partitions(
         row_tile_batch, args.layout.num_kv_heads, max_context, device.sm_count,
-        cuda::narrow_resident_ctas(args.layout.preset, rows_per_head, device, args.layout.head_dim));
-    plan.reason = reason + "; the tensor-core kernel (narrow configuration)" + row_tiles_text(args);
+        cuda::narrow_resident_ctas(args.layout.preset, rows_per_head, device, args.layout.head_dim,
+                                   args.layout.token_slots()));
+    plan.reason = reason + "; the tensor-core kernel (narrow configuration" +
+                  (args.layout.token_slots() ? ", token_slots order)" : ")") + row_tiles_text(args);
   } else if (args.varlen()) {
     plan.reason = reason + "; the scalar kernel: " + not_tensor_core;
     plan_scalar_query_tiles(args, device, plan);

@@ -63,7 +63,12 @@ int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wi
 }
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
-                       int max_context_tokens, int sm_count, int head_dim) {
+                       int max_context_tokens, int sm_count, int head_dim, bool token_slots) {
+  if (path == DecodePath::hopper && token_slots) {
+    return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
+                                  tensor_core_footprint(preset, group_size, head_dim, false, 1, true).planned_ctas_per_sm),
+            false};
+  }
   // The wide shape streams faster per SM but exposes every wave's
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
@@ -136,13 +141,17 @@ namespace {
 
 // What the tensor-core kernel needs in every configuration, whatever the device.
 std::string tensor_core_layout_unsupported_reason(const DecodeArgs& args, const char* kernel) {
-  if (args.layout.token_slots()) {
-    return std::string("token_slots layout: the ") + kernel + " reads the blocks order only";
-  }
   if (!tensor_core_serves(args.layout.head_dim)) {
     return "head_dim " + std::to_string(args.layout.head_dim) + ": the " + kernel + " serves 64, 128 and 256";
   }
-  if (args.layout.block_stride % 16 != 0 || reinterpret_cast<std::uintptr_t>(args.cache) % 16 != 0) {
+  // token_slots: the copies take each slot's aligned 16-byte windows, none
+  // before the cache's start when the pointer is aligned; any even strides.
+  if (args.layout.token_slots()) {
+    if (reinterpret_cast<std::uintptr_t>(args.cache) % 16 != 0) {
+      return std::string("token_slots cache pointer not a multiple of 16 bytes (the ") + kernel +
+             " copies aligned 16-byte windows of the slots)";
+    }
+  } else if (args.layout.block_stride % 16 != 0 || reinterpret_cast<std::uintptr_t>(args.cache) % 16 != 0) {
     return std::string("cache pointer or block_stride not a multiple of 16 bytes (the ") + kernel + " uses 16-byte loads)";
   }
   if (args.layout.block_stride >= (std::int64_t{1} << 31)) {
@@ -162,8 +171,8 @@ std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& 
   return tensor_core_layout_unsupported_reason(args, "Hopper kernel");
 }
 
-int narrow_resident_ctas(Preset preset, int group_size, const DeviceInfo& device, int head_dim) {
-  const KernelFootprint footprint = narrow_footprint(preset, group_size, head_dim);
+int narrow_resident_ctas(Preset preset, int group_size, const DeviceInfo& device, int head_dim, bool token_slots) {
+  const KernelFootprint footprint = narrow_footprint(preset, group_size, head_dim, token_slots);
   if (footprint.shared_bytes > device.shared_per_block) return 0;
   constexpr int kReservedPerCta = 1024;  // shared memory the system keeps per resident CTA (sm_80 and newer)
   return std::min(footprint.planned_ctas_per_sm, device.shared_per_sm / (footprint.shared_bytes + kReservedPerCta));
@@ -174,10 +183,13 @@ std::string generic_tensor_core_unsupported_reason(const DecodeArgs& args, const
     return "device is sm_" + std::to_string(device.cc_major * 10 + device.cc_minor) + "; the tensor-core kernel needs sm_80 or newer";
   }
   if (std::string layout = tensor_core_layout_unsupported_reason(args, "tensor-core kernel"); !layout.empty()) return layout;
-  if (narrow_resident_ctas(args.layout.preset, tensor_core_rows_per_head(args), device, args.layout.head_dim) == 0) {
+  const bool token_slots = args.layout.token_slots();
+  if (narrow_resident_ctas(args.layout.preset, tensor_core_rows_per_head(args), device, args.layout.head_dim,
+                           token_slots) == 0) {
     return "the tensor-core kernel's CTA needs " +
-           std::to_string(
-               narrow_footprint(args.layout.preset, tensor_core_rows_per_head(args), args.layout.head_dim).shared_bytes) +
+           std::to_string(narrow_footprint(args.layout.preset, tensor_core_rows_per_head(args), args.layout.head_dim,
+                                           token_slots)
+                              .shared_bytes) +
            " bytes of shared memory; the device allows " + std::to_string(device.shared_per_block);
   }
   return {};

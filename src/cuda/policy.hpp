@@ -107,9 +107,11 @@ struct GridChoice {
 /// SM. Groups over
 /// kHeadsPerTile (two head tiles) take the wide table (12 warps, one kv head
 /// per CTA) whatever the grid: the narrow one is also one CTA per SM there.
-/// Head sizes 64 and 256 have the narrow configuration only.
+/// Head sizes 64 and 256 have the narrow configuration only, and so do
+/// token_slots caches (`token_slots`: one kv head per CTA, with that
+/// order's stages).
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
-                       int max_context_tokens, int sm_count, int head_dim = 128);
+                       int max_context_tokens, int sm_count, int head_dim = 128, bool token_slots = false);
 
 /// Largest batch * N over batch <= max_batch and every grid a path plans
 /// (Hk kv heads per grid row, or Hk / h with h per CTA): the partition
@@ -122,7 +124,8 @@ std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& 
 /// Resident CTAs per SM of the tensor-core kernel's narrow configuration on
 /// `device` (its planned count, or fewer where shared memory holds fewer);
 /// 0 where not even one CTA fits.
-int narrow_resident_ctas(Preset preset, int group_size, const DeviceInfo& device, int head_dim = 128);
+int narrow_resident_ctas(Preset preset, int group_size, const DeviceInfo& device, int head_dim = 128,
+                         bool token_slots = false);
 
 /// Empty when the generic path's tensor-core kernel (GenericKernel) serves
 /// these arguments on `device`, else why not.

@@ -184,6 +184,20 @@ std::vector<DecodeCase> decode_cases() {
   }
   cases.push_back({"slots_4bit_renorm_b48_waves", p4, 64, 8, 128, 16, random_lengths(48, 2000, 22), 0, false,
                    DType::bf16, 1.0f, CacheOrder::token_slots, true});
+  // vLLM's shapes: 8 kv heads, and the 1- and 2-kv-head shards (slot
+  // offsets at every residue mod 16); groups over 8 at D = 128 (two head tiles).
+  cases.push_back({"slots_4bit_renorm_hk8_g8_bs16", p4, 64, 8, 128, 16, random_lengths(6, 3000, 24), 0, false,
+                   DType::bf16, 1.0f, CacheOrder::token_slots, true});
+  cases.push_back({"slots_4bit_raw_hk1_g8", p4, 8, 1, 128, 16, {2047, 1, 513}, 0, true, DType::f16, 1.0f,
+                   CacheOrder::token_slots, false});
+  cases.push_back({"slots_k3v4_renorm_hk2_g8", Preset::turboquant_k3v4_nc, 16, 2, 128, 16, {1999, 40}, 0, false,
+                   DType::bf16, 1.0f, CacheOrder::token_slots, true});
+  cases.push_back({"slots_3bit_renorm_hk1_g16_d128", Preset::turboquant_3bit_nc, 16, 1, 128, 32, {1500, 3}, 0, true,
+                   DType::bf16, 1.0f, CacheOrder::token_slots, true});
+  cases.push_back({"slots_4bit_renorm_g12_d128_padded", p4, 24, 2, 128, 16, {777, 2100}, 32, false, DType::f16, 1.0f,
+                   CacheOrder::token_slots, true, false, 6});
+  cases.push_back({"slots_k8v4_hk1_g8_d128", Preset::turboquant_k8v4, 8, 1, 128, 64, {3001, 65}, 0, false,
+                   DType::bf16, 1.0f, CacheOrder::token_slots, false});
   cases.push_back({"slots_k8v4_b40_waves_heads_major", Preset::turboquant_k8v4, 64, 8, 128, 16,
                    random_lengths(40, 1500, 23), 16, true, DType::bf16, 1.0f, CacheOrder::token_slots, false, true});
   const Preset others[] = {Preset::turboquant_k3v4_nc, Preset::turboquant_3bit_nc, Preset::turboquant_k8v4};
@@ -244,10 +258,15 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
                                                         : "";
   std::printf("[ path     ] %s: %s (%s), N = %d%s\n", c.name.c_str(), decode_path_name(choice.path),
               choice.reason.c_str(), plan.num_partitions, shape.c_str());
-  if (c.order == CacheOrder::token_slots) {  // the tensor-core kernels read the blocks order only
-    EXPECT_EQ(plan.path, DecodePath::cuda_generic);
-    EXPECT_EQ(plan.generic_kernel, GenericKernel::scalar);
-    EXPECT_NE(plan.reason.find("token_slots layout"), std::string::npos) << plan.reason;
+  if (c.order == CacheOrder::token_slots) {  // the tensor-core kernels read both orders
+    if (is_available()) {
+      EXPECT_EQ(plan.path, DecodePath::hopper) << plan.reason;
+    } else {
+      EXPECT_EQ(plan.generic_kernel, GenericKernel::tensor_core) << plan.reason;
+    }
+    EXPECT_NE(plan.reason.find("token_slots order"), std::string::npos) << plan.reason;
+    EXPECT_FALSE(plan.wide_table);
+    EXPECT_EQ(plan.kv_heads_per_cta, 1);
   }
   decode(device.args(), workspace);
   const std::vector<float> automatic = device.output();
@@ -330,8 +349,8 @@ TEST(DecodeGpuPath, GenericPathTakesTheTensorCoreKernelOnSm80AndNewerUnlessTheSc
 
 // Capture one decode in a CUDA graph, then change seq_lens and block tables in
 // place and replay: each replay must equal an eager call on the same inputs.
-// Every path, in the blocks order, and a token_slots cache (padded,
-// renormalized keys: the scalar kernel whatever the request).
+// Every path, in the blocks order and for a token_slots cache (padded,
+// renormalized keys).
 TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
   TQ_SKIP_WITHOUT_GPU();
   const std::vector<int> captured_lengths = {3000, 1, 700, 2222, 0, 1500};
@@ -340,7 +359,8 @@ TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
                          DType::bf16, 1.0f, CacheOrder::token_slots, true, false, 2};
   for (const auto& [c, request] :
        {std::pair{blocks, PathRequest::automatic}, std::pair{blocks, PathRequest::cuda_generic},
-        std::pair{blocks, PathRequest::cuda_generic_scalar}, std::pair{slots, PathRequest::automatic}}) {
+        std::pair{blocks, PathRequest::cuda_generic_scalar}, std::pair{slots, PathRequest::automatic},
+        std::pair{slots, PathRequest::cuda_generic}, std::pair{slots, PathRequest::cuda_generic_scalar}}) {
     SCOPED_TRACE(c.name + " request " + std::to_string(static_cast<int>(request)));
     const Scenario scenario = build(c);
     DeviceScenario device(scenario);
@@ -365,36 +385,51 @@ TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
   }
 }
 
-// A token_slots cache: the Hopper kernel refuses it naming the order (an
-// Error naming `path` when asked for), the generic path plans its scalar
-// kernel, and the same shapes in the blocks order are planned apart (the
-// plan cache keys on the order).
-TEST(DecodeGpuPath, TokenSlotsCachesTakeTheScalarKernelWithAReasonNamingTheOrder) {
+// A token_slots cache: the Hopper kernel and the generic path's tensor-core
+// kernel serve it, naming the order; a cache pointer that is even but not
+// 16-byte aligned takes the scalar kernel, which says why, and decodes
+// correctly; the same shapes in the blocks order are planned apart (the plan
+// cache keys on the order).
+TEST(DecodeGpuPath, TokenSlotsCachesTakeTheTensorCoreKernelsNamingTheOrder) {
   TQ_SKIP_WITHOUT_GPU();
-  DecodeCase c{"path", Preset::turboquant_4bit_nc, 32, 8, 128, 16, {100}};
+  DecodeCase c{"path", Preset::turboquant_4bit_nc, 32, 8, 128, 16, {100, 37}};
   c.order = CacheOrder::token_slots;
   c.renormalize = true;
   const Scenario slots = build(c);
   DeviceScenario slots_device(slots);
-  try {
-    plan_decode(slots_device.args(), PathRequest::hopper);
-    ADD_FAILURE() << "the Hopper kernel accepted a token_slots cache";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.argument(), "path");
-    if (is_available()) {  // on sm_90 the order is the reason; elsewhere the device comes first
-      EXPECT_NE(std::string(error.what()).find("token_slots layout"), std::string::npos) << error.what();
-    }
+  if (is_available()) {
+    EXPECT_EQ(plan_decode(slots_device.args(), PathRequest::hopper).path, DecodePath::hopper);
+    const LaunchPlan automatic = plan_decode(slots_device.args());
+    EXPECT_EQ(automatic.path, DecodePath::hopper);
+    EXPECT_NE(automatic.reason.find("token_slots order"), std::string::npos) << automatic.reason;
   }
   const LaunchPlan generic = plan_decode(slots_device.args(), PathRequest::cuda_generic);
   EXPECT_EQ(generic.path, DecodePath::cuda_generic);
-  EXPECT_EQ(generic.generic_kernel, GenericKernel::scalar);
-  EXPECT_NE(generic.reason.find("token_slots layout"), std::string::npos) << generic.reason;
+  EXPECT_EQ(generic.generic_kernel, GenericKernel::tensor_core) << generic.reason;
+  EXPECT_NE(generic.reason.find("token_slots order"), std::string::npos) << generic.reason;
+
+  // The same bytes 2 bytes past a 16-byte boundary.
+  std::uint8_t* shifted = nullptr;
+  ASSERT_EQ(cudaMalloc(&shifted, slots.cache.size() + 16), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(shifted + 2, slots.cache.data(), slots.cache.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  DecodeArgs args = slots_device.args();
+  args.cache = shifted + 2;
+  const LaunchPlan unaligned = plan_decode(args);
+  EXPECT_EQ(unaligned.path, DecodePath::cuda_generic);
+  EXPECT_EQ(unaligned.generic_kernel, GenericKernel::scalar);
+  EXPECT_NE(unaligned.reason.find("token_slots cache pointer not a multiple of 16"), std::string::npos)
+      << unaligned.reason;
+  DecodeWorkspace workspace;
+  slots_device.poison_output();
+  decode(args, workspace);
+  expect_close(slots_device.output(), slots.reference_output(), "token_slots cache at a 2-byte offset");
+  cudaFree(shifted);
 
   c.order = CacheOrder::blocks;
   const Scenario blocks = build(c);
   DeviceScenario blocks_device(blocks);
   EXPECT_EQ(plan_decode(blocks_device.args()).reason.find("token_slots"), std::string::npos);
-  EXPECT_NE(plan_decode(slots_device.args()).reason.find("token_slots layout"), std::string::npos);
+  EXPECT_NE(plan_decode(slots_device.args()).reason.find("token_slots"), std::string::npos);
 }
 
 // A pool sized for one bucket serves every batch up to it from the same pointers.

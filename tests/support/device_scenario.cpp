@@ -79,8 +79,11 @@ DecodeArgs DeviceScenario::args() const {
 }
 
 void DeviceScenario::poison_output() {
-  // 0xffff is a NaN in both fp16 and bf16.
+  // 0xffff is a NaN in both fp16 and bf16. cudaMemset is asynchronous on the
+  // legacy stream, which a non-blocking stream (graph replays) does not wait
+  // for: the poison must have landed before the call under test runs.
   TQ_CUDA_CHECK(cudaMemset(buffers_->output, 0xff, buffers_->output_elements * sizeof(std::uint16_t)));
+  TQ_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 std::vector<float> DeviceScenario::output() const {

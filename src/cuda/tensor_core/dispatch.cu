@@ -20,10 +20,10 @@ namespace {
 __global__ void tensor_core_probe_kernel() {}
 
 // An instance's entry of the shape table.
-template <int HeadDim, int HeadTiles, tensor_core::CacheFormat Format, bool Wide, int HeadsPerCta>
+template <int HeadDim, int HeadTiles, tensor_core::CacheFormat Format, bool Wide, int HeadsPerCta, bool Slots = false>
 constexpr KernelFootprint footprint_of() {
-  return {tensor_core::SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>::kBytes,
-          tensor_core::KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas};
+  return {tensor_core::SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kBytes,
+          tensor_core::KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kResidentCtas};
 }
 
 }  // namespace
@@ -44,12 +44,18 @@ void launch_decode_tensor_core(const FusedDecodeParams& params, CUstream_st* str
 }
 
 KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head_dim, bool wide_table,
-                                      int kv_heads_per_cta) {
+                                      int kv_heads_per_cta, bool token_slots) {
   using tensor_core::CacheFormat;
   return visit_preset(preset, [&]<Preset P>() -> KernelFootprint {
     constexpr CacheFormat kFormat = tensor_core::cache_format(P);
     return visit_head_dim(head_dim, [&]<int HeadDim>() -> KernelFootprint {
       const int head_tiles = tensor_core_head_tiles(rows_per_head, HeadDim);
+      if (token_slots) {  // the narrow configuration, one kv head per CTA (launch_for_group)
+        if constexpr (HeadDim != 256) {
+          if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, false, 1, true>();
+        }
+        return footprint_of<HeadDim, 1, kFormat, false, 1, true>();
+      }
       if constexpr (kFormat == CacheFormat::mse4 && HeadDim == 128) {  // the wide-table shapes
         if (wide_table) {
           if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, true, 1>();

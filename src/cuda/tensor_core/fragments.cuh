@@ -64,6 +64,23 @@ __device__ __forceinline__ T load_shared(const std::uint8_t* address) {
   return *reinterpret_cast<const T*>(address);
 }
 
+template <typename T>
+__device__ __forceinline__ void store_shared(std::uint8_t* address, T value) {
+  *reinterpret_cast<T*>(address) = value;
+}
+
+// A 32-bit store at a shared-memory address (the rings' precomputed addresses).
+__device__ __forceinline__ void store_shared_u32(std::uint32_t shared_address, std::uint32_t value) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(shared_address), "r"(value) : "memory");
+}
+
+// The squares of an fp16 pair.
+__device__ __forceinline__ std::uint32_t square_f16x2(std::uint32_t x) {
+  std::uint32_t result;
+  asm("mul.rn.f16x2 %0, %1, %1;" : "=r"(result) : "r"(x));
+  return result;
+}
+
 // `x` through a move the compiler cannot see into, so it keeps the value in
 // a register instead of recomputing it from the thread index in the loop.
 __device__ __forceinline__ std::uint32_t opaque(std::uint32_t x) {

@@ -127,12 +127,13 @@ namespace tqdecode::cuda::tensor_core {
 // through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
 // HeadsPerCta: kv heads per CTA (2, 4 or 8: the wide shape for large grids;
 // 2: the other presets' 16-warp CTA).
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool Slots>
 __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, const CacheTensorMaps& maps) {
   constexpr bool kFp8 = Format == CacheFormat::fp8;
-  using Shared = SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
+  using Shared = SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>;
   using Layout = typename Shared::Layout;
-  using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
+  using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>;
+  constexpr int kStages = Shape::kStages;
   constexpr int kDimTiles = Shape::kDimTiles;
   constexpr int kWarps = Shape::kWarps;
   constexpr int kRows = Shape::kRows;
@@ -354,6 +355,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     // The bulk-copy shapes take the host's product; the narrow ones keep
     // their loops (KernelShape::kHalfScaledProbabilities).
     const float score_scale = kBulkCopy ? params.scale_log2 : p.scale * kLog2e;
+    // token_slots with norm correction (docs/FORMAT.md section 4b): keys over their centroid vectors' norms.
+    constexpr bool kRenormalizes = Slots && !kFp8;
+    const bool renormalize = kRenormalizes && p.layout.renormalize_keys;
+    [[maybe_unused]] const float centroid_scale = power_of_two(table_exponent);
     const int mask_from = cta_mask_from;
 
     // The warp's k-th tile, in ring stage stage_index = k % kStages (a
@@ -361,7 +366,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     const auto stream_tile = [&](int k, auto stage_index, unsigned phase) {
       ring.advance(k, stage_index, phase);
       const int stage_id = stage_index;
-      const std::uint8_t* stage = shared + ring.ring_offset + stage_id * Shared::kStageStride;
+      std::uint8_t* stage = shared + ring.ring_offset + stage_id * Shared::kStageStride;
+      ring.repack(stage);
       const std::uint8_t* fields =
           kBulkCopy ? shared + ring.fields_offset + stage_id * Shared::kFieldsStride : stage + Layout::kMetaOffset;
       const int tile_token = ring.tile_token(k);
@@ -374,8 +380,18 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;
         score_odd[nt][0] = score_odd[nt][1] = score_odd[nt][2] = score_odd[nt][3] = 0.0f;
       }
-      key_scores<Shape, Layout, Format>(stage, operands.key_offset, operands.key_word, operands.key_low_selector,
-                                        operands.key_high_selector, qb, lane_lut, lut, score, score_odd);
+      // token_slots keys renormalized at decode: with the sums of their squared centroids.
+      float square[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const auto scores = [&]<bool SquareSums>() {
+        key_scores<Shape, Layout, Format, SquareSums>(stage, operands.key_offset, operands.key_word,
+                                                      operands.key_low_selector, operands.key_high_selector, qb,
+                                                      lane_lut, lut, score, score_odd, square);
+      };
+      if (kRenormalizes && renormalize) {
+        scores.template operator()<kRenormalizes>();
+      } else {
+        scores.template operator()<false>();
+      }
 
       // Per-token fields of tokens g and g + 8: field `field` of token index
       // 8 j + g. The bulk-copy shapes take it as token token_at(g) + 8 j
@@ -394,6 +410,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
           norm_scale[j] = score_scale;  // fp8 keys carry no norm
         } else {
           norm_scale[j] = __half2float(token_field(Layout::kNormField, j)) * score_scale;
+          // The stored norm is ||k||: over ||c|| = sqrt(square) 2^-table_exponent (0 for a zero centroid vector).
+          if (kRenormalizes && renormalize) {
+            norm_scale[j] *= square[2 * j] > 0.0f ? rsqrtf(square[2 * j]) * centroid_scale : 0.0f;
+          }
         }
         if constexpr (kHalfScaled) {
           value_scale[j] = token_field(Layout::kValueScaleField, j);
@@ -451,22 +471,22 @@ constexpr bool kBelowSm90 = false;
 // The wide-table and two-kv-head configurations need sm_90's shared memory
 // per CTA (155 KB and more) and are never launched below it (policy.cpp), so
 // their sm_80 code is a trap.
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta>
-__global__ void __launch_bounds__(KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>::kThreads,
-                                  KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>::kResidentCtas)
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool Slots>
+__global__ void __launch_bounds__(KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kThreads,
+                                  KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kResidentCtas)
     decode_kernel(const __grid_constant__ FusedDecodeParams params, const __grid_constant__ CacheTensorMaps maps) {
   if constexpr ((Wide || HeadsPerCta > 1) && kBelowSm90) {
     __trap();
   } else {
-    decode_cta<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>(params, maps);
+    decode_cta<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>(params, maps);
   }
 }
 
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta = 1>
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta = 1, bool Slots = false>
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
-  using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
-  constexpr auto kernel = decode_kernel<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
-  constexpr int kBytes = SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>::kBytes;
+  using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>;
+  constexpr auto kernel = decode_kernel<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>;
+  constexpr int kBytes = SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kBytes;
   allow_dynamic_shared_memory<kernel>(kBytes);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(params.partitions.num_partitions * params.row_tiles,
@@ -492,6 +512,12 @@ template <int HeadDim, CacheFormat Format>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
   const int head_tiles = tensor_core_head_tiles(group * params.rows.max_query_len, HeadDim);
+  if (params.partitions.layout.token_slots()) {  // the narrow configuration, one kv head per CTA
+    if constexpr (HeadDim != 256) {
+      if (head_tiles == 2) return launch<HeadDim, 2, Format, false, 1, true>(params, stream);
+    }
+    return launch<HeadDim, 1, Format, false, 1, true>(params, stream);
+  }
   if constexpr (HeadDim != 128) {
     if constexpr (HeadDim == 64) {
       if (head_tiles == 2) return launch<HeadDim, 2, Format>(params, stream);

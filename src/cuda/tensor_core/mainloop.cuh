@@ -101,14 +101,25 @@ struct LaneOperands {
 // k-steps): rows are tokens g and g + 8, columns heads 2c, 2c + 1. `lut` and
 // `lane_lut` are the key lookup table and the lane's byte offset in a row
 // (MSE keys); the offsets and the key selectors (3-bit keys at D = 64) are
-// the lane's, from the stage (kernel.cuh).
-template <class Shape, class Layout, CacheFormat Format, int KeyWordLoads>
+// the lane's, from the stage (kernel.cuh). SquareSums (token_slots keys
+// renormalized at decode, MSE keys): `square` also gets the sums of the
+// squared table values of tokens g (elements 0, 1) and g + 8 (2, 3), by one
+// more mma per k-step against ones, in fp32.
+template <class Shape, class Layout, CacheFormat Format, bool SquareSums, int KeyWordLoads>
 __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int (&key_offset)[2][Layout::kKeyLoads],
                                            const int (&key_word)[KeyWordLoads], std::uint32_t key_low_selector,
                                            std::uint32_t key_high_selector,
                                            const std::uint32_t (&qb)[Shape::kHeadTiles][Shape::kDimTiles][2],
                                            std::uint32_t lane_lut, const std::uint8_t* lut,
-                                           float (&score)[Shape::kHeadTiles][4], float (&score_odd)[Shape::kHeadTiles][4]) {
+                                           float (&score)[Shape::kHeadTiles][4], float (&score_odd)[Shape::kHeadTiles][4],
+                                           float (&square)[4]) {
+  static_assert(!SquareSums || Format != CacheFormat::fp8, "fp8 keys are not renormalized");
+  const auto add_squares = [&](const std::uint32_t (&a)[4]) {
+    if constexpr (SquareSums) {
+      const std::uint32_t squares[4] = {square_f16x2(a[0]), square_f16x2(a[1]), square_f16x2(a[2]), square_f16x2(a[3])};
+      mma_f16(square, squares, kHalfOnes, kHalfOnes);
+    }
+  };
   constexpr bool kFp8 = Format == CacheFormat::fp8;
   constexpr int HeadTiles = Shape::kHeadTiles;
   constexpr int HeadDim = Shape::kHeadDim;
@@ -179,6 +190,7 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
                                   lookup(words[1], 12 * ks + 6)};
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
+      add_squares(a);
     }
   } else {
     // The lane's D/32 key words of tokens g and g + 8.
@@ -217,10 +229,12 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
                                      lookup(words_g8[w], 1)};
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(score[nt], even, qb[nt][2 * w][0], qb[nt][2 * w][1]);
+      add_squares(even);
       const std::uint32_t odd[4] = {lookup(words_g[w], 2), lookup(words_g8[w], 2), lookup(words_g[w], 3),
                                     lookup(words_g8[w], 3)};
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(score_odd[nt], odd, qb[nt][2 * w + 1][0], qb[nt][2 * w + 1][1]);
+      add_squares(odd);
     }
   }
 }

@@ -7,15 +7,17 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "../kernel_params.hpp"
 #include "../policy.hpp"
 #include "rotation.cuh"
+#include "slot_tile.cuh"
 #include "tile_layout.cuh"
 
 namespace tqdecode::cuda::tensor_core {
 
-constexpr int kStages = 4;          // tiles in flight per warp
+constexpr int kRingStages = 4;  // a warp's ring: tiles in flight while it computes one
 constexpr float kLn2 = 0.6931471805599453f;
 
 static_assert(kPartitionAlign == kTileTokens, "partition ranges must be whole tiles");
@@ -95,7 +97,11 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// CTA: two CTAs of 8 warps per SM at D = 64 (one or two head tiles), one of
 /// 8 warps at D = 256 (one head tile; its accumulators take as many
 /// registers as two head tiles at D = 128, about 205 a thread).
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
+/// Slots: the token_slots order (slot_tile.cuh), in the narrow configuration
+/// with one kv head per CTA; where its larger stages would not let two CTAs
+/// share an SM (4-bit and fp8 keys at D = 128, one head tile), rings of
+/// three stages.
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1, bool Slots = false>
 struct KernelShape {
   static_assert(HeadDim == 128 || (!Wide && HeadsPerCta == 1 && (HeadDim == 64 || HeadTiles == 1)),
                 "D = 64: the narrow configuration; D = 256: also one head tile");
@@ -105,7 +111,9 @@ struct KernelShape {
                                              : HeadsPerCta == 2 && Format != CacheFormat::mse4)),
                 "two, four or eight kv heads per CTA in the wide shape, two in the narrow one (not 4-bit keys, "
                 "which have the wide shape), with one head tile only");
+  static_assert(!Slots || (!Wide && HeadsPerCta == 1), "token_slots: the narrow configuration, one kv head per CTA");
   static constexpr bool kWideTable = Wide;
+  static constexpr bool kSlots = Slots;
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
   // warps fill the register file (8 leave a third of it idle, and two warps
   // per scheduler to cover the loop's latencies); 16 warps at 128 registers
@@ -116,6 +124,10 @@ struct KernelShape {
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kResidentCtas = kWarps > 8 || HeadDim == 256 ? 1 : 2;
+  static constexpr int kStages =
+      Slots && HeadDim == 128 && HeadTiles == 1 && (Format == CacheFormat::mse4 || Format == CacheFormat::fp8)
+          ? kRingStages - 1
+          : kRingStages;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kHeadTiles = HeadTiles;
   // The S^T product's k-steps and the O^T product's dim tiles (16 dims each).
@@ -161,14 +173,27 @@ struct KernelShape {
 /// (the wide shape keeps the query bits in the rings before the main loop).
 /// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
 /// to an fp16 pair, one copy per lane.
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1>
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1, bool Slots = false>
 struct SharedLayout {
-  using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta>;
+  using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>;
+  static constexpr int kStages = Shape::kStages;
   static constexpr int kCodebookSize = Format == CacheFormat::mse4 ? 16 : three_bit_keys(Format) ? 8 : 0;
   static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
   static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
   static constexpr int kLutBytes = kLutEntries * kLutRowBytes;
   using Layout = TileLayout<Format, HeadDim>;
+  // token_slots: a stage holds the staging rows, repacked in place (slot_tile.cuh).
+  using Slot = SlotTile<Layout, Format>;
+  using IssuePlan = std::conditional_t<Slots, typename Slot::IssuePlan, typename Layout::IssuePlan>;
+  static constexpr int kStageBytes = Slots ? Slot::kStageBytes : Layout::kStageBytes;
+  /// The lane's copy plan for kv head `head` (cp.async rings).
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    if constexpr (Slots) {
+      return Slot::make_plan(p, head, lane);
+    } else {
+      return Layout::make_plan(p, head, lane);
+    }
+  }
   // The rings. With cp.async, warp w's stage s at kLutBytes + (w kStages + s)
   // kStageBytes, fields included. With bulk tensor copies (the wide shape),
   // the tiles' fields first, (w kStages + s) kFieldsStride from kFieldsOffset,
@@ -182,10 +207,10 @@ struct SharedLayout {
   static constexpr int kFieldsOffset = kLutBytes;
   static constexpr int kRecordsOffset = kBulkCopy ? kFieldsOffset + Shape::kWarps * kStages * kFieldsStride : kLutBytes;
   static constexpr int kRecordsAlign = 1024;
-  static constexpr int kStageStride = kBulkCopy ? Shape::kWarps * Layout::kMetaOffset : Layout::kStageBytes;  // a warp's stage s to s + 1
-  static constexpr int kWarpRingStride = kBulkCopy ? Layout::kMetaOffset : kStages * Layout::kStageBytes;     // warp w's ring to w + 1's
+  static constexpr int kStageStride = kBulkCopy ? Shape::kWarps * Layout::kMetaOffset : kStageBytes;  // a warp's stage s to s + 1
+  static constexpr int kWarpRingStride = kBulkCopy ? Layout::kMetaOffset : kStages * kStageBytes;     // warp w's ring to w + 1's
   static constexpr int kRingEnd =
-      kBulkCopy ? kRecordsOffset + kRecordsAlign + kStages * kStageStride : kLutBytes + Shape::kWarps * kStages * Layout::kStageBytes;
+      kBulkCopy ? kRecordsOffset + kRecordsAlign + kStages * kStageStride : kLutBytes + Shape::kWarps * kStages * kStageBytes;
   using Merge = MergeStorage<Shape::kWarpsPerHead, Shape::kCtaRows, HeadDim>;
   // The merge reuses the table and the rings once the stream is done.
   static constexpr int kMainBytes = std::max(kRingEnd, static_cast<int>(sizeof(Merge)));
@@ -209,7 +234,7 @@ struct SharedLayout {
   // compiler does at 128 registers) costs about 70 instructions per tile.
   // Bulk copies need none; they have one barrier per stage.
   static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
-  static constexpr int kPlanBytes = kBulkCopy ? 0 : HeadsPerCta * 32 * static_cast<int>(sizeof(typename Layout::IssuePlan));
+  static constexpr int kPlanBytes = kBulkCopy ? 0 : HeadsPerCta * 32 * static_cast<int>(sizeof(IssuePlan));
   static constexpr int kBarrierOffset = kPlanOffset + kPlanBytes;
   // D = 128: 208384 (4-bit, wide), 210432, 214528 and 222720 (two, four
   // and eight kv heads), 175488 (4-bit, wide, two head tiles), each with up

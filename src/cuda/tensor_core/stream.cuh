@@ -2,7 +2,9 @@
 // 16-token tiles a warp streams, their physical blocks, and the copies that
 // bring each into one of the warp's kStages ring stages: cp.async through a
 // copy plan (tile_layout.cuh), or in the wide shape bulk tensor copies
-// completing on one barrier per stage (bulk_copy.cuh).
+// completing on one barrier per stage (bulk_copy.cuh); in the token_slots
+// order cp.async of each slot's aligned windows, repacked once landed
+// (slot_tile.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +29,8 @@ struct TileRing {
   using Layout = typename Shared::Layout;
   static constexpr bool kBulkCopy = Shape::kBulkCopy;
   static constexpr int kWarpsPerHead = Shape::kWarpsPerHead;
+  static constexpr int kStages = Shape::kStages;
+  using IssuePlan = typename Shared::IssuePlan;
 
   const std::uint8_t* cache;
   std::int64_t block_stride;
@@ -38,11 +42,13 @@ struct TileRing {
   // kFieldsStride and its barrier at barrier_address + 8 s; the copies of
   // its n-th tile complete phase n / kStages of barrier n % kStages.
   std::uint32_t fields_offset, fields_address, barrier_address;
-  typename Layout::IssuePlan plan;         // cp.async: the lane's copy plan
-  typename Layout::IssuePlan* plans;       // cp.async: the plans of the CTA's kv heads, one per lane
+  IssuePlan plan;    // cp.async: the lane's copy plan
+  IssuePlan* plans;  // cp.async: the plans of the CTA's kv heads, one per lane
   const void* records_map;                 // bulk copies: the tensor maps
   const void* fields_map;
   int head, lane, first_tile, count;
+  int num_kv_heads;            // token_slots: the repack's 3-bit leads (TileLayout)
+  std::uint32_t token_stride;  // token_slots: the slots' leads
   // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
   // holds the block of the warp's tile i + j for the window i (a multiple of
   // 32) being issued, `blocks_next` those of the next window, loaded a
@@ -55,7 +61,8 @@ struct TileRing {
   __device__ __forceinline__ TileRing(const PartitionParams& p, const CacheTensorMaps& maps, std::uint8_t* shared,
                                       TokenRange range, int batch, int head, int head_slot, int warp, int head_warp,
                                       int lane)
-      : head(head), lane(lane) {
+      : head(head), lane(lane), num_kv_heads(p.layout.num_kv_heads),
+        token_stride(static_cast<std::uint32_t>(p.layout.token_stride)) {
     block_shift = 31 - __clz(p.layout.block_size);
     block_mask = p.layout.block_size - 1;
     cache = p.cache;
@@ -73,8 +80,8 @@ struct TileRing {
     fields_address = shared_address + fields_offset;
     barrier_address = shared_address + Shared::kBarrierOffset + warp * kStages * 8;
     // One plan per kv head of the CTA, published by the __syncthreads before the main loop.
-    plan = kBulkCopy ? typename Layout::IssuePlan{} : Layout::make_plan(p, head, lane);
-    plans = reinterpret_cast<typename Layout::IssuePlan*>(shared + Shared::kPlanOffset) + 32 * head_slot;
+    plan = kBulkCopy ? IssuePlan{} : Shared::make_plan(p, head, lane);
+    plans = reinterpret_cast<IssuePlan*>(shared + Shared::kPlanOffset) + 32 * head_slot;
     if constexpr (kBulkCopy) {
       if (lane == 0) {
 #pragma unroll
@@ -130,7 +137,7 @@ struct TileRing {
         if (s < count) issue_bulk(s, physical, s);
       } else {
         if (s < count) {
-          issue_tile<Layout>(ring_address + s * Shared::kStageStride, cache, block_stride, __shfl_sync(kFullMask, blocks, s),
+          issue_tile(ring_address + s * Shared::kStageStride, cache, block_stride, __shfl_sync(kFullMask, blocks, s),
                              first_tile + s * kWarpsPerHead, block_mask, plan, lane);
         }
         cp_async_commit();
@@ -157,9 +164,9 @@ struct TileRing {
                    std::integral_constant<int, (StageIndex::value + kStages - 1) % kStages>{});
       } else {
         const int tile = first_tile + ahead * kWarpsPerHead;
-        issue_tile<Layout>(ring_address + (ahead % kStages) * Shared::kStageStride, cache, block_stride,
+        issue_tile(ring_address + (ahead % kStages) * Shared::kStageStride, cache, block_stride,
                            __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask,
-                           typename Layout::IssuePlan(plans[lane]), lane);
+                           IssuePlan(plans[lane]), lane);
       }
     }
     if constexpr (kBulkCopy) {
@@ -167,6 +174,15 @@ struct TileRing {
     } else {
       cp_async_commit();
       cp_async_wait<kStages - 1>();
+      __syncwarp();
+    }
+  }
+
+  /// token_slots: the landed tile in `stage` into the layout's arrangement
+  /// (after advance), visible to the warp on return.
+  __device__ __forceinline__ void repack(std::uint8_t* stage) const {
+    if constexpr (Shape::kSlots) {
+      Shared::Slot::repack(stage, head, num_kv_heads, token_stride, lane);
       __syncwarp();
     }
   }

@@ -202,6 +202,15 @@ __device__ __forceinline__ Plan packed_record_plan(const PartitionParams& p, int
   return Plan::make(p, head, lane, slot_stride, records);
 }
 
+// Where a token_slots tile's repack (slot_tile.cuh) puts the 16-byte
+// chunk k of a token: record bytes record_byte .. + 15 (key data then value
+// data, as in the blocks order; bytes outside the record are never read)
+// at `destination` in a stage, as the layout's cp.async plan would.
+struct RecordChunk {
+  int record_byte;
+  int destination;
+};
+
 template <CacheFormat Format, int HeadDim>
 struct TileLayout;
 
@@ -267,6 +276,11 @@ struct TileLayout<CacheFormat::mse4, HeadDim> {
   }
 
   using IssuePlan = RecordIssuePlan<TokenRunCopy<kRecordBytes / 16, kCopyPeriod>, kFields, kMetaOffset>;
+
+  static constexpr int kRecordChunks = kRecordBytes / 16;
+  __device__ static RecordChunk record_chunk(int token, int k, int /*head*/, int /*num_kv_heads*/) {
+    return {16 * k, chunk_offset<false>(token, k)};
+  }
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
@@ -348,6 +362,12 @@ struct TileLayout<CacheFormat::mse3, 128> {
 
   using IssuePlan = RecordIssuePlan<TokenRunCopy<kRowBytes / 16>, kFields, kMetaOffset>;
 
+  // The row's chunks from the window start, lead(head) bytes before the record.
+  static constexpr int kRecordChunks = kRowBytes / 16;
+  __device__ static RecordChunk record_chunk(int token, int k, int head, int /*num_kv_heads*/) {
+    return {16 * k - lead(head), row_offset(token, 16 * k)};
+  }
+
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
     const auto destination = [](int token, int chunk) { return row_offset(token, 16 * chunk); };
@@ -406,6 +426,11 @@ struct TileLayout<CacheFormat::mse3_v3, 128> {
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const auto destination = [](int token, int chunk) { return row_offset(token, 16 * chunk); };
     return packed_record_plan<IssuePlan, kRecordBytes>(p, head, lane, destination);
+  }
+
+  static constexpr int kRecordChunks = kRecordBytes / 16;
+  __device__ static RecordChunk record_chunk(int token, int k, int /*head*/, int /*num_kv_heads*/) {
+    return {16 * k, row_offset(token, 16 * k)};
   }
 };
 
@@ -477,6 +502,12 @@ struct TileLayout<CacheFormat::mse3, 64> {
         PackedRunCopy<kWindowChunks>::make(slot_stride, head * kRecordBytes, lane, destination, token_lead);
     return IssuePlan::make(p, head, lane, slot_stride, records);
   }
+
+  // Chunk j of the row from the record's start less lead mod 16 (record_offset).
+  static constexpr int kRecordChunks = 4;
+  __device__ static RecordChunk record_chunk(int token, int j, int head, int num_kv_heads) {
+    return {16 * j - (lead(token, head, num_kv_heads) & 15), token * kRowBytes + (((j + token) & 7) << 4)};
+  }
 };
 
 // 3-bit MSE keys, 3-bit values at D = 64 (turboquant_3bit_nc): 48-byte
@@ -538,6 +569,11 @@ struct TileLayout<CacheFormat::mse3_v3, 64> {
     const auto records = TokenRunCopy<4, 1>::make(slot_stride, window_start, lane, destination);
     return IssuePlan::make(p, head, lane, slot_stride, records);
   }
+
+  static constexpr int kRecordChunks = kRecordBytes / 16;
+  __device__ static RecordChunk record_chunk(int token, int j, int /*head*/, int /*num_kv_heads*/) {
+    return {16 * j, record_offset(token, 16 * j)};
+  }
 };
 
 // 3-bit MSE keys at D = 256: records of whole sectors (96 key bytes, then
@@ -579,6 +615,11 @@ struct PackedRecordsD256 {
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     const auto destination = [](int token, int chunk) { return record_offset(token, 16 * chunk); };
     return packed_record_plan<IssuePlan, kRecordBytes>(p, head, lane, destination);
+  }
+
+  static constexpr int kRecordChunks = kRecordBytes / 16;
+  __device__ static RecordChunk record_chunk(int token, int k, int /*head*/, int /*num_kv_heads*/) {
+    return {16 * k, record_offset(token, 16 * k)};
   }
 };
 
@@ -648,13 +689,20 @@ struct TileLayout<CacheFormat::fp8, HeadDim> {
             Values::template copy_plan<kValueArea>(slot_stride, head * kRecordBytes + kKeyBytes, lane),
             FieldChunk<kFields, kMetaOffset>::make(p, head, lane)};
   }
+
+  // The key chunks, then the value chunks.
+  static constexpr int kRecordChunks = kKeyBytes / 16 + HeadDim / 32;
+  __device__ static RecordChunk record_chunk(int token, int k, int /*head*/, int /*num_kv_heads*/) {
+    constexpr int kKeyChunks = kKeyBytes / 16;
+    if (k < kKeyChunks) return {16 * k, key_chunk_offset(token, k)};
+    return {kKeyBytes + 16 * (k - kKeyChunks), kValueArea + Values::chunk_offset(token, k - kKeyChunks)};
+  }
 };
 
 // Copies one tile into a stage: block and first slot from the tile index.
-template <class Layout>
+template <class IssuePlan>
 __device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8_t* cache, std::int64_t block_stride,
-                                           int physical, int tile, int block_mask,
-                                           const typename Layout::IssuePlan& plan, int lane) {
+                                           int physical, int tile, int block_mask, const IssuePlan& plan, int lane) {
   // block_stride < 2^31 (hopper_unsupported_reason) and entries are
   // non-negative: one 32 x 32 -> 64-bit multiply-add.
   const std::uint8_t* block = cache + static_cast<std::uint64_t>(static_cast<std::uint32_t>(physical)) *

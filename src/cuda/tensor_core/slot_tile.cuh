@@ -1,0 +1,189 @@
+// token_slots tiles of the tensor-core kernel (internal; docs/FORMAT.md
+// section 4b): a kv head's slots are only 2-byte aligned (slot sizes such as
+// 134 bytes), so cp.async, which moves aligned 16-byte pieces, brings each
+// token's slot in the aligned windows that cover it into a staging row of the
+// ring stage (the slot starts `lead` bytes into the row). Once the stage has
+// landed, the warp repacks it in place into the arrangement its TileLayout
+// gives the blocks order (record chunks, then the fp16 fields), so the main
+// loop reads both orders with the same code. Only the bytes of the slot are
+// read from the cache: a window's copy stops at the slot's end.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "../device_utils.cuh"
+#include "../kernel_params.hpp"
+#include "fragments.cuh"
+#include "tile_layout.cuh"
+
+namespace tqdecode::cuda::tensor_core {
+
+// cp.async of the first `bytes` (0 to 16) of an aligned 16-byte window; the
+// rest of the destination is zero-filled, and nothing is read for 0.
+__device__ __forceinline__ void cp_async_16_prefix(std::uint32_t shared_address, const std::uint8_t* global, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(global), "r"(bytes)
+               : "memory");
+}
+
+template <class Layout, CacheFormat Format>
+struct SlotTile {
+  static constexpr int kKeyBytes = Layout::kKeyBytes;
+  static constexpr int kRecordBytes = Layout::kRecordBytes;
+  static constexpr int kFields = Layout::kFields;
+  // MSE keys: the key norm sits between the key and the value data.
+  static constexpr int kNormBytes = Format == CacheFormat::fp8 ? 0 : 2;
+  static constexpr int kSlotBytes = kRecordBytes + 2 * kFields;  // even: no rounding
+  // Windows per token: a slot starts up to 14 bytes into its first.
+  static constexpr int kWindows = (14 + kSlotBytes + 15) / 16;
+  static constexpr int kPitch = 16 * kWindows;  // staging row of a token
+  // Then 16 bytes the repack's reads may touch past the last row (a chunk's
+  // second 16-byte unit), and the tile's first lead (a 32-bit word), clear
+  // of what the repack writes.
+  static constexpr int kLeadOffset = (std::max(kTileTokens * kPitch + 16, Layout::kStageBytes) + 15) / 16 * 16;
+  static constexpr int kStageBytes = kLeadOffset + 16;
+  static constexpr int kCopyCount = kTileTokens * kWindows;
+  static constexpr int kCopies = (kCopyCount + 31) / 32;  // per lane
+  // Chunks whose bytes may straddle the key data's end or the record's
+  // bounds are read word by word (3-bit keys at D = 64: 24 key bytes).
+  static constexpr bool kWordWise = kKeyBytes % 16 != 0 || kRecordBytes % 16 != 0;
+
+  /// Offset within a slot of fp16 field `field` (the blocks order's indices).
+  static constexpr int slot_field_offset(int field) {
+    return Format != CacheFormat::fp8 && field == 0 ? kKeyBytes : kRecordBytes + 2 * field;
+  }
+  /// Offset within a slot of record byte `byte` (key data, then value data).
+  __device__ static int slot_byte(int byte) { return byte + (byte >= kKeyBytes ? kNormBytes : 0); }
+
+  // A lane's copies: copy i is window (32 i + lane) % kWindows of token
+  // (32 i + lane) / kWindows, so the windows of a token are neighbouring
+  // lanes of one instruction.
+  struct alignas(16) IssuePlan {
+    std::uint32_t token_stride;
+    std::uint32_t head_offset;  // head * head_stride
+    std::uint32_t source[kCopies];  // the token's slot, from the tile's first slot of kv head 0
+    std::uint32_t window[kCopies];  // destination in a stage (bits 0..15), window start 16 w (bits 16..)
+
+    __device__ void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, int lane) const {
+      const std::uint8_t* tile = block + slot0 * token_stride;  // within a block: < 2^31
+#pragma unroll
+      for (int i = 0; i < kCopies; ++i) {
+        if (kCopyCount % 32 == 0 || i + 1 < kCopies || 32 * i + lane < kCopyCount) {
+          const std::uint8_t* slot = tile + source[i];
+          const int lead = static_cast<int>(reinterpret_cast<std::uintptr_t>(slot) & 15);
+          const int window_start = static_cast<int>(window[i] >> 16);
+          const int bytes = min(max(kSlotBytes + lead - window_start, 0), 16);
+          cp_async_16_prefix(stage + (window[i] & 0xffffu), slot - lead + window_start, bytes);
+        }
+      }
+      if (lane == 0) {
+        store_shared_u32(stage + kLeadOffset,
+                         static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(tile) + head_offset) & 15u);
+      }
+    }
+  };
+
+  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
+    IssuePlan plan{};
+    plan.token_stride = static_cast<std::uint32_t>(p.layout.token_stride);
+    plan.head_offset = static_cast<std::uint32_t>(head * p.layout.head_stride);
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int copy = min(32 * i + lane, kCopyCount - 1);
+      const int token = copy / kWindows;
+      const int w = copy % kWindows;
+      plan.source[i] = token * plan.token_stride + plan.head_offset;
+      plan.window[i] = static_cast<std::uint32_t>(token * kPitch + 16 * w) | (static_cast<std::uint32_t>(16 * w) << 16);
+    }
+    return plan;
+  }
+
+  /// Four bytes of the staging area from even offset `at`.
+  __device__ static std::uint32_t staged_word(const std::uint8_t* stage, int at) {
+    const std::uint8_t* aligned = stage + (at & ~3);
+    return __funnelshift_r(load_shared<std::uint32_t>(aligned), load_shared<std::uint32_t>(aligned + 4), 8 * (at & 3));
+  }
+
+  /// Record bytes record_byte .. + 15 of the token whose slot starts at `row` (bytes outside the record: 0).
+  __device__ static uint4 staged_chunk(const std::uint8_t* stage, int row, int record_byte) {
+    std::uint32_t words[4];
+    if constexpr (kWordWise) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const int byte = record_byte + 4 * w;
+        words[w] = byte >= 0 && byte < kRecordBytes ? staged_word(stage, row + slot_byte(byte)) : 0u;
+      }
+    } else {
+      // Whole chunks of key or value data, at an even offset `at`: the two
+      // aligned 16-byte units holding it (the lanes of a token read its row's
+      // consecutive units, free of bank conflicts where 4-byte loads of the
+      // chunks of four rows share 8 banks), then a shift by at mod 16 bytes:
+      // two word selections and a funnel shift.
+      const int at = row + slot_byte(record_byte);
+      const uint4 low = load_shared<uint4>(stage + (at & ~15));
+      const uint4 high = load_shared<uint4>(stage + (at & ~15) + 16);
+      const std::uint32_t x[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+      const bool by_two = at & 8, by_one = at & 4;
+      std::uint32_t y[6], z[5];
+#pragma unroll
+      for (int k = 0; k < 6; ++k) y[k] = by_two ? x[k + 2] : x[k];
+#pragma unroll
+      for (int k = 0; k < 5; ++k) z[k] = by_one ? y[k + 1] : y[k];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) words[w] = __funnelshift_r(z[w], z[w + 1], 8 * (at & 3));
+    }
+    return make_uint4(words[0], words[1], words[2], words[3]);
+  }
+
+  /// The landed stage into Layout's arrangement, in place: every lane reads
+  /// its chunks and fields, then, after the warp's barrier, writes them.
+  __device__ static void repack(std::uint8_t* stage, int head, int num_kv_heads, std::uint32_t token_stride, int lane) {
+    const std::uint32_t first_lead = load_shared<std::uint32_t>(stage + kLeadOffset);
+    const auto row_of = [&](int token) {
+      return token * kPitch + static_cast<int>((first_lead + token * token_stride) & 15u);
+    };
+    constexpr int kChunkCount = kTileTokens * Layout::kRecordChunks;
+    constexpr int kLaneChunks = (kChunkCount + 31) / 32;
+    // The lane's chunk i: its record bytes and destination (recomputed for
+    // the writes rather than held across the barrier: registers are scarce).
+    const auto chunk_of = [&](int i) {
+      const int index = 32 * i + lane;
+      const int token = index / Layout::kRecordChunks;
+      const RecordChunk chunk = Layout::record_chunk(token, index % Layout::kRecordChunks, head, num_kv_heads);
+      const bool copied = (kChunkCount % 32 == 0 || index < kChunkCount) && chunk.record_byte + 16 > 0 &&
+                          chunk.record_byte < kRecordBytes;
+      return std::pair{copied ? chunk : RecordChunk{-1, -1}, token};
+    };
+    uint4 chunks[kLaneChunks];
+#pragma unroll
+    for (int i = 0; i < kLaneChunks; ++i) {
+      const auto [chunk, token] = chunk_of(i);
+      if (chunk.destination >= 0) chunks[i] = staged_chunk(stage, row_of(token), chunk.record_byte);
+    }
+    // Fields: token lane % 16, fields lane / 16, + 2, ...
+    constexpr int kLaneFields = (kFields + 1) / 2;
+    const int field_token = lane & 15;
+    std::uint16_t fields[kLaneFields];
+#pragma unroll
+    for (int j = 0; j < kLaneFields; ++j) {
+      const int field = (lane >> 4) + 2 * j;
+      if (field < kFields) fields[j] = load_shared<std::uint16_t>(stage + row_of(field_token) + slot_field_offset(field));
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kLaneChunks; ++i) {
+      const int destination = chunk_of(i).first.destination;
+      if (destination >= 0) store_shared<uint4>(stage + destination, chunks[i]);
+    }
+#pragma unroll
+    for (int j = 0; j < kLaneFields; ++j) {
+      const int field = (lane >> 4) + 2 * j;
+      if (field < kFields) store_shared<std::uint16_t>(stage + Layout::kMetaOffset + 32 * field + 2 * field_token, fields[j]);
+    }
+  }
+};
+
+}  // namespace tqdecode::cuda::tensor_core
