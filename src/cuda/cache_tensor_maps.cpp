@@ -54,6 +54,23 @@ CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params) {
   const auto encode = tensor_map_encoder();
   CacheTensorMaps maps{};
 
+  if (layout.token_slots()) {
+    // A token's row of token_stride bytes (its kv heads' slots), box: from
+    // the 16-byte boundary at or below a slot (the copy engine's box starts
+    // on one) to past its end, 16 tokens of one block; bytes past the row
+    // read as zeros (token_slots_bulk_copy, BulkSlotLayout).
+    const auto row_bytes = static_cast<cuuint64_t>(layout.token_stride);
+    const auto box_bytes = static_cast<cuuint32_t>((layout.slot_bytes() + 14 + 15) / 16 * 16);
+    const cuuint64_t slot_dims[3] = {row_bytes, slots, blocks};
+    const cuuint64_t slot_strides[2] = {row_bytes, block_stride};
+    const cuuint32_t slot_box[3] = {box_bytes, kTileTokens, 1};
+    check_encoded(encode(&maps.records, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, cache, slot_dims, slot_strides, slot_box,
+                         unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                  "token_slots");
+    return maps;
+  }
+
   const cuuint64_t record_dims[4] = {record_bytes, heads, slots, blocks};
   const cuuint64_t record_strides[3] = {record_bytes, heads * record_bytes, block_stride};  // bytes, dims 1..3
   const cuuint32_t record_box[4] = {record_bytes, 1, kTileTokens, 1};

@@ -182,8 +182,9 @@ struct CheckInputsParams {
   DeviceCheckState* state;
 };
 
-/// The tensor maps of the wide shape over `params`' cache (4-bit keys);
-/// throws CudaError if the driver rejects them.
+/// The tensor maps of the wide shape over `params`' cache (4-bit keys; a
+/// token_slots cache: one map of its token rows in `records`); throws
+/// CudaError if the driver rejects them.
 CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params);
 
 void launch_check_decode_inputs(const CheckInputsParams& params, CUstream_st* stream);

@@ -79,11 +79,15 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   if (request == PathRequest::hopper || (request == PathRequest::automatic && not_hopper.empty())) {
     const cuda::GridChoice grid = cuda::choose_grid(DecodePath::hopper, args.layout.preset, rows_per_head, row_tile_batch,
                                                     args.layout.num_kv_heads, max_context, device.sm_count,
-                                                    args.layout.head_dim, args.layout.token_slots());
+                                                    args.layout.head_dim, args.layout.token_slots(),
+                                                    cuda::token_slots_bulk_copy(args));
     const std::string reason = (request == PathRequest::hopper ? std::string("requested")
                                                                : std::string(preset_info(args.layout.preset).name) +
                                                                      ", D=" + std::to_string(args.layout.head_dim) + " on sm_90" +
-                                                                     (args.layout.token_slots() ? ", token_slots order" : "")) +
+                                                                     (args.layout.token_slots()
+                                                                          ? (grid.wide_table ? ", token_slots order (bulk copies)"
+                                                                                             : ", token_slots order")
+                                                                          : "")) +
                                row_tiles_text(args);
     return {DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
             grid.kv_heads_per_cta};

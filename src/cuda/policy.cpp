@@ -63,11 +63,12 @@ int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wi
 }
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
-                       int max_context_tokens, int sm_count, int head_dim, bool token_slots) {
+                       int max_context_tokens, int sm_count, int head_dim, bool token_slots, bool slots_bulk_copy) {
   if (path == DecodePath::hopper && token_slots) {
-    return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
-                                  tensor_core_footprint(preset, group_size, head_dim, false, 1, true).planned_ctas_per_sm),
-            false};
+    return {choose_num_partitions(
+                batch, num_kv_heads, max_context_tokens, sm_count,
+                tensor_core_footprint(preset, group_size, head_dim, slots_bulk_copy, 1, true).planned_ctas_per_sm),
+            slots_bulk_copy};
   }
   // The wide shape streams faster per SM but exposes every wave's
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
@@ -162,6 +163,13 @@ std::string tensor_core_layout_unsupported_reason(const DecodeArgs& args, const 
 }
 
 }  // namespace
+
+bool token_slots_bulk_copy(const DecodeArgs& args) {
+  const CacheLayout& layout = args.layout;
+  return layout.token_slots() && wide_table_kernel(layout.preset, layout.head_dim) && layout.token_stride % 16 == 0 &&
+         layout.block_stride % 16 == 0 && reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0 &&
+         layout.head_stride >= 0 && (layout.num_kv_heads - 1) * layout.head_stride + layout.slot_bytes() <= layout.token_stride;
+}
 
 std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& device) {
   if (device.cc_major != 9 || device.cc_minor != 0) {

@@ -107,11 +107,19 @@ struct GridChoice {
 /// SM. Groups over
 /// kHeadsPerTile (two head tiles) take the wide table (12 warps, one kv head
 /// per CTA) whatever the grid: the narrow one is also one CTA per SM there.
-/// Head sizes 64 and 256 have the narrow configuration only, and so do
-/// token_slots caches (`token_slots`: one kv head per CTA, with that
-/// order's stages).
+/// Head sizes 64 and 256 have the narrow configuration only. token_slots
+/// caches (`token_slots`) take one kv head per CTA: the wide shape with bulk
+/// tensor copies where `slots_bulk_copy` (token_slots_bulk_copy), else the
+/// narrow configuration.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
-                       int max_context_tokens, int sm_count, int head_dim = 128, bool token_slots = false);
+                       int max_context_tokens, int sm_count, int head_dim = 128, bool token_slots = false,
+                       bool slots_bulk_copy = false);
+
+/// Whether the Hopper kernel's wide shape reads this token_slots cache with
+/// bulk tensor copies of its token rows: 4-bit keys at D = 128, a cache
+/// pointer, token stride and block stride that are multiples of 16 bytes,
+/// and every kv head's slot inside its token's row.
+bool token_slots_bulk_copy(const DecodeArgs& args);
 
 /// Largest batch * N over batch <= max_batch and every grid a path plans
 /// (Hk kv heads per grid row, or Hk / h with h per CTA): the partition

@@ -190,6 +190,12 @@ std::vector<DecodeCase> decode_cases() {
                    DType::bf16, 1.0f, CacheOrder::token_slots, true});
   cases.push_back({"slots_4bit_raw_hk1_g8", p4, 8, 1, 128, 16, {2047, 1, 513}, 0, true, DType::f16, 1.0f,
                    CacheOrder::token_slots, false});
+  // The wide shape's bulk copies (token rows of 16-byte multiples): group 16
+  // (two head tiles), padded slots and pages, fp16 queries with sinks.
+  cases.push_back({"slots_4bit_raw_hk8_g16_bulk", p4, 128, 8, 128, 16, {1000, 4097, 31}, 0, false, DType::bf16, 1.0f,
+                   CacheOrder::token_slots, false});
+  cases.push_back({"slots_4bit_renorm_hk8_g4_bulk_padded_bs64", p4, 32, 8, 128, 64, {3000, 2, 65, 640}, 128, true,
+                   DType::f16, 1.0f, CacheOrder::token_slots, true, false, 2});
   cases.push_back({"slots_k3v4_renorm_hk2_g8", Preset::turboquant_k3v4_nc, 16, 2, 128, 16, {1999, 40}, 0, false,
                    DType::bf16, 1.0f, CacheOrder::token_slots, true});
   cases.push_back({"slots_3bit_renorm_hk1_g16_d128", Preset::turboquant_3bit_nc, 16, 1, 128, 32, {1500, 3}, 0, true,
@@ -265,7 +271,13 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
       EXPECT_EQ(plan.generic_kernel, GenericKernel::tensor_core) << plan.reason;
     }
     EXPECT_NE(plan.reason.find("token_slots order"), std::string::npos) << plan.reason;
-    EXPECT_FALSE(plan.wide_table);
+    // The wide shape's bulk copies: 4-bit keys at D = 128 on sm_90, token
+    // rows (and blocks) on 16-byte boundaries holding every kv head's slot.
+    const CacheLayout& layout = device.args().layout;
+    const bool bulk = is_available() && layout.preset == Preset::turboquant_4bit_nc && layout.head_dim == 128 &&
+                      layout.token_stride % 16 == 0 && layout.block_stride % 16 == 0 &&
+                      (layout.num_kv_heads - 1) * layout.head_stride + layout.slot_bytes() <= layout.token_stride;
+    EXPECT_EQ(plan.wide_table, bulk) << plan.reason;
     EXPECT_EQ(plan.kv_heads_per_cta, 1);
   }
   decode(device.args(), workspace);

@@ -94,6 +94,9 @@ std::vector<VarlenCase> varlen_cases() {
       {"q4_d128_g16_sinks", p4, 32, 2, 128, 16, 6, 2100, 6, true},
       {"q4_slots_renorm_g8", p4, 32, 4, 128, 16, 6, 1000, 7, true, DType::bf16, CacheOrder::token_slots},
       {"k8v4_slots_g5", Preset::turboquant_k8v4, 10, 2, 64, 32, 5, 600, 8, false, DType::f16, CacheOrder::token_slots},
+      // vLLM's CUDA cache at Hk 8: the wide shape's bulk copies, speculative verification of up to 4 tokens.
+      {"q4_slots_renorm_hk8_spec4_bulk", p4, 64, 8, 128, 16, 7, 1500, 11, false, DType::bf16, CacheOrder::token_slots,
+       0, 4},
       // Speculative-decoding verification: up to 4 tokens at group 8 (32 rows, one query tile), up to 8 at
       // group 2 (16 rows) and 3 at group 3 (9 rows, a bucket of 16).
       {"q4_d128_g8_spec4", p4, 64, 8, 128, 16, 12, 2500, 9, true, DType::bf16, CacheOrder::blocks, 0, 4},

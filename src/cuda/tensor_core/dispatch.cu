@@ -50,7 +50,13 @@ KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head
     constexpr CacheFormat kFormat = tensor_core::cache_format(P);
     return visit_head_dim(head_dim, [&]<int HeadDim>() -> KernelFootprint {
       const int head_tiles = tensor_core_head_tiles(rows_per_head, HeadDim);
-      if (token_slots) {  // the narrow configuration, one kv head per CTA (launch_for_group)
+      if (token_slots) {  // one kv head per CTA (launch_for_group)
+        if constexpr (kFormat == CacheFormat::mse4 && HeadDim == 128) {
+          if (wide_table) {
+            if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, true, 1, true>();
+            return footprint_of<HeadDim, 1, kFormat, true, 1, true>();
+          }
+        }
         if constexpr (HeadDim != 256) {
           if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, false, 1, true>();
         }

@@ -368,6 +368,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       const int stage_id = stage_index;
       std::uint8_t* stage = shared + ring.ring_offset + stage_id * Shared::kStageStride;
       ring.repack(stage);
+      // What the operand offsets count from: token_slots in the wide shape, the slots' lead past the stage's rows.
+      const std::uint8_t* data = stage + (Slots && kBulkCopy ? ring.slot_lead : 0);
       const std::uint8_t* fields =
           kBulkCopy ? shared + ring.fields_offset + stage_id * Shared::kFieldsStride : stage + Layout::kMetaOffset;
       const int tile_token = ring.tile_token(k);
@@ -383,7 +385,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       // token_slots keys renormalized at decode: with the sums of their squared centroids.
       float square[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const auto scores = [&]<bool SquareSums>() {
-        key_scores<Shape, Layout, Format, SquareSums>(stage, operands.key_offset, operands.key_word,
+        key_scores<Shape, Layout, Format, SquareSums>(data, operands.key_offset, operands.key_word,
                                                       operands.key_low_selector, operands.key_high_selector, qb,
                                                       lane_lut, lut, score, score_odd, square);
       };
@@ -398,6 +400,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       // (token_at(i + 8) = token_at(i) + 8), one offset for both tokens; the
       // narrow shapes keep their loops (KernelShape::kHalfScaledProbabilities).
       const auto token_field = [&](int field, int j) {
+        if constexpr (Slots && kBulkCopy) return load_shared<__half>(data + Layout::field_offset(field, 8 * j + g));
         return kBulkCopy ? tile_field(fields + 2 * token_at(g), field, 8 * j)
                          : tile_field(fields, field, token_at(8 * j + g));
       };
@@ -434,7 +437,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       softmax.move_references(d, value_scale, k == 0);
       std::uint32_t pb[HeadTiles][2];
       softmax.probabilities(d, value_scale, value_zero, pb);
-      accumulate_values<Shape, Layout, Format>(stage, operands.value_offset, operands.value_word, operands.low_selector,
+      accumulate_values<Shape, Layout, Format>(data, operands.value_offset, operands.value_word, operands.low_selector,
                                                operands.high_selector, pb,
                                                softmax.acc);
       softmax.add_probability_sums(pb);
@@ -512,7 +515,13 @@ template <int HeadDim, CacheFormat Format>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
   const int head_tiles = tensor_core_head_tiles(group * params.rows.max_query_len, HeadDim);
-  if (params.partitions.layout.token_slots()) {  // the narrow configuration, one kv head per CTA
+  if (params.partitions.layout.token_slots()) {  // one kv head per CTA
+    if constexpr (Format == CacheFormat::mse4 && HeadDim == 128) {
+      if (params.wide_table) {
+        if (head_tiles == 2) return launch<HeadDim, 2, Format, true, 1, true>(params, stream);
+        return launch<HeadDim, 1, Format, true, 1, true>(params, stream);
+      }
+    }
     if constexpr (HeadDim != 256) {
       if (head_tiles == 2) return launch<HeadDim, 2, Format, false, 1, true>(params, stream);
     }

@@ -10,6 +10,7 @@
 
 #include "../device_utils.cuh"
 #include "fragments.cuh"
+#include "slot_tile.cuh"
 #include "tile_layout.cuh"
 
 namespace tqdecode::cuda::tensor_core {
@@ -203,8 +204,13 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
     } else {
 #pragma unroll
       for (int part = 0; part < kKeyLoads; ++part) {
-        const uint4 key_g = load_shared<uint4>(stage + key_offset[0][part]);
-        const uint4 key_g8 = load_shared<uint4>(stage + key_offset[0][part] + Layout::kOffset8Tokens);
+        // token_slots in the wide shape: keys only 2-byte aligned (BulkSlotLayout).
+        const auto key_chunk = [](const std::uint8_t* address) {
+          if constexpr (requires { Layout::kUnalignedLoads; }) return load_shared_unaligned_16(address);
+          return load_shared<uint4>(address);
+        };
+        const uint4 key_g = key_chunk(stage + key_offset[0][part]);
+        const uint4 key_g8 = key_chunk(stage + key_offset[0][part] + Layout::kOffset8Tokens);
         words_g[4 * part] = key_g.x, words_g[4 * part + 1] = key_g.y, words_g[4 * part + 2] = key_g.z,
         words_g[4 * part + 3] = key_g.w;
         words_g8[4 * part] = key_g8.x, words_g8[4 * part + 1] = key_g8.y, words_g8[4 * part + 2] = key_g8.z,
@@ -271,7 +277,10 @@ __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, con
     std::uint32_t v[4][kValueWords];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      if constexpr (kValueWords == 1) {
+      if constexpr (requires { Layout::kUnalignedLoads; }) {  // token_slots in the wide shape (BulkSlotLayout)
+        const uint2 words = load_shared_unaligned_8(stage + value_offset[k]);
+        v[k][0] = words.x, v[k][1] = words.y;
+      } else if constexpr (kValueWords == 1) {
         v[k][0] = load_shared<std::uint32_t>(stage + value_offset[k]);
       } else if constexpr (kValueWords == 2) {
         const uint2 words = load_shared<uint2>(stage + value_offset[k]);

@@ -97,9 +97,12 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// CTA: two CTAs of 8 warps per SM at D = 64 (one or two head tiles), one of
 /// 8 warps at D = 256 (one head tile; its accumulators take as many
 /// registers as two head tiles at D = 128, about 205 a thread).
-/// Slots: the token_slots order (slot_tile.cuh), in the narrow configuration
-/// with one kv head per CTA; where its larger stages would not let two CTAs
-/// share an SM (4-bit and fp8 keys at D = 128, one head tile), rings of
+/// Slots: the token_slots order (slot_tile.cuh), one kv head per CTA: in the
+/// wide shape (4-bit keys at D = 128 where the token stride is a multiple of
+/// 16 bytes) by bulk tensor copies, else in the narrow configuration by
+/// cp.async and a repack; where the larger stages would not fit (the wide
+/// shape at one head tile, and for two CTAs per SM the narrow
+/// configuration's 4-bit and fp8 keys at D = 128, one head tile), rings of
 /// three stages.
 template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1, bool Slots = false>
 struct KernelShape {
@@ -111,7 +114,7 @@ struct KernelShape {
                                              : HeadsPerCta == 2 && Format != CacheFormat::mse4)),
                 "two, four or eight kv heads per CTA in the wide shape, two in the narrow one (not 4-bit keys, "
                 "which have the wide shape), with one head tile only");
-  static_assert(!Slots || (!Wide && HeadsPerCta == 1), "token_slots: the narrow configuration, one kv head per CTA");
+  static_assert(!Slots || HeadsPerCta == 1, "token_slots: one kv head per CTA");
   static constexpr bool kWideTable = Wide;
   static constexpr bool kSlots = Slots;
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
@@ -125,7 +128,7 @@ struct KernelShape {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kResidentCtas = kWarps > 8 || HeadDim == 256 ? 1 : 2;
   static constexpr int kStages =
-      Slots && HeadDim == 128 && HeadTiles == 1 && (Format == CacheFormat::mse4 || Format == CacheFormat::fp8)
+      Slots && HeadDim == 128 && HeadTiles == 1 && (Wide || Format == CacheFormat::mse4 || Format == CacheFormat::fp8)
           ? kRingStages - 1
           : kRingStages;
   static constexpr int kHeadDim = HeadDim;
@@ -181,17 +184,20 @@ struct SharedLayout {
   static constexpr int kLutEntries = kCodebookSize * kCodebookSize;
   static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
   static constexpr int kLutBytes = kLutEntries * kLutRowBytes;
-  using Layout = TileLayout<Format, HeadDim>;
-  // token_slots: a stage holds the staging rows, repacked in place (slot_tile.cuh).
-  using Slot = SlotTile<Layout, Format>;
-  using IssuePlan = std::conditional_t<Slots, typename Slot::IssuePlan, typename Layout::IssuePlan>;
-  static constexpr int kStageBytes = Slots ? Slot::kStageBytes : Layout::kStageBytes;
+  using Blocks = TileLayout<Format, HeadDim>;
+  // token_slots: the narrow configuration's stage holds the staging rows,
+  // repacked in place into the blocks order's arrangement; the wide shape's
+  // holds the slots as they are (slot_tile.cuh).
+  using Layout = std::conditional_t<Slots && Wide, BulkSlotLayout<HeadDim>, Blocks>;
+  using Slot = SlotTile<Blocks, Format>;
+  using IssuePlan = std::conditional_t<Slots, typename Slot::IssuePlan, typename Blocks::IssuePlan>;
+  static constexpr int kStageBytes = Slots ? Slot::kStageBytes : Blocks::kStageBytes;
   /// The lane's copy plan for kv head `head` (cp.async rings).
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     if constexpr (Slots) {
       return Slot::make_plan(p, head, lane);
     } else {
-      return Layout::make_plan(p, head, lane);
+      return Blocks::make_plan(p, head, lane);
     }
   }
   // The rings. With cp.async, warp w's stage s at kLutBytes + (w kStages + s)
@@ -205,7 +211,9 @@ struct SharedLayout {
   static constexpr int kFieldBytes = Layout::kFields * kTileTokens * 2;  // of a tile
   static constexpr int kFieldsStride = 128;  // a bulk tensor copy's destination is 128-byte aligned
   static constexpr int kFieldsOffset = kLutBytes;
-  static constexpr int kRecordsOffset = kBulkCopy ? kFieldsOffset + Shape::kWarps * kStages * kFieldsStride : kLutBytes;
+  // token_slots: the fields come with the slots, no fields area.
+  static constexpr bool kFieldsArea = kBulkCopy && !Slots;
+  static constexpr int kRecordsOffset = kFieldsArea ? kFieldsOffset + Shape::kWarps * kStages * kFieldsStride : kLutBytes;
   static constexpr int kRecordsAlign = 1024;
   static constexpr int kStageStride = kBulkCopy ? Shape::kWarps * Layout::kMetaOffset : kStageBytes;  // a warp's stage s to s + 1
   static constexpr int kWarpRingStride = kBulkCopy ? Layout::kMetaOffset : kStages * kStageBytes;     // warp w's ring to w + 1's

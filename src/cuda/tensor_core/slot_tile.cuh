@@ -186,4 +186,76 @@ struct SlotTile {
   }
 };
 
+/// Words 0 .. N - 2 of the bytes at a shared-memory address that is only
+/// 2-byte aligned: N words from the word at or below it, funnel-shifted.
+template <int N>
+__device__ __forceinline__ void load_shared_unaligned(const std::uint8_t* address, std::uint32_t (&out)[N - 1]) {
+  const int skew = static_cast<int>(reinterpret_cast<std::uintptr_t>(address) & 3);
+  const std::uint8_t* word = address - skew;
+  std::uint32_t x[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = load_shared<std::uint32_t>(word + 4 * i);
+#pragma unroll
+  for (int i = 0; i + 1 < N; ++i) out[i] = __funnelshift_r(x[i], x[i + 1], 8 * skew);
+}
+
+/// 16 and 8 bytes from a shared-memory address that is only 2-byte aligned.
+__device__ __forceinline__ uint4 load_shared_unaligned_16(const std::uint8_t* address) {
+  std::uint32_t w[4];
+  load_shared_unaligned<5>(address, w);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ uint2 load_shared_unaligned_8(const std::uint8_t* address) {
+  std::uint32_t w[2];
+  load_shared_unaligned<3>(address, w);
+  return make_uint2(w[0], w[1]);
+}
+
+// The wide shape's token_slots tiles (4-bit keys at D = 128, on sm_90, where
+// the cache pointer, token stride and block stride are multiples of 16
+// bytes, so a kv head's slots all start `lead` = head * head_stride mod 16
+// bytes past a 16-byte boundary): one bulk tensor copy a tile of a box
+// kPitch bytes wide from that boundary (the copy engine needs the box's
+// first byte 16-byte aligned), so token t's slot starts at t kPitch + lead
+// in the stage, with nothing to repack. Offsets below are from the stage
+// plus the lead; the lanes' keys and values are read with unaligned loads
+// (load_shared_unaligned_*), the fields as they are.
+template <int HeadDim>
+struct BulkSlotLayout {
+  static_assert(HeadDim == 128, "the wide shape's head size");
+  using Blocks = TileLayout<CacheFormat::mse4, HeadDim>;
+  static constexpr int kKeyBytes = Blocks::kKeyBytes;
+  static constexpr int kRecordBytes = Blocks::kRecordBytes;
+  static constexpr int kFields = Blocks::kFields;
+  static constexpr int kNormField = Blocks::kNormField, kValueScaleField = Blocks::kValueScaleField,
+                       kValueZeroField = Blocks::kValueZeroField;
+  using Slot = SlotTile<Blocks, CacheFormat::mse4>;
+  static constexpr int kPitch = (Slot::kSlotBytes + 14 + 15) / 16 * 16;  // the box's width: lead + slot
+  static constexpr int kStageBytes = kTileTokens * kPitch;
+  static_assert(kStageBytes % 128 == 0, "bulk copy destinations stay 128-byte aligned");
+  static constexpr int kMetaOffset = kStageBytes;  // no fields area: the fields are in the slots
+  static constexpr int kOffset8Tokens = 8 * kPitch;
+  static constexpr int kLaneKeyBytes = Blocks::kLaneKeyBytes;
+  static constexpr int kLaneValueBytes = Blocks::kLaneValueBytes;
+  static constexpr int kKeyLoads = Blocks::kKeyLoads;
+  static constexpr int kValueStart = kKeyBytes + 2;  // after the key norm
+  static constexpr bool kUnalignedLoads = true;
+  static_assert(kLaneKeyBytes == 16 && kLaneValueBytes == 8, "one 16-byte key load and one 8-byte value load");
+
+  template <bool Bulk>
+  __device__ static int token_at(int index) {
+    return index;
+  }
+  template <bool Bulk>
+  __device__ static int key_offset(int token, int c, int part = 0) {
+    return token * kPitch + kLaneKeyBytes * c + 16 * part;
+  }
+  template <bool Bulk = true>
+  __device__ static int value_offset(int token, int g, int /*head*/) {
+    return token * kPitch + kValueStart + kLaneValueBytes * g;
+  }
+  /// fp16 field `field` of `token`.
+  __device__ static int field_offset(int field, int token) { return token * kPitch + Slot::slot_field_offset(field); }
+};
+
 }  // namespace tqdecode::cuda::tensor_core

@@ -49,6 +49,9 @@ struct TileRing {
   int head, lane, first_tile, count;
   int num_kv_heads;            // token_slots: the repack's 3-bit leads (TileLayout)
   std::uint32_t token_stride;  // token_slots: the slots' leads
+  // token_slots, bulk copies: the box's first byte in a token's row (the
+  // 16-byte boundary at or below head * head_stride) and the slots' lead past it.
+  int box_column, slot_lead;
   // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
   // holds the block of the warp's tile i + j for the window i (a multiple of
   // 32) being issued, `blocks_next` those of the next window, loaded a
@@ -62,7 +65,9 @@ struct TileRing {
                                       TokenRange range, int batch, int head, int head_slot, int warp, int head_warp,
                                       int lane)
       : head(head), lane(lane), num_kv_heads(p.layout.num_kv_heads),
-        token_stride(static_cast<std::uint32_t>(p.layout.token_stride)) {
+        token_stride(static_cast<std::uint32_t>(p.layout.token_stride)),
+        box_column(static_cast<int>(head * p.layout.head_stride) & ~15),
+        slot_lead(static_cast<int>(head * p.layout.head_stride) & 15) {
     block_shift = 31 - __clz(p.layout.block_size);
     block_mask = p.layout.block_size - 1;
     cache = p.cache;
@@ -119,10 +124,16 @@ struct TileRing {
       const int stage = stage_index;
       const std::uint32_t barrier = barrier_address + 8 * stage;
       const int slot = ((first_tile + n * kWarpsPerHead) * kTileTokens) & block_mask;
-      mbarrier_arrive_expect_tx(barrier, Layout::kMetaOffset + Shared::kFieldBytes);
-      bulk_tensor_load(ring_address + stage * Shared::kStageStride, records_map, 0, head, slot, physical, barrier);
-      bulk_tensor_load(fields_address + stage * Shared::kFieldsStride, fields_map, slot, Layout::kFields * head,
-                       physical, barrier);
+      if constexpr (Shape::kSlots) {
+        // The box of the tile's 16 slots of kv head `head` (from byte box_column of each token's row).
+        mbarrier_arrive_expect_tx(barrier, Layout::kStageBytes);
+        bulk_tensor_load(ring_address + stage * Shared::kStageStride, records_map, box_column, slot, physical, barrier);
+      } else {
+        mbarrier_arrive_expect_tx(barrier, Layout::kMetaOffset + Shared::kFieldBytes);
+        bulk_tensor_load(ring_address + stage * Shared::kStageStride, records_map, 0, head, slot, physical, barrier);
+        bulk_tensor_load(fields_address + stage * Shared::kFieldsStride, fields_map, slot, Layout::kFields * head,
+                         physical, barrier);
+      }
     }
   }
 
@@ -181,7 +192,7 @@ struct TileRing {
   /// token_slots: the landed tile in `stage` into the layout's arrangement
   /// (after advance), visible to the warp on return.
   __device__ __forceinline__ void repack(std::uint8_t* stage) const {
-    if constexpr (Shape::kSlots) {
+    if constexpr (Shape::kSlots && !kBulkCopy) {
       Shared::Slot::repack(stage, head, num_kv_heads, token_stride, lane);
       __syncwarp();
     }
