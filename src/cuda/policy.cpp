@@ -64,20 +64,19 @@ int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wi
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count, int head_dim, bool token_slots, bool slots_bulk_copy) {
-  if (path == DecodePath::hopper && token_slots) {
-    return {choose_num_partitions(
-                batch, num_kv_heads, max_context_tokens, sm_count,
-                tensor_core_footprint(preset, group_size, head_dim, slots_bulk_copy, 1, true).planned_ctas_per_sm),
-            slots_bulk_copy};
-  }
   // The wide shape streams faster per SM but exposes every wave's
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
   const auto waves_of = [&](long long ctas) { return (ctas + sm_count - 1) / sm_count; };
   // CTAs per SM of the shape with `heads_per_cta` kv heads per CTA (the shape table).
   const auto resident = [&](bool wide, int heads_per_cta) {
-    return tensor_core_footprint(preset, group_size, head_dim, wide, heads_per_cta).planned_ctas_per_sm;
+    return tensor_core_footprint(preset, group_size, head_dim, wide, heads_per_cta, token_slots).planned_ctas_per_sm;
   };
+  // token_slots: the wide shape where bulk copies read the cache, else the
+  // narrow configuration, one kv head per CTA.
+  if (path == DecodePath::hopper && token_slots && !slots_bulk_copy) {
+    return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, resident(false, 1)), false};
+  }
   if (path == DecodePath::hopper && wide_table_kernel(preset, head_dim)) {
     // Two head tiles: one CTA of 12 warps per SM either way, so the wide
     // table's shorter loop wins on every grid.
@@ -114,12 +113,14 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // grid takes at most kWideTableMaxWaves waves. Two 8-warp CTAs sharing an
   // SM do not end together: one gets ahead and the other then streams alone,
   // with half the warps.
-  if (path == DecodePath::hopper && head_dim == 128 && group_size <= kHeadsPerTile && num_kv_heads % 2 == 0) {
+  if (path == DecodePath::hopper && head_dim == 128 && group_size <= kHeadsPerTile && num_kv_heads % 2 == 0 &&
+      !token_slots) {
     const int paired = choose_num_partitions(batch, num_kv_heads / 2, max_context_tokens, sm_count, resident(false, 2));
     if (waves_of(static_cast<long long>(batch) * (num_kv_heads / 2) * paired) <= kWideTableMaxWaves) return {paired, false, 2};
   }
   return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count,
-                                resident_ctas_per_sm(path, preset, group_size, false, head_dim)),
+                                path == DecodePath::hopper ? resident(false, 1)
+                                                           : resident_ctas_per_sm(path, preset, group_size, false, head_dim)),
           false};
 }
 

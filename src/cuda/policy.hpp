@@ -108,9 +108,9 @@ struct GridChoice {
 /// kHeadsPerTile (two head tiles) take the wide table (12 warps, one kv head
 /// per CTA) whatever the grid: the narrow one is also one CTA per SM there.
 /// Head sizes 64 and 256 have the narrow configuration only. token_slots
-/// caches (`token_slots`) take one kv head per CTA: the wide shape with bulk
-/// tensor copies where `slots_bulk_copy` (token_slots_bulk_copy), else the
-/// narrow configuration.
+/// caches (`token_slots`) take the wide shape's choice where bulk tensor
+/// copies read them (`slots_bulk_copy`: token_slots_bulk_copy), else the
+/// narrow configuration with one kv head per CTA.
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count, int head_dim = 128, bool token_slots = false,
                        bool slots_bulk_copy = false);

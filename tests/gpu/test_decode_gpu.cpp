@@ -278,7 +278,7 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
                       layout.token_stride % 16 == 0 && layout.block_stride % 16 == 0 &&
                       (layout.num_kv_heads - 1) * layout.head_stride + layout.slot_bytes() <= layout.token_stride;
     EXPECT_EQ(plan.wide_table, bulk) << plan.reason;
-    EXPECT_EQ(plan.kv_heads_per_cta, 1);
+    if (!bulk) EXPECT_EQ(plan.kv_heads_per_cta, 1);
   }
   decode(device.args(), workspace);
   const std::vector<float> automatic = device.output();

@@ -54,7 +54,12 @@ KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head
         if constexpr (kFormat == CacheFormat::mse4 && HeadDim == 128) {
           if (wide_table) {
             if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, true, 1, true>();
-            return footprint_of<HeadDim, 1, kFormat, true, 1, true>();
+            switch (kv_heads_per_cta) {
+              case 8: return footprint_of<HeadDim, 1, kFormat, true, 8, true>();
+              case 4: return footprint_of<HeadDim, 1, kFormat, true, 4, true>();
+              case 2: return footprint_of<HeadDim, 1, kFormat, true, 2, true>();
+              default: return footprint_of<HeadDim, 1, kFormat, true, 1, true>();
+            }
           }
         }
         if constexpr (HeadDim != 256) {

@@ -519,6 +519,9 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
     if constexpr (Format == CacheFormat::mse4 && HeadDim == 128) {
       if (params.wide_table) {
         if (head_tiles == 2) return launch<HeadDim, 2, Format, true, 1, true>(params, stream);
+        if (params.kv_heads_per_cta == 8) return launch<HeadDim, 1, Format, true, 8, true>(params, stream);
+        if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, true, 4, true>(params, stream);
+        if (params.kv_heads_per_cta == 2) return launch<HeadDim, 1, Format, true, 2, true>(params, stream);
         return launch<HeadDim, 1, Format, true, 1, true>(params, stream);
       }
     }

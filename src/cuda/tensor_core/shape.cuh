@@ -97,10 +97,10 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// CTA: two CTAs of 8 warps per SM at D = 64 (one or two head tiles), one of
 /// 8 warps at D = 256 (one head tile; its accumulators take as many
 /// registers as two head tiles at D = 128, about 205 a thread).
-/// Slots: the token_slots order (slot_tile.cuh), one kv head per CTA: in the
-/// wide shape (4-bit keys at D = 128 where the token stride is a multiple of
-/// 16 bytes) by bulk tensor copies, else in the narrow configuration by
-/// cp.async and a repack; where the larger stages would not fit (the wide
+/// Slots: the token_slots order (slot_tile.cuh): in the wide shape (4-bit
+/// keys at D = 128 where the token stride is a multiple of 16 bytes, one to
+/// eight kv heads per CTA) by bulk tensor copies, else in the narrow
+/// configuration with one kv head per CTA by cp.async and a repack; where the larger stages would not fit (the wide
 /// shape at one head tile, and for two CTAs per SM the narrow
 /// configuration's 4-bit and fp8 keys at D = 128, one head tile), rings of
 /// three stages.
@@ -114,7 +114,7 @@ struct KernelShape {
                                              : HeadsPerCta == 2 && Format != CacheFormat::mse4)),
                 "two, four or eight kv heads per CTA in the wide shape, two in the narrow one (not 4-bit keys, "
                 "which have the wide shape), with one head tile only");
-  static_assert(!Slots || HeadsPerCta == 1, "token_slots: one kv head per CTA");
+  static_assert(!Slots || Wide || HeadsPerCta == 1, "token_slots: one kv head per CTA in the narrow configuration");
   static constexpr bool kWideTable = Wide;
   static constexpr bool kSlots = Slots;
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
