@@ -81,6 +81,7 @@
 //   cta_rows.cuh     the query rows a CTA serves (group x query tokens, row tiles) and their causal limits
 //   tile_layout.cuh  where a tile lives in a ring stage, per key format and head size; its cp.async copies
 //   bulk_copy.cuh    the wide shape's bulk tensor copies and barriers (tensor maps: ../cache_tensor_maps.cpp)
+//   slot_tile.cuh    the token_slots order: repacked cp.async windows (narrow), bulk-copied slots (wide)
 //   prologue.cuh     stages 0-1: the key lookup table, the rotated query rows
 //   rotation.cuh     the query rotation's products on the tensor cores
 //   fragments.cuh    register-level operations (packing, mma, transpose)
