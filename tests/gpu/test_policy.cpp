@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <random>
 
 #include "cuda/kernel_params.hpp"
@@ -307,6 +308,58 @@ TEST(PartitionPolicy, WideTableLongPartitions) {
   const GridChoice long_single = grid(1, 131072 + 7 + 16 * 2);  // N = 16, over 8192 tokens each
   EXPECT_EQ(long_single.kv_heads_per_cta, 1);
   EXPECT_EQ(long_single.num_partitions, 16);
+}
+
+// token_slots caches (docs/FORMAT.md section 4b): bulk tensor copies in the
+// wide shape where the token rows are 16-byte multiples holding every kv
+// head's slot (4-bit keys at D = 128: vLLM's dense layout at Hk 8, slot 134,
+// rows of 1072 bytes), else the narrow configuration's repack, one kv head
+// per CTA; the footprints are the token_slots instances'.
+TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheRepack) {
+  const auto args_of = [](Preset preset, int num_kv_heads, std::uintptr_t cache, std::int64_t slot_padding = 0,
+                          bool heads_major = false) {
+    const CacheLayout dense = make_token_slots_layout(preset, 128, 16, num_kv_heads, false);
+    const std::int64_t slot = dense.slot_bytes() + slot_padding;
+    const std::int64_t token_stride = heads_major ? slot : num_kv_heads * slot;
+    const std::int64_t head_stride = heads_major ? 16 * slot : slot;
+    DecodeArgs args;
+    args.layout = make_token_slots_layout(preset, 128, 16, num_kv_heads, 16 * num_kv_heads * slot, token_stride,
+                                          head_stride, false);
+    args.cache = reinterpret_cast<const std::uint8_t*>(cache);
+    return args;
+  };
+  constexpr std::uintptr_t kAligned = 0x10000;
+  EXPECT_TRUE(token_slots_bulk_copy(args_of(Preset::turboquant_4bit_nc, 8, kAligned)));     // rows of 1072 bytes
+  EXPECT_TRUE(token_slots_bulk_copy(args_of(Preset::turboquant_4bit_nc, 8, kAligned, 2)));  // padded slots, 1088
+  EXPECT_FALSE(token_slots_bulk_copy(args_of(Preset::turboquant_4bit_nc, 4, kAligned)));    // 536
+  EXPECT_FALSE(token_slots_bulk_copy(args_of(Preset::turboquant_4bit_nc, 8, kAligned + 2)));
+  EXPECT_FALSE(token_slots_bulk_copy(args_of(Preset::turboquant_4bit_nc, 8, kAligned, 2, true)));  // heads major
+  EXPECT_FALSE(token_slots_bulk_copy(args_of(Preset::turboquant_k8v4, 8, kAligned)));
+  EXPECT_FALSE(token_slots_bulk_copy(args_of(Preset::turboquant_k3v4_nc, 8, kAligned)));
+
+  const auto grid = [](int batch, bool bulk) {
+    return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, batch, 8, 32768, kH200Sms, 128, true, bulk);
+  };
+  const GridChoice one_wave = grid(16, true);  // 128 CTAs of one kv head
+  EXPECT_TRUE(one_wave.wide_table);
+  EXPECT_EQ(one_wave.kv_heads_per_cta, 1);
+  EXPECT_GT(grid(64, true).kv_heads_per_cta, 1);  // 512 work items: several kv heads per CTA, as the blocks order
+  const GridChoice repack = grid(64, false);
+  EXPECT_FALSE(repack.wide_table);
+  EXPECT_EQ(repack.kv_heads_per_cta, 1);
+  // The k3v4 preset's two-kv-head narrow CTA has no token_slots instance.
+  const GridChoice k3v4 =
+      choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 32768, kH200Sms, 128, true, false);
+  EXPECT_EQ(k3v4.kv_heads_per_cta, 1);
+
+  // Footprints (shape.cuh): the wide shape's three-stage rings of 160-byte
+  // rows, and the narrow configuration's staging stages.
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1, true).shared_bytes, 191872);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 206208);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1, true).shared_bytes, 193920);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).shared_bytes, 100736);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).planned_ctas_per_sm, 2);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 8, 256, true).shared_bytes, 221696);
 }
 
 }  // namespace
