@@ -169,7 +169,7 @@ bool token_slots_bulk_copy(const DecodeArgs& args) {
   const CacheLayout& layout = args.layout;
   return layout.token_slots() && wide_table_kernel(layout.preset, layout.head_dim) && layout.token_stride % 16 == 0 &&
          layout.block_stride % 16 == 0 && reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0 &&
-         layout.head_stride >= 0 && (layout.num_kv_heads - 1) * layout.head_stride + layout.slot_bytes() <= layout.token_stride;
+         (layout.num_kv_heads - 1) * layout.head_stride + layout.slot_bytes() <= layout.token_stride;
 }
 
 std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& device) {

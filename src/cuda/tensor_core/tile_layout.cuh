@@ -191,17 +191,6 @@ struct alignas(16) RecordIssuePlan {
   }
 };
 
-// The plan of a layout packing whole records (Hk * RecordBytes and
-// head * RecordBytes multiples of 32) with a PackedRunCopy;
-// `destination(token, chunk)`: the chunk's offset within a stage.
-template <class Plan, int RecordBytes, class Destination>
-__device__ __forceinline__ Plan packed_record_plan(const PartitionParams& p, int head, int lane,
-                                                   Destination destination) {
-  const int slot_stride = p.layout.num_kv_heads * RecordBytes;
-  const auto records = PackedRunCopy<RecordBytes / 16>::make(slot_stride, head * RecordBytes, lane, destination);
-  return Plan::make(p, head, lane, slot_stride, records);
-}
-
 // Where a token_slots tile's repack (slot_tile.cuh) puts the 16-byte
 // chunk k of a token: record bytes record_byte .. + 15 (key data then value
 // data, as in the blocks order; bytes outside the record are never read)
@@ -210,6 +199,19 @@ struct RecordChunk {
   int record_byte;
   int destination;
 };
+
+// The plan of a layout packing whole records (Hk * kRecordBytes and
+// head * kRecordBytes multiples of 32) with a PackedRunCopy, each record
+// chunk where the layout's record_chunk puts it (whole records start on a
+// sector, so their chunks' places do not depend on the kv head).
+template <class Layout>
+__device__ __forceinline__ typename Layout::IssuePlan packed_record_plan(const PartitionParams& p, int head, int lane) {
+  constexpr int kRecordBytes = Layout::kRecordBytes;
+  const int slot_stride = p.layout.num_kv_heads * kRecordBytes;
+  const auto destination = [](int token, int chunk) { return Layout::record_chunk(token, chunk, 0, 0).destination; };
+  const auto records = PackedRunCopy<kRecordBytes / 16>::make(slot_stride, head * kRecordBytes, lane, destination);
+  return Layout::IssuePlan::make(p, head, lane, slot_stride, records);
+}
 
 template <CacheFormat Format, int HeadDim>
 struct TileLayout;
@@ -424,8 +426,7 @@ struct TileLayout<CacheFormat::mse3_v3, 128> {
   using IssuePlan = RecordIssuePlan<PackedRunCopy<kRecordBytes / 16>, kFields, kMetaOffset>;
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
-    const auto destination = [](int token, int chunk) { return row_offset(token, 16 * chunk); };
-    return packed_record_plan<IssuePlan, kRecordBytes>(p, head, lane, destination);
+    return packed_record_plan<TileLayout>(p, head, lane);
   }
 
   static constexpr int kRecordChunks = kRecordBytes / 16;
@@ -613,8 +614,7 @@ struct PackedRecordsD256 {
   using IssuePlan = RecordIssuePlan<PackedRunCopy<kRecordBytes / 16>, kFields, kMetaOffset>;
 
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
-    const auto destination = [](int token, int chunk) { return record_offset(token, 16 * chunk); };
-    return packed_record_plan<IssuePlan, kRecordBytes>(p, head, lane, destination);
+    return packed_record_plan<PackedRecordsD256>(p, head, lane);
   }
 
   static constexpr int kRecordChunks = kRecordBytes / 16;
