@@ -66,6 +66,14 @@ void log_fallback_once(const std::string& reason) {
   if (logged.insert(reason).second) std::fprintf(stderr, "tqdecode: using the generic CUDA path: %s\n", reason.c_str());
 }
 
+// How the tensor-core kernels read a token_slots cache (tensor_core/slot_tile.cuh).
+std::string token_slots_text(const DecodeArgs& args, bool bulk_copies) {
+  if (!args.layout.token_slots()) return {};
+  if (bulk_copies) return ", token_slots order (bulk copies, read in place)";
+  return cuda::token_slots_read_in_place(args.layout) ? ", token_slots order (read in place)"
+                                                       : ", token_slots order (repacked)";
+}
+
 LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::DeviceInfo& device) {
   const std::string not_hopper = cuda::hopper_unsupported_reason(args, device);
   const int max_context = args.max_blocks_per_seq * args.layout.block_size;
@@ -79,15 +87,11 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   if (request == PathRequest::hopper || (request == PathRequest::automatic && not_hopper.empty())) {
     const cuda::GridChoice grid = cuda::choose_grid(DecodePath::hopper, args.layout.preset, rows_per_head, row_tile_batch,
                                                     args.layout.num_kv_heads, max_context, device.sm_count,
-                                                    args.layout.head_dim, args.layout.token_slots(),
-                                                    cuda::token_slots_bulk_copy(args));
+                                                    args.layout.head_dim, cuda::token_slots_read(args));
     const std::string reason = (request == PathRequest::hopper ? std::string("requested")
                                                                : std::string(preset_info(args.layout.preset).name) +
                                                                      ", D=" + std::to_string(args.layout.head_dim) + " on sm_90" +
-                                                                     (args.layout.token_slots()
-                                                                          ? (grid.wide_table ? ", token_slots order (bulk copies)"
-                                                                                             : ", token_slots order")
-                                                                          : "")) +
+                                                                     token_slots_text(args, grid.wide_table)) +
                                row_tiles_text(args);
     return {DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
             grid.kv_heads_per_cta};
@@ -106,7 +110,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
         cuda::narrow_resident_ctas(args.layout.preset, rows_per_head, device, args.layout.head_dim,
                                    args.layout.token_slots()));
     plan.reason = reason + "; the tensor-core kernel (narrow configuration" +
-                  (args.layout.token_slots() ? ", token_slots order)" : ")") + row_tiles_text(args);
+                  token_slots_text(args, false) + ")" + row_tiles_text(args);
   } else if (args.varlen()) {
     plan.reason = reason + "; the scalar kernel: " + not_tensor_core;
     plan_scalar_query_tiles(args, device, plan);

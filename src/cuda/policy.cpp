@@ -63,7 +63,8 @@ int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wi
 }
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
-                       int max_context_tokens, int sm_count, int head_dim, bool token_slots, bool slots_bulk_copy) {
+                       int max_context_tokens, int sm_count, int head_dim, SlotRead slots) {
+  const bool token_slots = slots != SlotRead::none;
   // The wide shape streams faster per SM but exposes every wave's
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
   // with the other CTA's streaming: it pays off for grids of few waves.
@@ -74,7 +75,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   };
   // token_slots: the wide shape where bulk copies read the cache, else the
   // narrow configuration, one kv head per CTA.
-  if (path == DecodePath::hopper && token_slots && !slots_bulk_copy) {
+  if (path == DecodePath::hopper && (slots == SlotRead::in_place || slots == SlotRead::repacked)) {
     return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, resident(false, 1)), false};
   }
   if (path == DecodePath::hopper && wide_table_kernel(preset, head_dim)) {
@@ -170,6 +171,16 @@ bool token_slots_bulk_copy(const DecodeArgs& args) {
   return layout.token_slots() && wide_table_kernel(layout.preset, layout.head_dim) && layout.token_stride % 16 == 0 &&
          layout.block_stride % 16 == 0 && reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0 &&
          (layout.num_kv_heads - 1) * layout.head_stride + layout.slot_bytes() <= layout.token_stride;
+}
+
+bool token_slots_read_in_place(const CacheLayout& layout) {
+  return layout.token_slots() && layout.head_dim == 128 && layout.block_stride % 16 == 0;
+}
+
+SlotRead token_slots_read(const DecodeArgs& args) {
+  if (!args.layout.token_slots()) return SlotRead::none;
+  if (token_slots_bulk_copy(args)) return SlotRead::bulk_copies;
+  return token_slots_read_in_place(args.layout) ? SlotRead::in_place : SlotRead::repacked;
 }
 
 std::string hopper_unsupported_reason(const DecodeArgs& args, const DeviceInfo& device) {

@@ -96,6 +96,12 @@ struct GridChoice {
   int kv_heads_per_cta = 1;
 };
 
+/// How the tensor-core kernels read a token_slots cache (none: the blocks
+/// order): bulk tensor copies in the wide shape (token_slots_bulk_copy),
+/// cp.async windows read where they land (token_slots_read_in_place), or
+/// cp.async windows repacked into the blocks order's tile arrangement.
+enum class SlotRead { none, bulk_copies, in_place, repacked };
+
 /// N and the Hopper kernel shape for a call: where the 16-warp kernel
 /// exists, it serves h = 1, 2, 4 or 8 kv heads per CTA (planned for Hk / h
 /// heads, one CTA per SM; h divides Hk; h = 1 only for grids of at most
@@ -108,18 +114,29 @@ struct GridChoice {
 /// kHeadsPerTile (two head tiles) take the wide table (12 warps, one kv head
 /// per CTA) whatever the grid: the narrow one is also one CTA per SM there.
 /// Head sizes 64 and 256 have the narrow configuration only. token_slots
-/// caches (`token_slots`) take the wide shape's choice where bulk tensor
-/// copies read them (`slots_bulk_copy`: token_slots_bulk_copy), else the
-/// narrow configuration with one kv head per CTA.
+/// caches (`slots`: token_slots_read) take the wide shape's choice where
+/// bulk tensor copies read them, else the narrow configuration with one kv
+/// head per CTA (two kv heads per CTA, the other presets' choice in the
+/// blocks order, measured no faster there).
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
-                       int max_context_tokens, int sm_count, int head_dim = 128, bool token_slots = false,
-                       bool slots_bulk_copy = false);
+                       int max_context_tokens, int sm_count, int head_dim = 128, SlotRead slots = SlotRead::none);
 
 /// Whether the Hopper kernel's wide shape reads this token_slots cache with
 /// bulk tensor copies of its token rows: 4-bit keys at D = 128, a cache
 /// pointer, token stride and block stride that are multiples of 16 bytes,
 /// and every kv head's slot inside its token's row.
 bool token_slots_bulk_copy(const DecodeArgs& args);
+
+/// Whether the tensor-core kernels read this token_slots cache's slots where
+/// they land (tensor_core/slot_tile.cuh, SlotReadLayout): D = 128 with every
+/// block on a 16-byte boundary (the cache pointer is one for any
+/// tensor-core kernel), so a kv head's slots have the same lead in every
+/// tile; else the narrow configuration repacks each landed tile into the
+/// blocks order's arrangement.
+bool token_slots_read_in_place(const CacheLayout& layout);
+
+/// How the Hopper kernel reads the call's cache (SlotRead).
+SlotRead token_slots_read(const DecodeArgs& args);
 
 /// Largest batch * N over batch <= max_batch and every grid a path plans
 /// (Hk kv heads per grid row, or Hk / h with h per CTA): the partition

@@ -202,6 +202,9 @@ std::vector<DecodeCase> decode_cases() {
                    DType::bf16, 1.0f, CacheOrder::token_slots, true});
   cases.push_back({"slots_4bit_renorm_g12_d128_padded", p4, 24, 2, 128, 16, {777, 2100}, 32, false, DType::f16, 1.0f,
                    CacheOrder::token_slots, true, false, 6});
+  // D = 128 with blocks off 16-byte boundaries (a page padded by 2 bytes): the repack.
+  cases.push_back({"slots_3bit_renorm_d128_g8_page_padding_2", Preset::turboquant_3bit_nc, 16, 2, 128, 16, {1200, 33, 0},
+                   2, false, DType::bf16, 1.0f, CacheOrder::token_slots, true});
   cases.push_back({"slots_k8v4_hk1_g8_d128", Preset::turboquant_k8v4, 8, 1, 128, 64, {3001, 65}, 0, false,
                    DType::bf16, 1.0f, CacheOrder::token_slots, false});
   cases.push_back({"slots_k8v4_b40_waves_heads_major", Preset::turboquant_k8v4, 64, 8, 128, 16,
@@ -279,6 +282,9 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
                       (layout.num_kv_heads - 1) * layout.head_stride + layout.slot_bytes() <= layout.token_stride;
     EXPECT_EQ(plan.wide_table, bulk) << plan.reason;
     if (!bulk) EXPECT_EQ(plan.kv_heads_per_cta, 1);
+    // Slots read where they land at D = 128 with blocks on 16-byte boundaries, else repacked.
+    const bool in_place = layout.head_dim == 128 && layout.block_stride % 16 == 0;
+    EXPECT_NE(plan.reason.find(in_place ? "read in place)" : "(repacked)"), std::string::npos) << plan.reason;
   }
   decode(device.args(), workspace);
   const std::vector<float> automatic = device.output();

@@ -313,9 +313,10 @@ TEST(PartitionPolicy, WideTableLongPartitions) {
 // token_slots caches (docs/FORMAT.md section 4b): bulk tensor copies in the
 // wide shape where the token rows are 16-byte multiples holding every kv
 // head's slot (4-bit keys at D = 128: vLLM's dense layout at Hk 8, slot 134,
-// rows of 1072 bytes), else the narrow configuration's repack, one kv head
-// per CTA; the footprints are the token_slots instances'.
-TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheRepack) {
+// rows of 1072 bytes), else the narrow configuration, one kv head per CTA,
+// reading the slots where they land at D = 128 or repacking them; the
+// footprints are the token_slots instances'.
+TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowConfiguration) {
   const auto args_of = [](Preset preset, int num_kv_heads, std::uintptr_t cache, std::int64_t slot_padding = 0,
                           bool heads_major = false) {
     const CacheLayout dense = make_token_slots_layout(preset, 128, 16, num_kv_heads, false);
@@ -336,30 +337,44 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheRepack) 
   EXPECT_FALSE(token_slots_bulk_copy(args_of(Preset::turboquant_4bit_nc, 8, kAligned, 2, true)));  // heads major
   EXPECT_FALSE(token_slots_bulk_copy(args_of(Preset::turboquant_k8v4, 8, kAligned)));
   EXPECT_FALSE(token_slots_bulk_copy(args_of(Preset::turboquant_k3v4_nc, 8, kAligned)));
+  // Every preset's slots are read where they land at D = 128 when the blocks
+  // start on 16-byte boundaries (any token stride: vLLM's shards too).
+  EXPECT_TRUE(token_slots_read_in_place(args_of(Preset::turboquant_k3v4_nc, 8, kAligned).layout));
+  EXPECT_TRUE(token_slots_read_in_place(args_of(Preset::turboquant_4bit_nc, 1, kAligned).layout));  // rows of 134 bytes
+  EXPECT_TRUE(token_slots_read_in_place(args_of(Preset::turboquant_k8v4, 8, kAligned, 2, true).layout));
+  CacheLayout padded_page = args_of(Preset::turboquant_3bit_nc, 2, kAligned).layout;
+  padded_page.block_stride += 2;
+  EXPECT_FALSE(token_slots_read_in_place(padded_page));
+  EXPECT_FALSE(token_slots_read_in_place(make_token_slots_layout(Preset::turboquant_4bit_nc, 64, 16, 8, false)));
+  EXPECT_FALSE(token_slots_read_in_place(make_layout(Preset::turboquant_4bit_nc, 128, 16, 8)));
 
   const auto grid = [](int batch, bool bulk) {
-    return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, batch, 8, 32768, kH200Sms, 128, true, bulk);
+    return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, batch, 8, 32768, kH200Sms, 128,
+                       bulk ? SlotRead::bulk_copies : SlotRead::in_place);
   };
   const GridChoice one_wave = grid(16, true);  // 128 CTAs of one kv head
   EXPECT_TRUE(one_wave.wide_table);
   EXPECT_EQ(one_wave.kv_heads_per_cta, 1);
   EXPECT_GT(grid(64, true).kv_heads_per_cta, 1);  // 512 work items: several kv heads per CTA, as the blocks order
-  const GridChoice repack = grid(64, false);
-  EXPECT_FALSE(repack.wide_table);
-  EXPECT_EQ(repack.kv_heads_per_cta, 1);
-  // The k3v4 preset's two-kv-head narrow CTA has no token_slots instance.
-  const GridChoice k3v4 =
-      choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 32768, kH200Sms, 128, true, false);
-  EXPECT_EQ(k3v4.kv_heads_per_cta, 1);
+  const GridChoice narrow = grid(64, false);
+  EXPECT_FALSE(narrow.wide_table);
+  EXPECT_EQ(narrow.kv_heads_per_cta, 1);
+  // The other presets: one kv head per CTA (the blocks order has two here).
+  for (const SlotRead slots : {SlotRead::in_place, SlotRead::repacked}) {
+    EXPECT_EQ(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 32768, kH200Sms, 128, slots)
+                  .kv_heads_per_cta,
+              1);
+  }
+  EXPECT_EQ(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 32768, kH200Sms).kv_heads_per_cta, 2);
 
-  // Footprints (shape.cuh): the wide shape's three-stage rings of 160-byte
-  // rows, and the narrow configuration's staging stages.
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1, true).shared_bytes, 191872);
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 206208);
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1, true).shared_bytes, 193920);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).shared_bytes, 100736);
+  // Footprints (shape.cuh): the wide shape's three-stage rings of 176-byte
+  // rows (token_slots_stage_pitch), and the narrow configuration's stages.
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1, true).shared_bytes, 204160);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 218496);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1, true).shared_bytes, 206208);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).shared_bytes, 106880);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).planned_ctas_per_sm, 2);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 8, 256, true).shared_bytes, 221696);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 8, 256, true).shared_bytes, 229888);
 }
 
 }  // namespace

@@ -20,7 +20,8 @@ namespace {
 __global__ void tensor_core_probe_kernel() {}
 
 // An instance's entry of the shape table.
-template <int HeadDim, int HeadTiles, tensor_core::CacheFormat Format, bool Wide, int HeadsPerCta, bool Slots = false>
+template <int HeadDim, int HeadTiles, tensor_core::CacheFormat Format, bool Wide, int HeadsPerCta,
+          tensor_core::SlotAccess Slots = tensor_core::SlotAccess::none>
 constexpr KernelFootprint footprint_of() {
   return {tensor_core::SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kBytes,
           tensor_core::KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kResidentCtas};
@@ -50,22 +51,32 @@ KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head
     constexpr CacheFormat kFormat = tensor_core::cache_format(P);
     return visit_head_dim(head_dim, [&]<int HeadDim>() -> KernelFootprint {
       const int head_tiles = tensor_core_head_tiles(rows_per_head, HeadDim);
-      if (token_slots) {  // one kv head per CTA (launch_for_group)
+      if (token_slots) {  // one kv head per CTA but in the wide shape (launch_for_group)
+        constexpr tensor_core::SlotAccess kInPlace = tensor_core::SlotAccess::in_place;
         if constexpr (kFormat == CacheFormat::mse4 && HeadDim == 128) {
           if (wide_table) {
-            if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, true, 1, true>();
+            if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, true, 1, kInPlace>();
             switch (kv_heads_per_cta) {
-              case 8: return footprint_of<HeadDim, 1, kFormat, true, 8, true>();
-              case 4: return footprint_of<HeadDim, 1, kFormat, true, 4, true>();
-              case 2: return footprint_of<HeadDim, 1, kFormat, true, 2, true>();
-              default: return footprint_of<HeadDim, 1, kFormat, true, 1, true>();
+              case 8: return footprint_of<HeadDim, 1, kFormat, true, 8, kInPlace>();
+              case 4: return footprint_of<HeadDim, 1, kFormat, true, 4, kInPlace>();
+              case 2: return footprint_of<HeadDim, 1, kFormat, true, 2, kInPlace>();
+              default: return footprint_of<HeadDim, 1, kFormat, true, 1, kInPlace>();
             }
           }
         }
-        if constexpr (HeadDim != 256) {
-          if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, false, 1, true>();
+        // The narrow configuration: the same shared memory whether the slots
+        // are read in place or repacked (the stages hold them as they land).
+        constexpr tensor_core::SlotAccess kRepacked = tensor_core::SlotAccess::repacked;
+        if constexpr (HeadDim == 128) {
+          static_assert(footprint_of<HeadDim, 1, kFormat, false, 1, kInPlace>().shared_bytes ==
+                            footprint_of<HeadDim, 1, kFormat, false, 1, kRepacked>().shared_bytes &&
+                        footprint_of<HeadDim, 2, kFormat, false, 1, kInPlace>().shared_bytes ==
+                            footprint_of<HeadDim, 2, kFormat, false, 1, kRepacked>().shared_bytes);
         }
-        return footprint_of<HeadDim, 1, kFormat, false, 1, true>();
+        if constexpr (HeadDim != 256) {
+          if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, false, 1, kRepacked>();
+        }
+        return footprint_of<HeadDim, 1, kFormat, false, 1, kRepacked>();
       }
       if constexpr (kFormat == CacheFormat::mse4 && HeadDim == 128) {  // the wide-table shapes
         if (wide_table) {

@@ -81,7 +81,7 @@
 //   cta_rows.cuh     the query rows a CTA serves (group x query tokens, row tiles) and their causal limits
 //   tile_layout.cuh  where a tile lives in a ring stage, per key format and head size; its cp.async copies
 //   bulk_copy.cuh    the wide shape's bulk tensor copies and barriers (tensor maps: ../cache_tensor_maps.cpp)
-//   slot_tile.cuh    the token_slots order: repacked cp.async windows (narrow), bulk-copied slots (wide)
+//   slot_tile.cuh    the token_slots order: slots read where they land (bulk copies or cp.async windows), or repacked
 //   prologue.cuh     stages 0-1: the key lookup table, the rotated query rows
 //   rotation.cuh     the query rotation's products on the tensor cores
 //   fragments.cuh    register-level operations (packing, mma, transpose)
@@ -128,7 +128,7 @@ namespace tqdecode::cuda::tensor_core {
 // through the lookup table, or fp8 keys (turboquant_k8v4, unrotated queries).
 // HeadsPerCta: kv heads per CTA (2, 4 or 8: the wide shape for large grids;
 // 2: the other presets' 16-warp CTA).
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool Slots>
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, SlotAccess Slots>
 __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, const CacheTensorMaps& maps) {
   constexpr bool kFp8 = Format == CacheFormat::fp8;
   using Shared = SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>;
@@ -348,7 +348,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     asm("mov.b32 %0, %1;" : "=r"(lane_lut) : "r"(static_cast<std::uint32_t>(lane) << 2));
     [[maybe_unused]] const std::uint8_t* lut = shared;
 
-    const LaneOperands<Shape, Layout, Format> operands(g, c, head, num_kv_heads);
+    const LaneOperands<Shape, Layout, Format> operands(g, c, head, num_kv_heads, ring.slot_lead, ring.token_stride);
 
     OnlineSoftmax<Shape> softmax;
     softmax.init();
@@ -357,7 +357,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     // their loops (KernelShape::kHalfScaledProbabilities).
     const float score_scale = kBulkCopy ? params.scale_log2 : p.scale * kLog2e;
     // token_slots with norm correction (docs/FORMAT.md section 4b): keys over their centroid vectors' norms.
-    constexpr bool kRenormalizes = Slots && !kFp8;
+    constexpr bool kRenormalizes = Shape::kSlots && !kFp8;
     const bool renormalize = kRenormalizes && p.layout.renormalize_keys;
     [[maybe_unused]] const float centroid_scale = power_of_two(table_exponent);
     const int mask_from = cta_mask_from;
@@ -369,8 +369,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       const int stage_id = stage_index;
       std::uint8_t* stage = shared + ring.ring_offset + stage_id * Shared::kStageStride;
       ring.repack(stage);
-      // What the operand offsets count from: token_slots in the wide shape, the slots' lead past the stage's rows.
-      const std::uint8_t* data = stage + (Slots && kBulkCopy ? ring.slot_lead : 0);
+      const std::uint8_t* data = stage;
       const std::uint8_t* fields =
           kBulkCopy ? shared + ring.fields_offset + stage_id * Shared::kFieldsStride : stage + Layout::kMetaOffset;
       const int tile_token = ring.tile_token(k);
@@ -401,7 +400,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       // (token_at(i + 8) = token_at(i) + 8), one offset for both tokens; the
       // narrow shapes keep their loops (KernelShape::kHalfScaledProbabilities).
       const auto token_field = [&](int field, int j) {
-        if constexpr (Slots && kBulkCopy) return load_shared<__half>(data + Layout::field_offset(field, 8 * j + g));
+        if constexpr (Shape::kSlotsInPlace) {
+          return load_shared<__half>(data + operands.slot_row + j * Layout::kOffset8Tokens + Layout::field_offset(field));
+        }
         return kBulkCopy ? tile_field(fields + 2 * token_at(g), field, 8 * j)
                          : tile_field(fields, field, token_at(8 * j + g));
       };
@@ -475,7 +476,7 @@ constexpr bool kBelowSm90 = false;
 // The wide-table and two-kv-head configurations need sm_90's shared memory
 // per CTA (155 KB and more) and are never launched below it (policy.cpp), so
 // their sm_80 code is a trap.
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, bool Slots>
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, SlotAccess Slots>
 __global__ void __launch_bounds__(KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kThreads,
                                   KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kResidentCtas)
     decode_kernel(const __grid_constant__ FusedDecodeParams params, const __grid_constant__ CacheTensorMaps maps) {
@@ -486,7 +487,8 @@ __global__ void __launch_bounds__(KernelShape<HeadDim, HeadTiles, Format, Wide, 
   }
 }
 
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta = 1, bool Slots = false>
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide = false, int HeadsPerCta = 1,
+          SlotAccess Slots = SlotAccess::none>
 void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>;
   constexpr auto kernel = decode_kernel<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>;
@@ -516,20 +518,27 @@ template <int HeadDim, CacheFormat Format>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
   const int head_tiles = tensor_core_head_tiles(group * params.rows.max_query_len, HeadDim);
-  if (params.partitions.layout.token_slots()) {  // one kv head per CTA
-    if constexpr (Format == CacheFormat::mse4 && HeadDim == 128) {
-      if (params.wide_table) {
-        if (head_tiles == 2) return launch<HeadDim, 2, Format, true, 1, true>(params, stream);
-        if (params.kv_heads_per_cta == 8) return launch<HeadDim, 1, Format, true, 8, true>(params, stream);
-        if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, true, 4, true>(params, stream);
-        if (params.kv_heads_per_cta == 2) return launch<HeadDim, 1, Format, true, 2, true>(params, stream);
-        return launch<HeadDim, 1, Format, true, 1, true>(params, stream);
+  if (params.partitions.layout.token_slots()) {  // one kv head per CTA but in the wide shape
+    constexpr SlotAccess kInPlace = SlotAccess::in_place, kRepacked = SlotAccess::repacked;
+    if constexpr (HeadDim == 128) {
+      if constexpr (Format == CacheFormat::mse4) {
+        if (params.wide_table) {
+          if (head_tiles == 2) return launch<HeadDim, 2, Format, true, 1, kInPlace>(params, stream);
+          if (params.kv_heads_per_cta == 8) return launch<HeadDim, 1, Format, true, 8, kInPlace>(params, stream);
+          if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, true, 4, kInPlace>(params, stream);
+          if (params.kv_heads_per_cta == 2) return launch<HeadDim, 1, Format, true, 2, kInPlace>(params, stream);
+          return launch<HeadDim, 1, Format, true, 1, kInPlace>(params, stream);
+        }
+      }
+      if (token_slots_read_in_place(params.partitions.layout)) {
+        if (head_tiles == 2) return launch<HeadDim, 2, Format, false, 1, kInPlace>(params, stream);
+        return launch<HeadDim, 1, Format, false, 1, kInPlace>(params, stream);
       }
     }
     if constexpr (HeadDim != 256) {
-      if (head_tiles == 2) return launch<HeadDim, 2, Format, false, 1, true>(params, stream);
+      if (head_tiles == 2) return launch<HeadDim, 2, Format, false, 1, kRepacked>(params, stream);
     }
-    return launch<HeadDim, 1, Format, false, 1, true>(params, stream);
+    return launch<HeadDim, 1, Format, false, 1, kRepacked>(params, stream);
   }
   if constexpr (HeadDim != 128) {
     if constexpr (HeadDim == 64) {

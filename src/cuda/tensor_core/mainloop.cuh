@@ -15,6 +15,17 @@
 
 namespace tqdecode::cuda::tensor_core {
 
+/// 16 key bytes of a lane from a stage: token_slots read in place
+/// (SlotReadLayout) only 2-byte aligned, else one aligned load.
+template <class Layout>
+__device__ __forceinline__ uint4 load_key_chunk(const std::uint8_t* address) {
+  if constexpr (requires { Layout::kUnalignedLoads; }) {
+    return load_shared_unaligned_16(address);
+  } else {
+    return load_shared<uint4>(address);
+  }
+}
+
 /// A lane's operands in a ring stage, the same for every tile of the stream
 /// (offsets from the stage's start, and byte-permute selectors). Keys of
 /// tokens g and g + 8 (dims (D/4)c ..): for 4-bit keys one 8-byte load
@@ -38,6 +49,10 @@ struct LaneOperands {
   // Layout::kOffset8Tokens further).
   int key_word[kKeyWordLoads];
   std::uint32_t low_selector, high_selector, key_low_selector, key_high_selector;
+  // token_slots read in place (SlotReadLayout): where token g's slot starts
+  // (token g + 8's is Layout::kOffset8Tokens further), for its fields.
+  int slot_row;
+  static constexpr bool kSlotsInPlace = requires { Layout::kUnalignedLoads; };
 
   /// The token of a tile's S^T row or O^T k index `index` (TileLayout<mse4>).
   __device__ __forceinline__ static int token_at(int index) {
@@ -45,7 +60,40 @@ struct LaneOperands {
     return index;
   }
 
-  __device__ __forceinline__ LaneOperands(int g, int c, int head, int num_kv_heads) {
+  /// `first_lead` and `token_stride`: token_slots read in place (SlotReadLayout::slot_row).
+  __device__ __forceinline__ LaneOperands(int g, int c, int head, int num_kv_heads, int first_lead,
+                                          std::uint32_t token_stride) {
+    if constexpr (kSlotsInPlace) {
+      in_slots(g, c, first_lead, token_stride);
+    } else {
+      in_tile_layout(g, c, head, num_kv_heads);
+    }
+  }
+
+  /// The lanes' loads where the slots landed: every offset from a slot's
+  /// start (SlotReadLayout), the keys and values in their natural order.
+  __device__ __forceinline__ void in_slots(int g, int c, int first_lead, std::uint32_t token_stride) {
+    const auto row = [&](int token) { return Layout::slot_row(token, first_lead, token_stride); };
+    slot_row = row(g);
+#pragma unroll
+    for (int part = 0; part < Layout::kKeyLoads; ++part) {
+      key_offset[0][part] = slot_row + Layout::key_byte(c, part);
+      key_offset[1][part] = key_offset[0][part] + Layout::kOffset8Tokens;
+    }
+    key_word[0] = slot_row + Layout::key_byte(c, 0);  // 3-bit keys: one unaligned load of 12 bytes
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      // 4-bit values: tokens 2c + j and 2c + j + 8; 3-bit values: one unaligned load of 6 bytes each.
+      value_offset[j] = row(2 * c + j) + Layout::value_byte(g);
+      value_offset[j + 2] = value_offset[j] + Layout::kOffset8Tokens;
+      value_word[j][0] = value_offset[j];
+    }
+    // 3-bit values: the 6 bytes from the load's first byte.
+    low_selector = 0x3210u;
+    high_selector = 0x5432u;
+  }
+
+  __device__ __forceinline__ void in_tile_layout(int g, int c, int head, int num_kv_heads) {
     constexpr bool kFp8 = Format == CacheFormat::fp8;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -134,7 +182,7 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int part = 0; part < kKeyLoads; ++part) {
-        const uint4 chunk = load_shared<uint4>(stage + key_offset[j][part]);
+        const uint4 chunk = load_key_chunk<Layout>(stage + key_offset[j][part]);
         words[j][4 * part + 0] = chunk.x;
         words[j][4 * part + 1] = chunk.y;
         words[j][4 * part + 2] = chunk.z;
@@ -157,13 +205,17 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
     std::uint32_t words[2][kKeyWords];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
+      if constexpr (requires { Layout::kUnalignedLoads; }) {  // token_slots read in place: 12 bytes at once
+        load_shared_unaligned<kKeyWords + 1>(stage + key_word[0] + j * Layout::kOffset8Tokens, words[j]);
+      } else {
 #pragma unroll
-      for (int w = 0; w < KeyWordLoads; ++w) {
-        if constexpr (Layout::kKeyLoadBytes == 8) {
-          const uint2 pair = load_shared<uint2>(stage + key_word[w] + j * Layout::kOffset8Tokens);
-          words[j][2 * w] = pair.x, words[j][2 * w + 1] = pair.y;
-        } else {
-          words[j][w] = load_shared<std::uint32_t>(stage + key_word[w] + j * Layout::kOffset8Tokens);
+        for (int w = 0; w < KeyWordLoads; ++w) {
+          if constexpr (Layout::kKeyLoadBytes == 8) {
+            const uint2 pair = load_shared<uint2>(stage + key_word[w] + j * Layout::kOffset8Tokens);
+            words[j][2 * w] = pair.x, words[j][2 * w + 1] = pair.y;
+          } else {
+            words[j][w] = load_shared<std::uint32_t>(stage + key_word[w] + j * Layout::kOffset8Tokens);
+          }
         }
       }
       if constexpr (HeadDim == 64) {
@@ -204,13 +256,8 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
     } else {
 #pragma unroll
       for (int part = 0; part < kKeyLoads; ++part) {
-        // token_slots in the wide shape: keys only 2-byte aligned (BulkSlotLayout).
-        const auto key_chunk = [](const std::uint8_t* address) {
-          if constexpr (requires { Layout::kUnalignedLoads; }) return load_shared_unaligned_16(address);
-          return load_shared<uint4>(address);
-        };
-        const uint4 key_g = key_chunk(stage + key_offset[0][part]);
-        const uint4 key_g8 = key_chunk(stage + key_offset[0][part] + Layout::kOffset8Tokens);
+        const uint4 key_g = load_key_chunk<Layout>(stage + key_offset[0][part]);
+        const uint4 key_g8 = load_key_chunk<Layout>(stage + key_offset[0][part] + Layout::kOffset8Tokens);
         words_g[4 * part] = key_g.x, words_g[4 * part + 1] = key_g.y, words_g[4 * part + 2] = key_g.z,
         words_g[4 * part + 3] = key_g.w;
         words_g8[4 * part] = key_g8.x, words_g8[4 * part + 1] = key_g8.y, words_g8[4 * part + 2] = key_g8.z,
@@ -277,7 +324,7 @@ __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, con
     std::uint32_t v[4][kValueWords];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      if constexpr (requires { Layout::kUnalignedLoads; }) {  // token_slots in the wide shape (BulkSlotLayout)
+      if constexpr (requires { Layout::kUnalignedLoads; }) {  // token_slots read in place (SlotReadLayout)
         const uint2 words = load_shared_unaligned_8(stage + value_offset[k]);
         v[k][0] = words.x, v[k][1] = words.y;
       } else if constexpr (kValueWords == 1) {
@@ -311,8 +358,15 @@ __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, con
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int token_offset = (k >> 1) * Layout::kOffset8Tokens;
-      const std::uint32_t w0 = load_shared<std::uint32_t>(stage + value_word[k & 1][0] + token_offset);
-      const std::uint32_t w1 = load_shared<std::uint32_t>(stage + value_word[k & 1][1] + token_offset);
+      std::uint32_t w0, w1;
+      if constexpr (requires { Layout::kUnalignedLoads; }) {  // token_slots read in place: 6 bytes at once
+        std::uint32_t words[2];
+        load_shared_unaligned<3>(stage + value_word[k & 1][0] + token_offset, words);
+        w0 = words[0], w1 = words[1];
+      } else {
+        w0 = load_shared<std::uint32_t>(stage + value_word[k & 1][0] + token_offset);
+        w1 = load_shared<std::uint32_t>(stage + value_word[k & 1][1] + token_offset);
+      }
       if constexpr (HeadDim == 256) {
         const std::uint32_t w2 = load_shared<std::uint32_t>(stage + value_word[k & 1][2] + token_offset);
         low[0][k] = w0;

@@ -78,6 +78,13 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
   return dim ^ ((4 * ((row >> 1) & 3) + 2 * (dim >> 5)) & 15);
 }
 
+/// How an instance reads a token_slots cache (docs/FORMAT.md section 4b;
+/// none: the blocks order): each slot where it lands (SlotReadLayout: the
+/// wide shape's bulk copies, and at D = 128 the narrow configuration's
+/// cp.async windows where the blocks start on 16-byte boundaries), or
+/// repacked into the blocks order's tile arrangement once landed (SlotTile).
+enum class SlotAccess { none, in_place, repacked };
+
 /// Shape of a kernel instance. Wide: 4-bit keys, one CTA per SM sharing a
 /// 64 KB lookup table whose 256-byte rows make each lookup's address one
 /// byte permute (entry byte in bits 8..15, lane in bits 2..6). At two head
@@ -100,11 +107,12 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// Slots: the token_slots order (slot_tile.cuh): in the wide shape (4-bit
 /// keys at D = 128 where the token stride is a multiple of 16 bytes, one to
 /// eight kv heads per CTA) by bulk tensor copies, else in the narrow
-/// configuration with one kv head per CTA by cp.async and a repack; where the larger stages would not fit (the wide
-/// shape at one head tile, and for two CTAs per SM the narrow
-/// configuration's 4-bit and fp8 keys at D = 128, one head tile), rings of
-/// three stages.
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1, bool Slots = false>
+/// configuration with one kv head per CTA by cp.async; where the larger
+/// stages would not fit (the wide shape at one head tile, and for two CTAs
+/// per SM the narrow configuration's 4-bit and fp8 keys at D = 128, one
+/// head tile), rings of three stages.
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1,
+          SlotAccess Slots = SlotAccess::none>
 struct KernelShape {
   static_assert(HeadDim == 128 || (!Wide && HeadsPerCta == 1 && (HeadDim == 64 || HeadTiles == 1)),
                 "D = 64: the narrow configuration; D = 256: also one head tile");
@@ -114,9 +122,12 @@ struct KernelShape {
                                              : HeadsPerCta == 2 && Format != CacheFormat::mse4)),
                 "two, four or eight kv heads per CTA in the wide shape, two in the narrow one (not 4-bit keys, "
                 "which have the wide shape), with one head tile only");
-  static_assert(!Slots || Wide || HeadsPerCta == 1, "token_slots: one kv head per CTA in the narrow configuration");
+  static constexpr bool kSlots = Slots != SlotAccess::none;
+  static_assert(!kSlots || Wide || HeadsPerCta == 1, "token_slots: one kv head per CTA in the narrow configuration");
+  static_assert(!Wide || Slots != SlotAccess::repacked, "token_slots: the wide shape reads the slots in place");
+  static_assert(Slots != SlotAccess::in_place || HeadDim == 128, "token_slots read in place at D = 128");
   static constexpr bool kWideTable = Wide;
-  static constexpr bool kSlots = Slots;
+  static constexpr bool kSlotsInPlace = Slots == SlotAccess::in_place;
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
   // warps fill the register file (8 leave a third of it idle, and two warps
   // per scheduler to cover the loop's latencies); 16 warps at 128 registers
@@ -128,7 +139,7 @@ struct KernelShape {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kResidentCtas = kWarps > 8 || HeadDim == 256 ? 1 : 2;
   static constexpr int kStages =
-      Slots && HeadDim == 128 && HeadTiles == 1 && (Wide || Format == CacheFormat::mse4 || Format == CacheFormat::fp8)
+      kSlots && HeadDim == 128 && HeadTiles == 1 && (Wide || Format == CacheFormat::mse4 || Format == CacheFormat::fp8)
           ? kRingStages - 1
           : kRingStages;
   static constexpr int kHeadDim = HeadDim;
@@ -176,7 +187,8 @@ struct KernelShape {
 /// (the wide shape keeps the query bits in the rings before the main loop).
 /// The table maps a key byte (4-bit: two codes) or 6 bits (3-bit: two codes)
 /// to an fp16 pair, one copy per lane.
-template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1, bool Slots = false>
+template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta = 1,
+          SlotAccess Slots = SlotAccess::none>
 struct SharedLayout {
   using Shape = KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>;
   static constexpr int kStages = Shape::kStages;
@@ -185,16 +197,17 @@ struct SharedLayout {
   static constexpr int kLutRowBytes = Shape::kWideTable ? 256 : 128;
   static constexpr int kLutBytes = kLutEntries * kLutRowBytes;
   using Blocks = TileLayout<Format, HeadDim>;
-  // token_slots: the narrow configuration's stage holds the staging rows,
-  // repacked in place into the blocks order's arrangement; the wide shape's
-  // holds the slots as they are (slot_tile.cuh).
-  using Layout = std::conditional_t<Slots && Wide, BulkSlotLayout<HeadDim>, Blocks>;
+  // token_slots: a stage holds the slots as they land (slot_tile.cuh), read
+  // there (SlotReadLayout) or repacked in place into the blocks order's
+  // arrangement.
+  static constexpr bool kSlots = Shape::kSlots;
+  using Layout = std::conditional_t<Shape::kSlotsInPlace, SlotReadLayout<Format>, Blocks>;
   using Slot = SlotTile<Blocks, Format>;
-  using IssuePlan = std::conditional_t<Slots, typename Slot::IssuePlan, typename Blocks::IssuePlan>;
-  static constexpr int kStageBytes = Slots ? Slot::kStageBytes : Blocks::kStageBytes;
+  using IssuePlan = std::conditional_t<kSlots, typename Slot::IssuePlan, typename Blocks::IssuePlan>;
+  static constexpr int kStageBytes = kSlots ? Slot::kStageBytes : Blocks::kStageBytes;
   /// The lane's copy plan for kv head `head` (cp.async rings).
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
-    if constexpr (Slots) {
+    if constexpr (kSlots) {
       return Slot::make_plan(p, head, lane);
     } else {
       return Blocks::make_plan(p, head, lane);
@@ -212,7 +225,7 @@ struct SharedLayout {
   static constexpr int kFieldsStride = 128;  // a bulk tensor copy's destination is 128-byte aligned
   static constexpr int kFieldsOffset = kLutBytes;
   // token_slots: the fields come with the slots, no fields area.
-  static constexpr bool kFieldsArea = kBulkCopy && !Slots;
+  static constexpr bool kFieldsArea = kBulkCopy && !kSlots;
   static constexpr int kRecordsOffset = kFieldsArea ? kFieldsOffset + Shape::kWarps * kStages * kFieldsStride : kLutBytes;
   static constexpr int kRecordsAlign = 1024;
   static constexpr int kStageStride = kBulkCopy ? Shape::kWarps * Layout::kMetaOffset : kStageBytes;  // a warp's stage s to s + 1

@@ -2,11 +2,13 @@
 // section 4b): a kv head's slots are only 2-byte aligned (slot sizes such as
 // 134 bytes), so cp.async, which moves aligned 16-byte pieces, brings each
 // token's slot in the aligned windows that cover it into a staging row of the
-// ring stage (the slot starts `lead` bytes into the row). Once the stage has
+// ring stage (the slot starts `lead` bytes into the row; only the bytes of
+// the slot are read from the cache: a window's copy stops at the slot's
+// end). At D = 128 the main loop reads the slots there (SlotReadLayout, as
+// it reads the wide shape's bulk-copied ones); otherwise, once the stage has
 // landed, the warp repacks it in place into the arrangement its TileLayout
 // gives the blocks order (record chunks, then the fp16 fields), so the main
-// loop reads both orders with the same code. Only the bytes of the slot are
-// read from the cache: a window's copy stops at the slot's end.
+// loop reads both orders with the same code.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,7 +41,8 @@ struct SlotTile {
   static constexpr int kSlotBytes = kRecordBytes + 2 * kFields;  // even: no rounding
   // Windows per token: a slot starts up to 14 bytes into its first.
   static constexpr int kWindows = (14 + kSlotBytes + 15) / 16;
-  static constexpr int kPitch = 16 * kWindows;  // staging row of a token
+  static constexpr int kPitch = token_slots_stage_pitch(kSlotBytes);  // staging row of a token
+  static_assert(kPitch >= 16 * kWindows);
   // Then 16 bytes the repack's reads may touch past the last row (a chunk's
   // second 16-byte unit), and the tile's first lead (a 32-bit word), clear
   // of what the repack writes.
@@ -211,51 +214,54 @@ __device__ __forceinline__ uint2 load_shared_unaligned_8(const std::uint8_t* add
   return make_uint2(w[0], w[1]);
 }
 
-// The wide shape's token_slots tiles (4-bit keys at D = 128, on sm_90, where
-// the cache pointer, token stride and block stride are multiples of 16
-// bytes, so a kv head's slots all start `lead` = head * head_stride mod 16
-// bytes past a 16-byte boundary): one bulk tensor copy a tile of a box
-// kPitch bytes wide from that boundary (the copy engine needs the box's
-// first byte 16-byte aligned), so token t's slot starts at t kPitch + lead
-// in the stage, with nothing to repack. Offsets below are from the stage
-// plus the lead; the lanes' keys and values are read with unaligned loads
-// (load_shared_unaligned_*), the fields as they are.
-template <int HeadDim>
-struct BulkSlotLayout {
-  static_assert(HeadDim == 128, "the wide shape's head size");
-  using Blocks = TileLayout<CacheFormat::mse4, HeadDim>;
+// token_slots tiles read where they land, at D = 128 in every key format:
+// token t's slot starts at slot_row(t) = t kPitch + (first_lead + t
+// token_stride) mod 16 in a stage, first_lead = head * head_stride mod 16.
+// Bulk copies (the wide shape: token rows of 16-byte multiples) bring a box
+// kPitch bytes wide from the 16-byte boundary at or below each slot (the
+// copy engine needs the box's first byte 16-byte aligned); cp.async (the
+// narrow configuration) each slot's aligned windows into rows of kPitch
+// bytes. Either way the tile's first slot lies first_lead bytes past a
+// 16-byte boundary: the cache and its blocks start on one, and a tile's
+// first slot is a multiple of 16 token strides into its block. Even token
+// strides put token t + 8 at the same lead, kOffset8Tokens further. The
+// lanes' keys and values are read with unaligned loads
+// (load_shared_unaligned_*), the fields as they are; nothing is repacked.
+template <CacheFormat Format>
+struct SlotReadLayout {
+  using Blocks = TileLayout<Format, 128>;
+  using Slot = SlotTile<Blocks, Format>;
+  static constexpr bool kFp8 = Format == CacheFormat::fp8;
   static constexpr int kKeyBytes = Blocks::kKeyBytes;
   static constexpr int kRecordBytes = Blocks::kRecordBytes;
   static constexpr int kFields = Blocks::kFields;
-  static constexpr int kNormField = Blocks::kNormField, kValueScaleField = Blocks::kValueScaleField,
+  // fp8 keys have no norm: their field 0 is the value scale.
+  static constexpr int kNormField = 0, kValueScaleField = Blocks::kValueScaleField,
                        kValueZeroField = Blocks::kValueZeroField;
-  using Slot = SlotTile<Blocks, CacheFormat::mse4>;
-  static constexpr int kPitch = (Slot::kSlotBytes + 14 + 15) / 16 * 16;  // the box's width: lead + slot
-  static constexpr int kStageBytes = kTileTokens * kPitch;
-  static_assert(kStageBytes % 128 == 0, "bulk copy destinations stay 128-byte aligned");
-  static constexpr int kMetaOffset = kStageBytes;  // no fields area: the fields are in the slots
+  static constexpr int kPitch = Slot::kPitch;
+  static constexpr int kStageBytes = kTileTokens * kPitch;  // a bulk copy's box
+  static constexpr int kMetaOffset = kStageBytes;           // no fields area: the fields are in the slots
   static constexpr int kOffset8Tokens = 8 * kPitch;
-  static constexpr int kLaneKeyBytes = Blocks::kLaneKeyBytes;
-  static constexpr int kLaneValueBytes = Blocks::kLaneValueBytes;
-  static constexpr int kKeyLoads = Blocks::kKeyLoads;
-  static constexpr int kValueStart = kKeyBytes + 2;  // after the key norm
+  static constexpr int kKeyLoads = kFp8 ? 2 : 1;  // 16-byte loads of a lane's key bytes per token (MSE keys: one)
+  static constexpr int kKeyWords = 3, kKeyWordLoads = 3, kKeyLoadBytes = 4;  // 3-bit keys: a lane's 12 bytes
+  static constexpr int kValueWordLoads = 2;                                  // 3-bit values: a lane's 6 bytes
+  static constexpr int kValueStart = kKeyBytes + (kFp8 ? 0 : 2);            // after the key norm
   static constexpr bool kUnalignedLoads = true;
-  static_assert(kLaneKeyBytes == 16 && kLaneValueBytes == 8, "one 16-byte key load and one 8-byte value load");
 
   template <bool Bulk>
   __device__ static int token_at(int index) {
     return index;
   }
-  template <bool Bulk>
-  __device__ static int key_offset(int token, int c, int part = 0) {
-    return token * kPitch + kLaneKeyBytes * c + 16 * part;
+  /// Where `token`'s slot starts in a stage.
+  __device__ static int slot_row(int token, int first_lead, std::uint32_t token_stride) {
+    return token * kPitch + static_cast<int>((first_lead + token * token_stride) & 15u);
   }
-  template <bool Bulk = true>
-  __device__ static int value_offset(int token, int g, int /*head*/) {
-    return token * kPitch + kValueStart + kLaneValueBytes * g;
-  }
-  /// fp16 field `field` of `token`.
-  __device__ static int field_offset(int field, int token) { return token * kPitch + Slot::slot_field_offset(field); }
+  /// The lane's key bytes (dims (D/4)c ..) from its slot's start, 16 bytes from part 16.
+  static constexpr int key_byte(int c, int part) { return kKeyBytes / 4 * c + 16 * part; }
+  /// The lane's value bytes (dims (D/8)g ..) from its slot's start.
+  static constexpr int value_byte(int g) { return kValueStart + (value_bits(Format) == 4 ? 8 : 6) * g; }
+  /// fp16 field `field` from a slot's start.
+  static constexpr int field_offset(int field) { return Slot::slot_field_offset(field); }
 };
 
 }  // namespace tqdecode::cuda::tensor_core

@@ -3,8 +3,8 @@
 // bring each into one of the warp's kStages ring stages: cp.async through a
 // copy plan (tile_layout.cuh), or in the wide shape bulk tensor copies
 // completing on one barrier per stage (bulk_copy.cuh); in the token_slots
-// order cp.async of each slot's aligned windows, repacked once landed
-// (slot_tile.cuh).
+// order bulk copies or cp.async of each slot's aligned windows, read where
+// they land or repacked once landed (slot_tile.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,8 +49,9 @@ struct TileRing {
   int head, lane, first_tile, count;
   int num_kv_heads;            // token_slots: the repack's 3-bit leads (TileLayout)
   std::uint32_t token_stride;  // token_slots: the slots' leads
-  // token_slots, bulk copies: the box's first byte in a token's row (the
-  // 16-byte boundary at or below head * head_stride) and the slots' lead past it.
+  // token_slots: the 16-byte boundary at or below head * head_stride (bulk
+  // copies: the box's first byte in a token's row) and the lead past it of
+  // a tile's first slot (SlotReadLayout::slot_row).
   int box_column, slot_lead;
   // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
   // holds the block of the warp's tile i + j for the window i (a multiple of
@@ -192,7 +193,7 @@ struct TileRing {
   /// token_slots: the landed tile in `stage` into the layout's arrangement
   /// (after advance), visible to the warp on return.
   __device__ __forceinline__ void repack(std::uint8_t* stage) const {
-    if constexpr (Shape::kSlots && !kBulkCopy) {
+    if constexpr (Shape::kSlots && !Shape::kSlotsInPlace) {
       Shared::Slot::repack(stage, head, num_kv_heads, token_stride, lane);
       __syncwarp();
     }
