@@ -60,7 +60,7 @@ CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params) {
     // on one) to past its end, 16 tokens of one block; bytes past the row
     // read as zeros (token_slots_bulk_copy, SlotReadLayout).
     const auto row_bytes = static_cast<cuuint64_t>(layout.token_stride);
-    const auto box_bytes = static_cast<cuuint32_t>(token_slots_stage_pitch(static_cast<int>(layout.slot_bytes())));
+    const auto box_bytes = static_cast<cuuint32_t>(token_slots_box_bytes(static_cast<int>(layout.slot_bytes())));
     const cuuint64_t slot_dims[3] = {row_bytes, slots, blocks};
     const cuuint64_t slot_strides[2] = {row_bytes, block_stride};
     const cuuint32_t slot_box[3] = {box_bytes, kTileTokens, 1};

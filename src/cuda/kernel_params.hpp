@@ -21,13 +21,18 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 /// Tokens per tile of the Hopper kernel: its copies' box and its mma's M side.
 inline constexpr int kHopperTileTokens = 16;
 
-/// token_slots: the bytes a token's slot takes in a ring stage of the
-/// tensor-core kernel: the 16-byte windows covering it (a slot starts up to
-/// 14 bytes into its first), an odd number of them, so the rows of a tile's
-/// 8 tokens g start in 8 distinct bank quads and the lanes' unaligned 4-byte
-/// loads conflict at most 4 ways (tensor_core/slot_tile.cuh). Also the bulk
-/// copies' box width (cache_tensor_maps.cpp).
-constexpr int token_slots_stage_pitch(int slot_bytes) { return 16 * (((14 + slot_bytes + 15) / 16) | 1); }
+/// token_slots: the bytes of the 16-byte windows covering a slot (which
+/// starts up to 14 bytes into its first): the bulk copies' box width
+/// (cache_tensor_maps.cpp) and row pitch in a ring stage.
+constexpr int token_slots_box_bytes(int slot_bytes) { return (14 + slot_bytes + 15) / 16 * 16; }
+
+/// token_slots: the row pitch of a token's slot in a cp.async ring stage of
+/// the tensor-core kernel: its windows and one more where their count is
+/// even, so the rows of a tile's 8 tokens g start in 8 distinct bank quads
+/// and the lanes' unaligned 4-byte loads conflict at most 4 ways
+/// (tensor_core/slot_tile.cuh). (A wider box measured slower for the bulk
+/// copies at two head tiles.)
+constexpr int token_slots_stage_pitch(int slot_bytes) { return token_slots_box_bytes(slot_bytes) / 16 % 2 ? token_slots_box_bytes(slot_bytes) : token_slots_box_bytes(slot_bytes) + 16; }
 
 /// Query rotation: q_rot[b][hq][:] = bf16(fp32(q[b][hq][:]) @ PiT) for MSE
 /// presets, or q as fp32 for fp8 keys. q_rot is contiguous [B, Hq, D] fp32.

@@ -367,11 +367,12 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   }
   EXPECT_EQ(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 32768, kH200Sms).kv_heads_per_cta, 2);
 
-  // Footprints (shape.cuh): the wide shape's three-stage rings of 176-byte
-  // rows (token_slots_stage_pitch), and the narrow configuration's stages.
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1, true).shared_bytes, 204160);
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 218496);
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1, true).shared_bytes, 206208);
+  // Footprints (shape.cuh): the wide shape's three-stage rings of 160-byte
+  // rows (token_slots_box_bytes), and the narrow configuration's stages of
+  // 176-byte rows (token_slots_stage_pitch).
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1, true).shared_bytes, 191872);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 206208);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1, true).shared_bytes, 193920);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).shared_bytes, 106880);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).planned_ctas_per_sm, 2);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 8, 256, true).shared_bytes, 229888);

@@ -201,7 +201,7 @@ struct SharedLayout {
   // there (SlotReadLayout) or repacked in place into the blocks order's
   // arrangement.
   static constexpr bool kSlots = Shape::kSlots;
-  using Layout = std::conditional_t<Shape::kSlotsInPlace, SlotReadLayout<Format>, Blocks>;
+  using Layout = std::conditional_t<Shape::kSlotsInPlace, SlotReadLayout<Format, Shape::kBulkCopy>, Blocks>;
   using Slot = SlotTile<Blocks, Format>;
   using IssuePlan = std::conditional_t<kSlots, typename Slot::IssuePlan, typename Blocks::IssuePlan>;
   static constexpr int kStageBytes = kSlots ? Slot::kStageBytes : Blocks::kStageBytes;

@@ -221,13 +221,13 @@ __device__ __forceinline__ uint2 load_shared_unaligned_8(const std::uint8_t* add
 // kPitch bytes wide from the 16-byte boundary at or below each slot (the
 // copy engine needs the box's first byte 16-byte aligned); cp.async (the
 // narrow configuration) each slot's aligned windows into rows of kPitch
-// bytes. Either way the tile's first slot lies first_lead bytes past a
+// bytes (token_slots_stage_pitch). Either way the tile's first slot lies first_lead bytes past a
 // 16-byte boundary: the cache and its blocks start on one, and a tile's
 // first slot is a multiple of 16 token strides into its block. Even token
 // strides put token t + 8 at the same lead, kOffset8Tokens further. The
 // lanes' keys and values are read with unaligned loads
 // (load_shared_unaligned_*), the fields as they are; nothing is repacked.
-template <CacheFormat Format>
+template <CacheFormat Format, bool BulkCopies>
 struct SlotReadLayout {
   using Blocks = TileLayout<Format, 128>;
   using Slot = SlotTile<Blocks, Format>;
@@ -238,7 +238,7 @@ struct SlotReadLayout {
   // fp8 keys have no norm: their field 0 is the value scale.
   static constexpr int kNormField = 0, kValueScaleField = Blocks::kValueScaleField,
                        kValueZeroField = Blocks::kValueZeroField;
-  static constexpr int kPitch = Slot::kPitch;
+  static constexpr int kPitch = BulkCopies ? token_slots_box_bytes(Slot::kSlotBytes) : Slot::kPitch;
   static constexpr int kStageBytes = kTileTokens * kPitch;  // a bulk copy's box
   static constexpr int kMetaOffset = kStageBytes;           // no fields area: the fields are in the slots
   static constexpr int kOffset8Tokens = 8 * kPitch;
