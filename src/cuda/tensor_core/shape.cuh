@@ -203,12 +203,13 @@ struct SharedLayout {
   static constexpr bool kSlots = Shape::kSlots;
   using Layout = std::conditional_t<Shape::kSlotsInPlace, SlotReadLayout<Format, Shape::kBulkCopy>, Blocks>;
   using Slot = SlotTile<Blocks, Format>;
-  using IssuePlan = std::conditional_t<kSlots, typename Slot::IssuePlan, typename Blocks::IssuePlan>;
+  using IssuePlan =
+      std::conditional_t<kSlots, typename Slot::template IssuePlan<Shape::kSlotsInPlace>, typename Blocks::IssuePlan>;
   static constexpr int kStageBytes = kSlots ? Slot::kStageBytes : Blocks::kStageBytes;
   /// The lane's copy plan for kv head `head` (cp.async rings).
   __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
     if constexpr (kSlots) {
-      return Slot::make_plan(p, head, lane);
+      return Slot::template make_plan<Shape::kSlotsInPlace>(p, head, lane);
     } else {
       return Blocks::make_plan(p, head, lane);
     }

@@ -63,34 +63,53 @@ struct SlotTile {
 
   // A lane's copies: copy i is window (32 i + lane) % kWindows of token
   // (32 i + lane) / kWindows, so the windows of a token are neighbouring
-  // lanes of one instruction.
+  // lanes of one instruction. FixedLeads: every tile's first slot of kv head
+  // 0 lies on a 16-byte boundary (the cache and its blocks do: the slots
+  // read in place), so each copy's aligned source and byte count are the
+  // lane's constants; else they follow from the tile's address, and lane 0
+  // stores the tile's first lead for the repack.
+  template <bool FixedLeads>
   struct alignas(16) IssuePlan {
     std::uint32_t token_stride;
     std::uint32_t head_offset;  // head * head_stride
-    std::uint32_t source[kCopies];  // the token's slot, from the tile's first slot of kv head 0
-    std::uint32_t window[kCopies];  // destination in a stage (bits 0..15), window start 16 w (bits 16..)
+    // From the tile's first slot of kv head 0: FixedLeads the copy's aligned
+    // window, else the token's slot.
+    std::uint32_t source[kCopies];
+    // Destination in a stage (bits 0..15); FixedLeads the bytes to copy,
+    // else the window's start 16 w (bits 16..).
+    std::uint32_t window[kCopies];
 
     __device__ void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, int lane) const {
       const std::uint8_t* tile = block + slot0 * token_stride;  // within a block: < 2^31
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
         if (kCopyCount % 32 == 0 || i + 1 < kCopies || 32 * i + lane < kCopyCount) {
-          const std::uint8_t* slot = tile + source[i];
-          const int lead = static_cast<int>(reinterpret_cast<std::uintptr_t>(slot) & 15);
-          const int window_start = static_cast<int>(window[i] >> 16);
-          const int bytes = min(max(kSlotBytes + lead - window_start, 0), 16);
-          cp_async_16_prefix(stage + (window[i] & 0xffffu), slot - lead + window_start, bytes);
+          if constexpr (FixedLeads) {
+            cp_async_16_prefix(stage + (window[i] & 0xffffu), tile + source[i], static_cast<int>(window[i] >> 16));
+          } else {
+            const std::uint8_t* slot = tile + source[i];
+            const int lead = static_cast<int>(reinterpret_cast<std::uintptr_t>(slot) & 15);
+            const int window_start = static_cast<int>(window[i] >> 16);
+            cp_async_16_prefix(stage + (window[i] & 0xffffu), slot - lead + window_start,
+                               window_bytes(lead, window_start));
+          }
         }
       }
-      if (lane == 0) {
+      if (!FixedLeads && lane == 0) {
         store_shared_u32(stage + kLeadOffset,
                          static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(tile) + head_offset) & 15u);
       }
     }
   };
 
-  __device__ static IssuePlan make_plan(const PartitionParams& p, int head, int lane) {
-    IssuePlan plan{};
+  /// Bytes of the slot in its window from `window_start` (0 to 16), the slot `lead` bytes into its first.
+  __device__ static int window_bytes(int lead, int window_start) {
+    return min(max(kSlotBytes + lead - window_start, 0), 16);
+  }
+
+  template <bool FixedLeads>
+  __device__ static IssuePlan<FixedLeads> make_plan(const PartitionParams& p, int head, int lane) {
+    IssuePlan<FixedLeads> plan{};
     plan.token_stride = static_cast<std::uint32_t>(p.layout.token_stride);
     plan.head_offset = static_cast<std::uint32_t>(head * p.layout.head_stride);
 #pragma unroll
@@ -98,8 +117,16 @@ struct SlotTile {
       const int copy = min(32 * i + lane, kCopyCount - 1);
       const int token = copy / kWindows;
       const int w = copy % kWindows;
-      plan.source[i] = token * plan.token_stride + plan.head_offset;
-      plan.window[i] = static_cast<std::uint32_t>(token * kPitch + 16 * w) | (static_cast<std::uint32_t>(16 * w) << 16);
+      const std::uint32_t slot = token * plan.token_stride + plan.head_offset;
+      const auto destination = static_cast<std::uint32_t>(token * kPitch + 16 * w);
+      if constexpr (FixedLeads) {
+        const int lead = static_cast<int>(slot & 15u);
+        plan.source[i] = slot - lead + 16 * w;
+        plan.window[i] = destination | (static_cast<std::uint32_t>(window_bytes(lead, 16 * w)) << 16);
+      } else {
+        plan.source[i] = slot;
+        plan.window[i] = destination | (static_cast<std::uint32_t>(16 * w) << 16);
+      }
     }
     return plan;
   }
@@ -202,12 +229,29 @@ __device__ __forceinline__ void load_shared_unaligned(const std::uint8_t* addres
   for (int i = 0; i + 1 < N; ++i) out[i] = __funnelshift_r(x[i], x[i + 1], 8 * skew);
 }
 
-/// 16 and 8 bytes from a shared-memory address that is only 2-byte aligned.
+/// 16 bytes from a shared-memory address that is only 2-byte aligned: three
+/// 8-byte loads from the 8-byte boundary at or below it, then the five
+/// words from the address's word funnel-shifted. A warp's lanes reading
+/// chunks 16 bytes apart in rows of 16-byte units conflict at most 2 or 3
+/// ways so (half warps of 8-byte pairs), where 4-byte loads conflict 4.
 __device__ __forceinline__ uint4 load_shared_unaligned_16(const std::uint8_t* address) {
-  std::uint32_t w[4];
-  load_shared_unaligned<5>(address, w);
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  const auto at = static_cast<int>(reinterpret_cast<std::uintptr_t>(address) & 7);
+  const std::uint8_t* pairs = address - at;
+  std::uint32_t x[6];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const uint2 pair = load_shared<uint2>(pairs + 8 * i);
+    x[2 * i] = pair.x, x[2 * i + 1] = pair.y;
+  }
+  const bool second_word = at & 4;
+  std::uint32_t z[5];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) z[i] = second_word ? x[i + 1] : x[i];
+  const int shift = 8 * (at & 3);
+  return make_uint4(__funnelshift_r(z[0], z[1], shift), __funnelshift_r(z[1], z[2], shift),
+                    __funnelshift_r(z[2], z[3], shift), __funnelshift_r(z[3], z[4], shift));
 }
+/// 8 bytes from a shared-memory address that is only 2-byte aligned.
 __device__ __forceinline__ uint2 load_shared_unaligned_8(const std::uint8_t* address) {
   std::uint32_t w[2];
   load_shared_unaligned<3>(address, w);
