@@ -32,7 +32,10 @@ constexpr int token_slots_box_bytes(int slot_bytes) { return (14 + slot_bytes + 
 /// and the lanes' unaligned 4-byte loads conflict at most 4 ways
 /// (tensor_core/slot_tile.cuh). (A wider box measured slower for the bulk
 /// copies at two head tiles.)
-constexpr int token_slots_stage_pitch(int slot_bytes) { return token_slots_box_bytes(slot_bytes) / 16 % 2 ? token_slots_box_bytes(slot_bytes) : token_slots_box_bytes(slot_bytes) + 16; }
+constexpr int token_slots_stage_pitch(int slot_bytes) {
+  const int box = token_slots_box_bytes(slot_bytes);
+  return box / 16 % 2 ? box : box + 16;
+}
 
 /// Query rotation: q_rot[b][hq][:] = bf16(fp32(q[b][hq][:]) @ PiT) for MSE
 /// presets, or q as fp32 for fp8 keys. q_rot is contiguous [B, Hq, D] fp32.

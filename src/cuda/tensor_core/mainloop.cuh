@@ -19,7 +19,7 @@ namespace tqdecode::cuda::tensor_core {
 /// (SlotReadLayout) only 2-byte aligned, else one aligned load.
 template <class Layout>
 __device__ __forceinline__ uint4 load_key_chunk(const std::uint8_t* address) {
-  if constexpr (requires { Layout::kUnalignedLoads; }) {
+  if constexpr (kReadsSlots<Layout>) {
     return load_shared_unaligned_16(address);
   } else {
     return load_shared<uint4>(address);
@@ -52,7 +52,6 @@ struct LaneOperands {
   // token_slots read in place (SlotReadLayout): where token g's slot starts
   // (token g + 8's is Layout::kOffset8Tokens further), for its fields.
   int slot_row;
-  static constexpr bool kSlotsInPlace = requires { Layout::kUnalignedLoads; };
 
   /// The token of a tile's S^T row or O^T k index `index` (TileLayout<mse4>).
   __device__ __forceinline__ static int token_at(int index) {
@@ -63,7 +62,7 @@ struct LaneOperands {
   /// `first_lead` and `token_stride`: token_slots read in place (SlotReadLayout::slot_row).
   __device__ __forceinline__ LaneOperands(int g, int c, int head, int num_kv_heads, int first_lead,
                                           std::uint32_t token_stride) {
-    if constexpr (kSlotsInPlace) {
+    if constexpr (kReadsSlots<Layout>) {
       in_slots(g, c, first_lead, token_stride);
     } else {
       in_tile_layout(g, c, head, num_kv_heads);
@@ -205,7 +204,7 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
     std::uint32_t words[2][kKeyWords];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      if constexpr (requires { Layout::kUnalignedLoads; }) {  // token_slots read in place: 12 bytes at once
+      if constexpr (kReadsSlots<Layout>) {  // token_slots read in place: 12 bytes at once
         load_shared_unaligned<kKeyWords + 1>(stage + key_word[0] + j * Layout::kOffset8Tokens, words[j]);
       } else {
 #pragma unroll
@@ -324,7 +323,7 @@ __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, con
     std::uint32_t v[4][kValueWords];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      if constexpr (requires { Layout::kUnalignedLoads; }) {  // token_slots read in place (SlotReadLayout)
+      if constexpr (kReadsSlots<Layout>) {  // token_slots read in place (SlotReadLayout)
         const uint2 words = load_shared_unaligned_8(stage + value_offset[k]);
         v[k][0] = words.x, v[k][1] = words.y;
       } else if constexpr (kValueWords == 1) {
@@ -359,7 +358,7 @@ __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, con
     for (int k = 0; k < 4; ++k) {
       const int token_offset = (k >> 1) * Layout::kOffset8Tokens;
       std::uint32_t w0, w1;
-      if constexpr (requires { Layout::kUnalignedLoads; }) {  // token_slots read in place: 6 bytes at once
+      if constexpr (kReadsSlots<Layout>) {  // token_slots read in place: 6 bytes at once
         std::uint32_t words[2];
         load_shared_unaligned<3>(stage + value_word[k & 1][0] + token_offset, words);
         w0 = words[0], w1 = words[1];

@@ -40,7 +40,7 @@ struct SlotTile {
   static constexpr int kNormBytes = Format == CacheFormat::fp8 ? 0 : 2;
   static constexpr int kSlotBytes = kRecordBytes + 2 * kFields;  // even: no rounding
   // Windows per token: a slot starts up to 14 bytes into its first.
-  static constexpr int kWindows = (14 + kSlotBytes + 15) / 16;
+  static constexpr int kWindows = token_slots_box_bytes(kSlotBytes) / 16;
   static constexpr int kPitch = token_slots_stage_pitch(kSlotBytes);  // staging row of a token
   static_assert(kPitch >= 16 * kWindows);
   // Then 16 bytes the repack's reads may touch past the last row (a chunk's
@@ -290,7 +290,6 @@ struct SlotReadLayout {
   static constexpr int kKeyWords = 3, kKeyWordLoads = 3, kKeyLoadBytes = 4;  // 3-bit keys: a lane's 12 bytes
   static constexpr int kValueWordLoads = 2;                                  // 3-bit values: a lane's 6 bytes
   static constexpr int kValueStart = kKeyBytes + (kFp8 ? 0 : 2);            // after the key norm
-  static constexpr bool kUnalignedLoads = true;
 
   template <bool Bulk>
   __device__ static int token_at(int index) {
@@ -307,5 +306,12 @@ struct SlotReadLayout {
   /// fp16 field `field` from a slot's start.
   static constexpr int field_offset(int field) { return Slot::slot_field_offset(field); }
 };
+
+/// Whether a tile layout reads the slots where they landed (SlotReadLayout):
+/// its keys and values only 2-byte aligned.
+template <class Layout>
+constexpr bool kReadsSlots = false;
+template <CacheFormat Format, bool BulkCopies>
+constexpr bool kReadsSlots<SlotReadLayout<Format, BulkCopies>> = true;
 
 }  // namespace tqdecode::cuda::tensor_core
