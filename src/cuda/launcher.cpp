@@ -70,6 +70,7 @@ void log_fallback_once(const std::string& reason) {
 std::string token_slots_text(const DecodeArgs& args, bool bulk_copies) {
   if (!args.layout.token_slots()) return {};
   if (bulk_copies) return ", token_slots order (bulk copies, read in place)";
+  if (cuda::token_slots_read_rotated(args.layout)) return ", token_slots order (read in place, rotated)";
   return cuda::token_slots_read_in_place(args.layout) ? ", token_slots order (read in place)"
                                                        : ", token_slots order (repacked)";
 }

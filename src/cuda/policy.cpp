@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <mutex>
 
@@ -75,7 +76,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   };
   // token_slots: the wide shape where bulk copies read the cache, else the
   // narrow configuration, one kv head per CTA.
-  if (path == DecodePath::hopper && (slots == SlotRead::in_place || slots == SlotRead::repacked)) {
+  if (path == DecodePath::hopper && slots != SlotRead::none && slots != SlotRead::bulk_copies) {
     return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, resident(false, 1)), false};
   }
   if (path == DecodePath::hopper && wide_table_kernel(preset, head_dim)) {
@@ -84,6 +85,25 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     if (group_size > kHeadsPerTile) {
       return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, resident(true, 1)), true};
     }
+    // token_slots: a token's row holds every kv head's slot, and each kv
+    // head's box shares 128-byte L2 lines with its neighbours'. CTAs of one
+    // kv head that stream long ranges drift apart and fetch the shared lines
+    // again, so past kSlotsLongStreamTokens a CTA takes the most kv heads,
+    // whose warps read whole rows together, with partitions filling the GPU
+    // (their extra prologues and reduction cost more on shorter ranges).
+    const auto whole_rows = [&]() -> GridChoice {
+      for (int i = static_cast<int>(std::size(kWideKvHeadsPerCta)) - 1; i >= 0; --i) {
+        const int heads_per_cta = kWideKvHeadsPerCta[i];
+        if (num_kv_heads % heads_per_cta != 0) continue;
+        return {choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
+                                      resident(true, heads_per_cta)),
+                true, heads_per_cta};
+      }
+      return {0, true};
+    };
+    const auto long_streams = [&](const GridChoice& choice) {
+      return slots == SlotRead::bulk_copies && max_context_tokens / choice.num_partitions > kSlotsLongStreamTokens;
+    };
     // One kv head per CTA for grids of at most kWideTableMaxWaves waves;
     // several kv heads per CTA keep several work items per SM streaming, as
     // two 8-warp CTAs do, with the wide table's shorter loop. The fewest
@@ -108,7 +128,13 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
         best_waves = waves;
       }
     }
-    if (best.num_partitions > 0) return best;
+    if (best.num_partitions > 0) {
+      if (long_streams(best)) {
+        const GridChoice rows = whole_rows();
+        if (rows.num_partitions > 0) return rows;
+      }
+      return best;
+    }
   }
   // The other presets: two kv heads per 16-warp CTA (one per SM) where that
   // grid takes at most kWideTableMaxWaves waves. Two 8-warp CTAs sharing an
@@ -177,9 +203,14 @@ bool token_slots_read_in_place(const CacheLayout& layout) {
   return layout.token_slots() && layout.head_dim == 128 && layout.block_stride % 16 == 0;
 }
 
+bool token_slots_read_rotated(const CacheLayout& layout) {
+  return token_slots_read_in_place(layout) && layout.preset == Preset::turboquant_k8v4 && layout.token_stride % 16 == 0;
+}
+
 SlotRead token_slots_read(const DecodeArgs& args) {
   if (!args.layout.token_slots()) return SlotRead::none;
   if (token_slots_bulk_copy(args)) return SlotRead::bulk_copies;
+  if (token_slots_read_rotated(args.layout)) return SlotRead::rotated;
   return token_slots_read_in_place(args.layout) ? SlotRead::in_place : SlotRead::repacked;
 }
 

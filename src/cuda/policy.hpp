@@ -81,6 +81,9 @@ inline constexpr int kWideTableMaxWaves = 2;
 
 /// kv heads per CTA of the 16-warp kernel besides one.
 inline constexpr int kWideKvHeadsPerCta[] = {2, 4, 8};
+/// token_slots bulk copies: a CTA streaming more tokens than this takes
+/// whole token rows (the most kv heads per CTA, choose_grid).
+inline constexpr int kSlotsLongStreamTokens = 32768;
 
 /// Whether the 64 KB-table Hopper kernel (16 warps, 12 for groups over 8)
 /// exists for this preset and head size (4-bit keys, D = 128).
@@ -98,9 +101,11 @@ struct GridChoice {
 
 /// How the tensor-core kernels read a token_slots cache (none: the blocks
 /// order): bulk tensor copies in the wide shape (token_slots_bulk_copy),
-/// cp.async windows read where they land (token_slots_read_in_place), or
-/// cp.async windows repacked into the blocks order's tile arrangement.
-enum class SlotRead { none, bulk_copies, in_place, repacked };
+/// cp.async windows read where they land (token_slots_read_in_place) with
+/// unaligned loads or, where every slot of a kv head has the same lead, with
+/// aligned loads of rotated data (token_slots_read_rotated), or cp.async
+/// windows repacked into the blocks order's tile arrangement.
+enum class SlotRead { none, bulk_copies, in_place, rotated, repacked };
 
 /// N and the Hopper kernel shape for a call: where the 16-warp kernel
 /// exists, it serves h = 1, 2, 4 or 8 kv heads per CTA (planned for Hk / h
@@ -134,6 +139,14 @@ bool token_slots_bulk_copy(const DecodeArgs& args);
 /// tile; else the narrow configuration repacks each landed tile into the
 /// blocks order's arrangement.
 bool token_slots_read_in_place(const CacheLayout& layout);
+
+/// Whether the narrow configuration reads the slots in place with aligned
+/// loads of rotated data (SlotReadLayout): read in place, fp8 keys, and
+/// token rows of 16-byte multiples (4 kv heads of k8v4's 196-byte slots, or
+/// any multiple of 4), so every slot of a kv head has the same lead. (The
+/// wide shape's bulk copies read 4-bit keys so; the narrow configuration's
+/// 4-bit keys measured slower rotated than with unaligned loads.)
+bool token_slots_read_rotated(const CacheLayout& layout);
 
 /// How the Hopper kernel reads the call's cache (SlotRead).
 SlotRead token_slots_read(const DecodeArgs& args);

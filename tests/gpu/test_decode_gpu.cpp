@@ -207,6 +207,9 @@ std::vector<DecodeCase> decode_cases() {
                    2, false, DType::bf16, 1.0f, CacheOrder::token_slots, true});
   cases.push_back({"slots_k8v4_hk1_g8_d128", Preset::turboquant_k8v4, 8, 1, 128, 64, {3001, 65}, 0, false,
                    DType::bf16, 1.0f, CacheOrder::token_slots, false});
+  // fp8 keys read rotated (4 kv heads: 784-byte token rows) at two head tiles.
+  cases.push_back({"slots_k8v4_raw_hk4_g16_d128_rotated", Preset::turboquant_k8v4, 64, 4, 128, 32, {2500, 47, 1},
+                   0, true, DType::f16, 1.0f, CacheOrder::token_slots, false});
   cases.push_back({"slots_k8v4_b40_waves_heads_major", Preset::turboquant_k8v4, 64, 8, 128, 16,
                    random_lengths(40, 1500, 23), 16, true, DType::bf16, 1.0f, CacheOrder::token_slots, false, true});
   const Preset others[] = {Preset::turboquant_k3v4_nc, Preset::turboquant_3bit_nc, Preset::turboquant_k8v4};
@@ -282,9 +285,16 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
                       (layout.num_kv_heads - 1) * layout.head_stride + layout.slot_bytes() <= layout.token_stride;
     EXPECT_EQ(plan.wide_table, bulk) << plan.reason;
     if (!bulk) EXPECT_EQ(plan.kv_heads_per_cta, 1);
-    // Slots read where they land at D = 128 with blocks on 16-byte boundaries, else repacked.
+    // Slots read where they land at D = 128 with blocks on 16-byte boundaries
+    // (fp8 keys in token rows of 16-byte multiples: aligned loads of rotated
+    // data), else repacked.
     const bool in_place = layout.head_dim == 128 && layout.block_stride % 16 == 0;
-    EXPECT_NE(plan.reason.find(in_place ? "read in place)" : "(repacked)"), std::string::npos) << plan.reason;
+    const bool rotated = in_place && layout.token_stride % 16 == 0 && layout.preset == Preset::turboquant_k8v4;
+    const char* access = bulk       ? "(bulk copies, read in place)"
+                         : rotated  ? "(read in place, rotated)"
+                         : in_place ? "(read in place)"
+                                    : "(repacked)";
+    EXPECT_NE(plan.reason.find(access), std::string::npos) << plan.reason;
   }
   decode(device.args(), workspace);
   const std::vector<float> automatic = device.output();

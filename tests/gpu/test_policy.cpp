@@ -347,6 +347,13 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_FALSE(token_slots_read_in_place(padded_page));
   EXPECT_FALSE(token_slots_read_in_place(make_token_slots_layout(Preset::turboquant_4bit_nc, 64, 16, 8, false)));
   EXPECT_FALSE(token_slots_read_in_place(make_layout(Preset::turboquant_4bit_nc, 128, 16, 8)));
+  // The narrow configuration's aligned loads of rotated data: fp8 keys in
+  // token rows of 16-byte multiples (4 kv heads of 196-byte slots).
+  EXPECT_FALSE(token_slots_read_rotated(args_of(Preset::turboquant_4bit_nc, 8, kAligned).layout));
+  EXPECT_TRUE(token_slots_read_rotated(args_of(Preset::turboquant_k8v4, 4, kAligned).layout));
+  EXPECT_FALSE(token_slots_read_rotated(args_of(Preset::turboquant_k8v4, 2, kAligned).layout));
+  EXPECT_FALSE(token_slots_read_rotated(args_of(Preset::turboquant_k3v4_nc, 8, kAligned).layout));
+  EXPECT_FALSE(token_slots_read_rotated(padded_page));
 
   const auto grid = [](int batch, bool bulk) {
     return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, batch, 8, 32768, kH200Sms, 128,
@@ -356,6 +363,14 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_TRUE(one_wave.wide_table);
   EXPECT_EQ(one_wave.kv_heads_per_cta, 1);
   EXPECT_GT(grid(64, true).kv_heads_per_cta, 1);  // 512 work items: several kv heads per CTA, as the blocks order
+  // Streams past kSlotsLongStreamTokens: every kv head of a token row in one
+  // CTA (the L2 lines the heads' boxes share fetched once), partitions filling the GPU.
+  const GridChoice long_rows = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 32, 8, 131072, kH200Sms,
+                                           128, SlotRead::bulk_copies);
+  EXPECT_EQ(long_rows.kv_heads_per_cta, 8);
+  EXPECT_EQ(long_rows.num_partitions, 4);  // 128 CTAs
+  const GridChoice blocks = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 32, 8, 131072, kH200Sms);
+  EXPECT_EQ(blocks.kv_heads_per_cta, 2);  // the blocks order: the fewest waves
   const GridChoice narrow = grid(64, false);
   EXPECT_FALSE(narrow.wide_table);
   EXPECT_EQ(narrow.kv_heads_per_cta, 1);

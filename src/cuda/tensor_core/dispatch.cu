@@ -65,13 +65,21 @@ KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head
           }
         }
         // The narrow configuration: the same shared memory whether the slots
-        // are read in place or repacked (the stages hold them as they land).
+        // are read in place (rotated or not) or repacked (the stages hold
+        // them as they land).
         constexpr tensor_core::SlotAccess kRepacked = tensor_core::SlotAccess::repacked;
         if constexpr (HeadDim == 128) {
           static_assert(footprint_of<HeadDim, 1, kFormat, false, 1, kInPlace>().shared_bytes ==
                             footprint_of<HeadDim, 1, kFormat, false, 1, kRepacked>().shared_bytes &&
                         footprint_of<HeadDim, 2, kFormat, false, 1, kInPlace>().shared_bytes ==
                             footprint_of<HeadDim, 2, kFormat, false, 1, kRepacked>().shared_bytes);
+          if constexpr (kFormat == CacheFormat::fp8) {
+            constexpr tensor_core::SlotAccess kRotated = tensor_core::SlotAccess::rotated;
+            static_assert(footprint_of<HeadDim, 1, kFormat, false, 1, kRotated>().shared_bytes ==
+                              footprint_of<HeadDim, 1, kFormat, false, 1, kRepacked>().shared_bytes &&
+                          footprint_of<HeadDim, 2, kFormat, false, 1, kRotated>().shared_bytes ==
+                              footprint_of<HeadDim, 2, kFormat, false, 1, kRepacked>().shared_bytes);
+          }
         }
         if constexpr (HeadDim != 256) {
           if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, false, 1, kRepacked>();

@@ -44,11 +44,13 @@ __device__ __forceinline__ float single_partition_element(float max, float sum, 
 // and hands each valid row's partition result (max in natural-log units,
 // sum, normalized output element) to finish_row(row, max, sum, out).
 // `range_begin`: the partition's first position; a row whose causal limit
-// is at or before it has no token there (empty values).
+// is at or before it has no token there (empty values). `dim_rotation`: the
+// accumulators hold dims that many below their natural ones, mod D (rotated
+// token_slots reads, SlotReadLayout; unused elsewhere).
 template <class Shape, class Shared, CacheFormat Format, class FinishRow>
 __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::uint8_t* shared,
                                             const CtaRows<Shape::kRows>& rows, int range_begin, int warp, int lane,
-                                            const FinishRow& finish_row) {
+                                            int dim_rotation, const FinishRow& finish_row) {
   constexpr int HeadDim = Shape::kHeadDim;
   constexpr int HeadTiles = Shape::kHeadTiles;
   constexpr int kDimTiles = Shape::kDimTiles;
@@ -88,7 +90,9 @@ __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::
       float* out = merge.out[head_warp][row];
 #pragma unroll
       for (int m = 0; m < kDimTiles; ++m) {
-        *reinterpret_cast<float2*>(out + merge_dim<HeadDim>(row, HeadDim / 8 * g + 2 * m)) =
+        int dims = HeadDim / 8 * g + 2 * m;
+        if constexpr (kReadsRotatedSlots<typename Shared::Layout>) dims = (dims - dim_rotation) & (HeadDim - 1);
+        *reinterpret_cast<float2*>(out + merge_dim<HeadDim>(row, dims)) =
             make_float2(code_sum(softmax.acc[nt][m][e], softmax.pv_sum[nt][e], softmax.zero_sum[nt][e], 2 * m),
                         code_sum(softmax.acc[nt][m][2 + e], softmax.pv_sum[nt][e], softmax.zero_sum[nt][e], 2 * m + 1));
       }

@@ -327,7 +327,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     const int c = lane & 3;
     const int g = lane >> 2;
     // Query operand (B of S^T = K Q^T), permuted: k-step ks, lane (g, c)
-    // holds head g of the tile, dims (D/4)c + 4ks + {0, 1} and {2, 3}.
+    // holds head g of the tile, dims (D/4)c + 4ks + {0, 1} and {2, 3}
+    // (rotated slot reads: those of its key bytes, SlotReadLayout::query_dims).
     std::uint32_t qb[HeadTiles][kDimTiles][2];
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) {
@@ -335,9 +336,19 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       for (int ks = 0; ks < kDimTiles; ++ks) {
         const int row = kRows * head_slot + kHeadsPerTile * nt + g;
         // fp16: against fp8 keys (exact: e4m3 values are fp16 values) and against the table's scaled centroids.
-        const uint2 q = *reinterpret_cast<const uint2*>(query_rows + query_slot<HeadDim>(row, HeadDim / 4 * c + 4 * ks));
-        qb[nt][ks][0] = q.x;
-        qb[nt][ks][1] = q.y;
+        if constexpr (kReadsRotatedSlots<Layout>) {
+          const int dims = Layout::query_dims(c, ks, ring.slot_lead);
+          const auto pair = [&](int first) {
+            return *reinterpret_cast<const std::uint32_t*>(query_rows + query_slot<HeadDim>(row, first));
+          };
+          qb[nt][ks][0] = pair(dims);
+          qb[nt][ks][1] = pair((dims + 2) & (HeadDim - 1));
+        } else {
+          const int dims = HeadDim / 4 * c + 4 * ks;
+          const uint2 q = *reinterpret_cast<const uint2*>(query_rows + query_slot<HeadDim>(row, dims));
+          qb[nt][ks][0] = q.x;
+          qb[nt][ks][1] = q.y;
+        }
       }
     }
 
@@ -386,8 +397,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       float square[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const auto scores = [&]<bool SquareSums>() {
         key_scores<Shape, Layout, Format, SquareSums>(data, operands.key_offset, operands.key_word,
-                                                      operands.key_low_selector, operands.key_high_selector, qb,
-                                                      lane_lut, lut, score, score_odd, square);
+                                                      operands.key_low_selector, operands.key_high_selector,
+                                                      operands.key_wraps, operands.key_mask, qb, lane_lut, lut, score,
+                                                      score_odd, square);
       };
       if (kRenormalizes && renormalize) {
         scores.template operator()<kRenormalizes>();
@@ -440,7 +452,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       std::uint32_t pb[HeadTiles][2];
       softmax.probabilities(d, value_scale, value_zero, pb);
       accumulate_values<Shape, Layout, Format>(data, operands.value_offset, operands.value_word, operands.low_selector,
-                                               operands.high_selector, pb,
+                                               operands.high_selector, operands.value_wraps, operands.value_mask, pb,
                                                softmax.acc);
       softmax.add_probability_sums(pb);
       __syncwarp();  // the stage is refilled by the next iteration's issue
@@ -459,7 +471,11 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     if constexpr (!kBulkCopy) cp_async_wait<0>();
 
     // ---- 3. merge the warps (epilogue.cuh) --------------------------------------
-    merge_warps<Shape, Shared, Format>(softmax, shared, rows, cta_range.begin, warp, lane, finish_row);
+    // Rotated slot reads: the accumulators' dims lag by twice the value bytes' rotation.
+    int output_dim_rotation = 0;
+    if constexpr (kReadsRotatedSlots<Layout>) output_dim_rotation = 2 * Layout::value_byte_rotation(ring.slot_lead);
+    merge_warps<Shape, Shared, Format>(softmax, shared, rows, cta_range.begin, warp, lane, output_dim_rotation,
+                                       finish_row);
   }
   if (num_partitions == 1) return;  // finish_row wrote the output
 
@@ -519,7 +535,8 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
   const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
   const int head_tiles = tensor_core_head_tiles(group * params.rows.max_query_len, HeadDim);
   if (params.partitions.layout.token_slots()) {  // one kv head per CTA but in the wide shape
-    constexpr SlotAccess kInPlace = SlotAccess::in_place, kRepacked = SlotAccess::repacked;
+    constexpr SlotAccess kInPlace = SlotAccess::in_place, kRotated = SlotAccess::rotated,
+                         kRepacked = SlotAccess::repacked;
     if constexpr (HeadDim == 128) {
       if constexpr (Format == CacheFormat::mse4) {
         if (params.wide_table) {
@@ -528,6 +545,12 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
           if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, true, 4, kInPlace>(params, stream);
           if (params.kv_heads_per_cta == 2) return launch<HeadDim, 1, Format, true, 2, kInPlace>(params, stream);
           return launch<HeadDim, 1, Format, true, 1, kInPlace>(params, stream);
+        }
+      }
+      if constexpr (Format == CacheFormat::fp8) {
+        if (token_slots_read_rotated(params.partitions.layout)) {
+          if (head_tiles == 2) return launch<HeadDim, 2, Format, false, 1, kRotated>(params, stream);
+          return launch<HeadDim, 1, Format, false, 1, kRotated>(params, stream);
         }
       }
       if (token_slots_read_in_place(params.partitions.layout)) {

@@ -52,10 +52,17 @@ struct LaneOperands {
   // token_slots read in place (SlotReadLayout): where token g's slot starts
   // (token g + 8's is Layout::kOffset8Tokens further), for its fields.
   int slot_row;
+  // Rotated slot reads (kReadsRotatedSlots): the bytes of the first key
+  // chunk (lane quad 0) and of the value words (lane g = 0) taken from past
+  // the key and value data (load_rotated).
+  std::uint32_t key_mask[4], value_mask[2];
+  bool key_wraps, value_wraps;  // lane quad 0, lane g = 0
 
   /// The token of a tile's S^T row or O^T k index `index` (TileLayout<mse4>).
   __device__ __forceinline__ static int token_at(int index) {
-    if constexpr (Format == CacheFormat::mse4) return Layout::template token_at<kBulkCopy>(index);
+    if constexpr (Format == CacheFormat::mse4 || kReadsRotatedSlots<Layout>) {
+      return Layout::template token_at<kBulkCopy>(index);
+    }
     return index;
   }
 
@@ -73,23 +80,45 @@ struct LaneOperands {
   /// start (SlotReadLayout), the keys and values in their natural order.
   __device__ __forceinline__ void in_slots(int g, int c, int first_lead, std::uint32_t token_stride) {
     const auto row = [&](int token) { return Layout::slot_row(token, first_lead, token_stride); };
-    slot_row = row(g);
+    slot_row = row(token_at(g));
+    if constexpr (kReadsRotatedSlots<Layout>) {
+      // Every slot at lead first_lead: the row's 16-byte units (key_unit), and the 8 bytes from the 8-byte
+      // boundary at or below value byte 8g - r (SlotReadLayout).
 #pragma unroll
-    for (int part = 0; part < Layout::kKeyLoads; ++part) {
-      key_offset[0][part] = slot_row + Layout::key_byte(c, part);
-      key_offset[1][part] = key_offset[0][part] + Layout::kOffset8Tokens;
-    }
-    key_word[0] = slot_row + Layout::key_byte(c, 0);  // 3-bit keys: one unaligned load of 12 bytes
+      for (int part = 0; part < Layout::kKeyLoads; ++part) {
+        key_offset[0][part] = slot_row - first_lead + Layout::key_unit(c, part);
+        key_offset[1][part] = key_offset[0][part] + Layout::kOffset8Tokens;
+      }
+      const int value_rotation = Layout::value_byte_rotation(first_lead);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      // 4-bit values: tokens 2c + j and 2c + j + 8; 3-bit values: one unaligned load of 6 bytes each.
-      value_offset[j] = row(2 * c + j) + Layout::value_byte(g);
-      value_offset[j + 2] = value_offset[j] + Layout::kOffset8Tokens;
-      value_word[j][0] = value_offset[j];
+      for (int j = 0; j < 2; ++j) {
+        value_offset[j] = row(token_at(2 * c + j)) + Layout::kValueStart - value_rotation + 8 * g;
+        value_offset[j + 2] = value_offset[j] + Layout::kOffset8Tokens;
+      }
+      key_wraps = c == 0;
+      value_wraps = g == 0;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) key_mask[w] = prefix_mask(c == 0 ? first_lead : 0, w);
+#pragma unroll
+      for (int w = 0; w < 2; ++w) value_mask[w] = prefix_mask(g == 0 ? value_rotation : 0, w);
+    } else {
+#pragma unroll
+      for (int part = 0; part < Layout::kKeyLoads; ++part) {
+        key_offset[0][part] = slot_row + Layout::key_byte(c, part);
+        key_offset[1][part] = key_offset[0][part] + Layout::kOffset8Tokens;
+      }
+      key_word[0] = slot_row + Layout::key_byte(c, 0);  // 3-bit keys: one unaligned load of 12 bytes
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        // 4-bit values: tokens 2c + j and 2c + j + 8; 3-bit values: one unaligned load of 6 bytes each.
+        value_offset[j] = row(2 * c + j) + Layout::value_byte(g);
+        value_offset[j + 2] = value_offset[j] + Layout::kOffset8Tokens;
+        value_word[j][0] = value_offset[j];
+      }
+      // 3-bit values: the 6 bytes from the load's first byte.
+      low_selector = 0x3210u;
+      high_selector = 0x5432u;
     }
-    // 3-bit values: the 6 bytes from the load's first byte.
-    low_selector = 0x3210u;
-    high_selector = 0x5432u;
   }
 
   __device__ __forceinline__ void in_tile_layout(int g, int c, int head, int num_kv_heads) {
@@ -156,7 +185,8 @@ struct LaneOperands {
 template <class Shape, class Layout, CacheFormat Format, bool SquareSums, int KeyWordLoads>
 __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int (&key_offset)[2][Layout::kKeyLoads],
                                            const int (&key_word)[KeyWordLoads], std::uint32_t key_low_selector,
-                                           std::uint32_t key_high_selector,
+                                           std::uint32_t key_high_selector, bool key_wraps,
+                                           const std::uint32_t (&key_mask)[4],
                                            const std::uint32_t (&qb)[Shape::kHeadTiles][Shape::kDimTiles][2],
                                            std::uint32_t lane_lut, const std::uint8_t* lut,
                                            float (&score)[Shape::kHeadTiles][4], float (&score_odd)[Shape::kHeadTiles][4],
@@ -181,7 +211,18 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int part = 0; part < kKeyLoads; ++part) {
-        const uint4 chunk = load_key_chunk<Layout>(stage + key_offset[j][part]);
+        uint4 chunk;
+        if constexpr (kReadsRotatedSlots<Layout>) {  // only the first unit takes wrapped bytes
+          std::uint32_t w[4];
+          if (part == 0) {
+            load_rotated<Layout::kKeyBytes>(stage + key_offset[j][part], key_wraps, key_mask, w);
+            chunk = make_uint4(w[0], w[1], w[2], w[3]);
+          } else {
+            chunk = load_shared<uint4>(stage + key_offset[j][part]);
+          }
+        } else {
+          chunk = load_key_chunk<Layout>(stage + key_offset[j][part]);
+        }
         words[j][4 * part + 0] = chunk.x;
         words[j][4 * part + 1] = chunk.y;
         words[j][4 * part + 2] = chunk.z;
@@ -253,14 +294,20 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
       const uint2 key_g8 = load_shared<uint2>(stage + key_offset[0][0] + Layout::kOffset8Tokens);
       words_g[0] = key_g.x, words_g[1] = key_g.y, words_g8[0] = key_g8.x, words_g8[1] = key_g8.y;
     } else {
+      if constexpr (kReadsRotatedSlots<Layout>) {
+        load_rotated<Layout::kKeyBytes>(stage + key_offset[0][0], key_wraps, key_mask, words_g);
+        load_rotated<Layout::kKeyBytes>(stage + key_offset[0][0] + Layout::kOffset8Tokens, key_wraps, key_mask,
+                                        words_g8);
+      } else {
 #pragma unroll
-      for (int part = 0; part < kKeyLoads; ++part) {
-        const uint4 key_g = load_key_chunk<Layout>(stage + key_offset[0][part]);
-        const uint4 key_g8 = load_key_chunk<Layout>(stage + key_offset[0][part] + Layout::kOffset8Tokens);
-        words_g[4 * part] = key_g.x, words_g[4 * part + 1] = key_g.y, words_g[4 * part + 2] = key_g.z,
-        words_g[4 * part + 3] = key_g.w;
-        words_g8[4 * part] = key_g8.x, words_g8[4 * part + 1] = key_g8.y, words_g8[4 * part + 2] = key_g8.z,
-        words_g8[4 * part + 3] = key_g8.w;
+        for (int part = 0; part < kKeyLoads; ++part) {
+          const uint4 key_g = load_key_chunk<Layout>(stage + key_offset[0][part]);
+          const uint4 key_g8 = load_key_chunk<Layout>(stage + key_offset[0][part] + Layout::kOffset8Tokens);
+          words_g[4 * part] = key_g.x, words_g[4 * part + 1] = key_g.y, words_g[4 * part + 2] = key_g.z,
+          words_g[4 * part + 3] = key_g.w;
+          words_g8[4 * part] = key_g8.x, words_g8[4 * part + 1] = key_g8.y, words_g8[4 * part + 2] = key_g8.z,
+          words_g8[4 * part + 3] = key_g8.w;
+        }
       }
     }
 #pragma unroll
@@ -297,7 +344,8 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
 template <class Shape, class Layout, CacheFormat Format, int ValueWordLoads>
 __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, const int (&value_offset)[4],
                                                   const int (&value_word)[2][ValueWordLoads], std::uint32_t low_selector,
-                                                  std::uint32_t high_selector,
+                                                  std::uint32_t high_selector, bool value_wraps,
+                                                  const std::uint32_t (&value_mask)[2],
                                                   const std::uint32_t (&pb)[Shape::kHeadTiles][2],
                                                   float (&acc)[Shape::kHeadTiles][Shape::kDimTiles][4]) {
   constexpr int HeadTiles = Shape::kHeadTiles;
@@ -323,7 +371,9 @@ __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, con
     std::uint32_t v[4][kValueWords];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      if constexpr (kReadsSlots<Layout>) {  // token_slots read in place (SlotReadLayout)
+      if constexpr (kReadsRotatedSlots<Layout>) {
+        load_rotated<value_bits(Format) * HeadDim / 8>(stage + value_offset[k], value_wraps, value_mask, v[k]);
+      } else if constexpr (kReadsSlots<Layout>) {  // token_slots read in place (SlotReadLayout)
         const uint2 words = load_shared_unaligned_8(stage + value_offset[k]);
         v[k][0] = words.x, v[k][1] = words.y;
       } else if constexpr (kValueWords == 1) {

@@ -81,9 +81,11 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// How an instance reads a token_slots cache (docs/FORMAT.md section 4b;
 /// none: the blocks order): each slot where it lands (SlotReadLayout: the
 /// wide shape's bulk copies, and at D = 128 the narrow configuration's
-/// cp.async windows where the blocks start on 16-byte boundaries), or
-/// repacked into the blocks order's tile arrangement once landed (SlotTile).
-enum class SlotAccess { none, in_place, repacked };
+/// cp.async windows where the blocks start on 16-byte boundaries; rotated:
+/// the narrow configuration's windows of fp8 keys where every slot of a kv
+/// head has the same lead, read with aligned loads as the bulk copies are), or repacked
+/// into the blocks order's tile arrangement once landed (SlotTile).
+enum class SlotAccess { none, in_place, rotated, repacked };
 
 /// Shape of a kernel instance. Wide: 4-bit keys, one CTA per SM sharing a
 /// 64 KB lookup table whose 256-byte rows make each lookup's address one
@@ -126,8 +128,12 @@ struct KernelShape {
   static_assert(!kSlots || Wide || HeadsPerCta == 1, "token_slots: one kv head per CTA in the narrow configuration");
   static_assert(!Wide || Slots != SlotAccess::repacked, "token_slots: the wide shape reads the slots in place");
   static_assert(Slots != SlotAccess::in_place || HeadDim == 128, "token_slots read in place at D = 128");
+  static_assert(Slots != SlotAccess::rotated || (HeadDim == 128 && !Wide && Format == CacheFormat::fp8),
+                "rotated slot reads in the narrow configuration: fp8 keys at D = 128");
   static constexpr bool kWideTable = Wide;
-  static constexpr bool kSlotsInPlace = Slots == SlotAccess::in_place;
+  static constexpr bool kSlotsInPlace = Slots == SlotAccess::in_place || Slots == SlotAccess::rotated;
+  // Aligned loads of rotated slot data: the bulk copies, and SlotAccess::rotated.
+  static constexpr bool kSlotsRotated = Slots == SlotAccess::rotated || (kSlotsInPlace && Wide);
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
   // warps fill the register file (8 leave a third of it idle, and two warps
   // per scheduler to cover the loop's latencies); 16 warps at 128 registers
@@ -201,8 +207,9 @@ struct SharedLayout {
   // there (SlotReadLayout) or repacked in place into the blocks order's
   // arrangement.
   static constexpr bool kSlots = Shape::kSlots;
-  using Layout = std::conditional_t<Shape::kSlotsInPlace, SlotReadLayout<Format, Shape::kBulkCopy>, Blocks>;
-  using Slot = SlotTile<Blocks, Format>;
+  using Layout = std::conditional_t<Shape::kSlotsInPlace,
+                                    SlotReadLayout<Format, Shape::kBulkCopy, Shape::kSlotsRotated>, Blocks>;
+  using Slot = SlotTile<Blocks, Format, Shape::kSlotsRotated>;
   using IssuePlan =
       std::conditional_t<kSlots, typename Slot::template IssuePlan<Shape::kSlotsInPlace>, typename Blocks::IssuePlan>;
   static constexpr int kStageBytes = kSlots ? Slot::kStageBytes : Blocks::kStageBytes;

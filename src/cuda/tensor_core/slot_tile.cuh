@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "../device_utils.cuh"
@@ -31,7 +32,9 @@ __device__ __forceinline__ void cp_async_16_prefix(std::uint32_t shared_address,
                : "memory");
 }
 
-template <class Layout, CacheFormat Format>
+// RotatedRows: rows a box wide (token_slots_box_bytes, an odd multiple of 32
+// bytes for the slots read rotated), in stages as large as the others.
+template <class Layout, CacheFormat Format, bool RotatedRows = false>
 struct SlotTile {
   static constexpr int kKeyBytes = Layout::kKeyBytes;
   static constexpr int kRecordBytes = Layout::kRecordBytes;
@@ -41,12 +44,14 @@ struct SlotTile {
   static constexpr int kSlotBytes = kRecordBytes + 2 * kFields;  // even: no rounding
   // Windows per token: a slot starts up to 14 bytes into its first.
   static constexpr int kWindows = token_slots_box_bytes(kSlotBytes) / 16;
-  static constexpr int kPitch = token_slots_stage_pitch(kSlotBytes);  // staging row of a token
-  static_assert(kPitch >= 16 * kWindows);
+  static constexpr int kPitch = RotatedRows ? token_slots_box_bytes(kSlotBytes)
+                                             : token_slots_stage_pitch(kSlotBytes);  // staging row of a token
+  static_assert(kPitch >= 16 * kWindows && kPitch <= token_slots_stage_pitch(kSlotBytes));
   // Then 16 bytes the repack's reads may touch past the last row (a chunk's
   // second 16-byte unit), and the tile's first lead (a 32-bit word), clear
   // of what the repack writes.
-  static constexpr int kLeadOffset = (std::max(kTileTokens * kPitch + 16, Layout::kStageBytes) + 15) / 16 * 16;
+  static constexpr int kLeadOffset =
+      (std::max(kTileTokens * token_slots_stage_pitch(kSlotBytes) + 16, Layout::kStageBytes) + 15) / 16 * 16;
   static constexpr int kStageBytes = kLeadOffset + 16;
   static constexpr int kCopyCount = kTileTokens * kWindows;
   static constexpr int kCopies = (kCopyCount + 31) / 32;  // per lane
@@ -271,10 +276,26 @@ __device__ __forceinline__ uint2 load_shared_unaligned_8(const std::uint8_t* add
 // strides put token t + 8 at the same lead, kOffset8Tokens further. The
 // lanes' keys and values are read with unaligned loads
 // (load_shared_unaligned_*), the fields as they are; nothing is repacked.
-template <CacheFormat Format, bool BulkCopies>
+//
+// Rotated: the bulk copies (4-bit keys), and the cp.async windows of fp8
+// keys where the token rows are 16-byte multiples (codes of whole bytes):
+// every slot of a stage then sits at the same lead L = first_lead, and the
+// lanes read aligned words of rotated data instead of shifting it. A lane's
+// 16-byte key chunks are units of the row (4-bit keys: unit c; fp8 keys:
+// units c and 4 + c), unit u holding key bytes 16u - L .. 16u - L + 15,
+// where lane quad 0 takes its first L bytes from the unit past the key data
+// (key bytes K - L .., K the key bytes): the key bytes rotated by L, and
+// the query's dims rotated to match (query_dims). The values likewise from
+// the 8-byte boundary at or below their start, rotated by r = (L +
+// kValueStart) mod 8 bytes, lane g = 0 taking its first r bytes from the 8
+// past the value data; the merge restores the output dims
+// (value_byte_rotation). The tile's tokens are permuted (token_at) so the
+// rows one load's phases read lie on distinct banks of rows an odd multiple
+// of 32 bytes apart.
+template <CacheFormat Format, bool BulkCopies, bool Rotated = BulkCopies>
 struct SlotReadLayout {
   using Blocks = TileLayout<Format, 128>;
-  using Slot = SlotTile<Blocks, Format>;
+  using Slot = SlotTile<Blocks, Format, Rotated>;
   static constexpr bool kFp8 = Format == CacheFormat::fp8;
   static constexpr int kKeyBytes = Blocks::kKeyBytes;
   static constexpr int kRecordBytes = Blocks::kRecordBytes;
@@ -291,10 +312,31 @@ struct SlotReadLayout {
   static constexpr int kValueWordLoads = 2;                                  // 3-bit values: a lane's 6 bytes
   static constexpr int kValueStart = kKeyBytes + (kFp8 ? 0 : 2);            // after the key norm
 
+  static_assert(!BulkCopies || (Rotated && Format == CacheFormat::mse4), "bulk copies: 4-bit keys, rotated");
+  static_assert(!Rotated || Format == CacheFormat::mse4 || Format == CacheFormat::fp8, "rotated: whole-byte key codes");
+  static_assert(!Rotated || kPitch % 64 == 32, "token_at's banks: rows an odd multiple of 32 bytes apart");
+
+  /// The token of a tile's S^T row or O^T k index. Rotated: rows 2p and
+  /// 2p + 1 (one phase of a 16-byte load) two tokens apart mod 4, 64 bytes
+  /// apart mod 128; rows 2c + j (c = 0..3, one phase of an 8-byte load) on
+  /// every token mod 4; token_at(index + 8) = token_at(index) + 8.
   template <bool Bulk>
   __device__ static int token_at(int index) {
+    if constexpr (Rotated) return (index & ~3) | (((index >> 1) + 2 * (index & 1)) & 3);
     return index;
   }
+  /// Rotated: where lane quad c's key chunk `part` starts in a row (a 16-byte unit).
+  static constexpr int key_unit(int c, int part) { return kFp8 ? 64 * part + 16 * c : 16 * c; }
+  /// The first of the query dims of k-step ks against lane quad c's keys
+  /// (the next two pairs; rotated, the second pair may wrap around D).
+  __device__ static int query_dims(int c, int ks, int first_lead) {
+    static_assert(Rotated);
+    // Key byte b of the row's units holds dims 2 (b - L) (4-bit) or b - L (fp8), mod D.
+    const int byte = kFp8 ? key_unit(c, ks / 4) + 4 * (ks % 4) : key_unit(c, 0) + 2 * ks;
+    return kFp8 ? (byte - first_lead) & 127 : (2 * (byte - first_lead)) & 127;
+  }
+  /// Rotated: the bytes the value words lag their lanes' natural ones (the output dims: twice as many).
+  __device__ static int value_byte_rotation(int first_lead) { return Rotated ? (first_lead + kValueStart) & 7 : 0; }
   /// Where `token`'s slot starts in a stage.
   __device__ static int slot_row(int token, int first_lead, std::uint32_t token_stride) {
     return token * kPitch + static_cast<int>((first_lead + token * token_stride) & 15u);
@@ -307,11 +349,49 @@ struct SlotReadLayout {
   static constexpr int field_offset(int field) { return Slot::slot_field_offset(field); }
 };
 
-/// Whether a tile layout reads the slots where they landed (SlotReadLayout):
-/// its keys and values only 2-byte aligned.
+/// Whether a tile layout reads the slots where they landed (SlotReadLayout),
+/// and whether it does so with aligned loads of rotated data (bulk copies)
+/// rather than loads only 2-byte aligned (the cp.async windows).
 template <class Layout>
 constexpr bool kReadsSlots = false;
+template <CacheFormat Format, bool BulkCopies, bool Rotated>
+constexpr bool kReadsSlots<SlotReadLayout<Format, BulkCopies, Rotated>> = true;
+template <class Layout>
+constexpr bool kReadsRotatedSlots = false;
 template <CacheFormat Format, bool BulkCopies>
-constexpr bool kReadsSlots<SlotReadLayout<Format, BulkCopies>> = true;
+constexpr bool kReadsRotatedSlots<SlotReadLayout<Format, BulkCopies, true>> = true;
+
+/// N words of a rotated read (kReadsRotatedSlots) from the aligned
+/// `address`: where `mask` is set, the bytes of the words Distance bytes
+/// further, loaded by the lanes that `wraps` (those that take wrapped bytes
+/// at some lead: every kv head's CTA then runs the same instructions, so the
+/// CTAs of a sequence's kv heads, which share the L2 lines of the token
+/// rows, stay together; a lead without wrapped bytes has zero masks).
+template <int Distance, int N>
+__device__ __forceinline__ void load_rotated(const std::uint8_t* address, bool wraps, const std::uint32_t (&mask)[N],
+                                             std::uint32_t (&words)[N]) {
+  static_assert(N == 2 || N == 4);
+  using Vector = std::conditional_t<N == 4, uint4, uint2>;
+  const auto unpack = [](const Vector& v, std::uint32_t(&out)[N]) {
+    if constexpr (N == 4) {
+      out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+    } else {
+      out[0] = v.x, out[1] = v.y;
+    }
+  };
+  unpack(load_shared<Vector>(address), words);
+  if (wraps) {  // predicated, not branched: nothing to initialise where the lane keeps its words
+    std::uint32_t wrap[N];
+    unpack(load_shared<Vector>(address + Distance), wrap);
+#pragma unroll
+    for (int i = 0; i < N; ++i) words[i] = (words[i] & ~mask[i]) | (wrap[i] & mask[i]);
+  }
+}
+
+/// The mask of the first `bytes` bytes (any integer) of word `word`.
+__device__ __forceinline__ std::uint32_t prefix_mask(int bytes, int word) {
+  const int bits = min(max(8 * (bytes - 4 * word), 0), 32);
+  return bits == 32 ? 0xffffffffu : (1u << bits) - 1u;
+}
 
 }  // namespace tqdecode::cuda::tensor_core
