@@ -85,25 +85,6 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     if (group_size > kHeadsPerTile) {
       return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, resident(true, 1)), true};
     }
-    // token_slots: a token's row holds every kv head's slot, and each kv
-    // head's box shares 128-byte L2 lines with its neighbours'. CTAs of one
-    // kv head that stream long ranges drift apart and fetch the shared lines
-    // again, so past kSlotsLongStreamTokens a CTA takes the most kv heads,
-    // whose warps read whole rows together, with partitions filling the GPU
-    // (their extra prologues and reduction cost more on shorter ranges).
-    const auto whole_rows = [&]() -> GridChoice {
-      for (int i = static_cast<int>(std::size(kWideKvHeadsPerCta)) - 1; i >= 0; --i) {
-        const int heads_per_cta = kWideKvHeadsPerCta[i];
-        if (num_kv_heads % heads_per_cta != 0) continue;
-        return {choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
-                                      resident(true, heads_per_cta)),
-                true, heads_per_cta};
-      }
-      return {0, true};
-    };
-    const auto long_streams = [&](const GridChoice& choice) {
-      return slots == SlotRead::bulk_copies && max_context_tokens / choice.num_partitions > kSlotsLongStreamTokens;
-    };
     // One kv head per CTA for grids of at most kWideTableMaxWaves waves;
     // several kv heads per CTA keep several work items per SM streaming, as
     // two 8-warp CTAs do, with the wide table's shorter loop. The fewest
@@ -129,9 +110,20 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
       }
     }
     if (best.num_partitions > 0) {
-      if (long_streams(best)) {
-        const GridChoice rows = whole_rows();
-        if (rows.num_partitions > 0) return rows;
+      // token_slots: a token's row holds every kv head's slot, and each kv
+      // head's box shares 128-byte L2 lines with its neighbours'. CTAs of one
+      // kv head that stream long ranges drift apart and fetch the shared
+      // lines again, so past kSlotsLongStreamTokens a CTA takes the most kv
+      // heads, whose warps read whole rows together, with partitions filling
+      // the GPU (their extra prologues and reduction cost more on shorter ranges).
+      if (slots == SlotRead::bulk_copies && max_context_tokens / best.num_partitions > kSlotsLongStreamTokens) {
+        for (int i = static_cast<int>(std::size(kWideKvHeadsPerCta)) - 1; i >= 0; --i) {
+          const int heads_per_cta = kWideKvHeadsPerCta[i];
+          if (num_kv_heads % heads_per_cta != 0) continue;
+          return {choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
+                                        resident(true, heads_per_cta)),
+                  true, heads_per_cta};
+        }
       }
       return best;
     }

@@ -270,7 +270,7 @@ __device__ __forceinline__ uint2 load_shared_unaligned_8(const std::uint8_t* add
 // kPitch bytes wide from the 16-byte boundary at or below each slot (the
 // copy engine needs the box's first byte 16-byte aligned); cp.async (the
 // narrow configuration) each slot's aligned windows into rows of kPitch
-// bytes (token_slots_stage_pitch). Either way the tile's first slot lies first_lead bytes past a
+// bytes (token_slots_stage_pitch; rotated, the box's width). Either way the tile's first slot lies first_lead bytes past a
 // 16-byte boundary: the cache and its blocks start on one, and a tile's
 // first slot is a multiple of 16 token strides into its block. Even token
 // strides put token t + 8 at the same lead, kOffset8Tokens further. The
@@ -303,7 +303,7 @@ struct SlotReadLayout {
   // fp8 keys have no norm: their field 0 is the value scale.
   static constexpr int kNormField = 0, kValueScaleField = Blocks::kValueScaleField,
                        kValueZeroField = Blocks::kValueZeroField;
-  static constexpr int kPitch = BulkCopies ? token_slots_box_bytes(Slot::kSlotBytes) : Slot::kPitch;
+  static constexpr int kPitch = Slot::kPitch;               // rotated (the bulk copies too): the box's width
   static constexpr int kStageBytes = kTileTokens * kPitch;  // a bulk copy's box
   static constexpr int kMetaOffset = kStageBytes;           // no fields area: the fields are in the slots
   static constexpr int kOffset8Tokens = 8 * kPitch;
@@ -336,7 +336,10 @@ struct SlotReadLayout {
     return kFp8 ? (byte - first_lead) & 127 : (2 * (byte - first_lead)) & 127;
   }
   /// Rotated: the bytes the value words lag their lanes' natural ones (the output dims: twice as many).
-  __device__ static int value_byte_rotation(int first_lead) { return Rotated ? (first_lead + kValueStart) & 7 : 0; }
+  __device__ static int value_byte_rotation(int first_lead) {
+    static_assert(Rotated);
+    return (first_lead + kValueStart) & 7;
+  }
   /// Where `token`'s slot starts in a stage.
   __device__ static int slot_row(int token, int first_lead, std::uint32_t token_stride) {
     return token * kPitch + static_cast<int>((first_lead + token * token_stride) & 15u);
@@ -350,8 +353,9 @@ struct SlotReadLayout {
 };
 
 /// Whether a tile layout reads the slots where they landed (SlotReadLayout),
-/// and whether it does so with aligned loads of rotated data (bulk copies)
-/// rather than loads only 2-byte aligned (the cp.async windows).
+/// and whether it does so with aligned loads of rotated data (the bulk
+/// copies, and fp8 windows in token rows of 16-byte multiples) rather than
+/// loads only 2-byte aligned.
 template <class Layout>
 constexpr bool kReadsSlots = false;
 template <CacheFormat Format, bool BulkCopies, bool Rotated>
