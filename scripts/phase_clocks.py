@@ -49,8 +49,15 @@ __device__ __forceinline__ int tq_cta() { return blockIdx.x + gridDim.x * (block
 i = s.index('namespace tqdecode')
 s = s[:i] + helpers + s[i:]
 rep("  if (!is_last) return;\n", "  TQ_MARK(7);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n  if (!is_last) return;\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][9] = 1;\n")
-rep("    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);\n  }\n}\n",
-    "    for (int j = 0; j < kLaneDims; ++j) store_output(r, batch, hq, first_dim + j, value[j]);\n  }\n  TQ_MARK(8);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n}\n")
+rep("    for (int j = 0; j < kLaneDims; ++j) store_output(r, output_row, hq, first_dim + j, value[j]);\n  }\n}\n",
+    "    for (int j = 0; j < kLaneDims; ++j) store_output(r, output_row, hq, first_dim + j, value[j]);\n  }\n  TQ_MARK(8);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n}\n")
+rep("  __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n",
+    "  __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n  TQ_MARK(5);\n")
+# inside the merge: the partials stored, the rows' statistics done
+rep("  __syncthreads();\n  // Each row's maximum, weights and sum, once per row",
+    "  __syncthreads();\n  TQ_MARK(12);\n  // Each row's maximum, weights and sum, once per row")
+rep("  __syncthreads();\n  for (int row = first_row; row < kCtaRows; row += kRowStep) {",
+    "  __syncthreads();\n  TQ_MARK(13);\n  for (int row = first_row; row < kCtaRows; row += kRowStep) {")
 open(p, 'w').write(s)
 for instance in Path(kernel_dir, 'instances').glob('*.cu'):
     instance.write_text('// every instance is in all.cu in this profiling copy\n')
@@ -64,24 +71,10 @@ rep("  extern __shared__ __align__(128) std::uint8_t shared[];\n",
 rep("  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up\n#endif\n",
     "  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up\n#endif\n  TQ_MARK(1);\n")
 # after the loop issuing the ring's first tiles
-rep("""        cp_async_commit();
-      }
-    }
-    if constexpr (kFp8) {""", """        cp_async_commit();
-      }
-    }
-    TQ_MARK(2);
-    if constexpr (kFp8) {""")
+rep("    ring.issue_first_tiles();\n", "    ring.issue_first_tiles();\n    TQ_MARK(2);\n")
 rep("    if constexpr (kBulkCopy) fence_proxy_async_shared();  // the copy engine overwrites the query bits next\n    __syncthreads();\n",
     "    if constexpr (kBulkCopy) fence_proxy_async_shared();  // the copy engine overwrites the query bits next\n    __syncthreads();\n    TQ_MARK(3);\n")
 rep("    if constexpr (!kBulkCopy) cp_async_wait<0>();\n", "    if constexpr (!kBulkCopy) cp_async_wait<0>();\n    TQ_MARK(4);\n")
-rep("    __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n",
-    "    __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n    TQ_MARK(5);\n")
-# inside the merge: the partials stored, the rows' statistics done
-rep("    __syncthreads();\n    // Each row's maximum, weights and sum, once per row",
-    "    __syncthreads();\n    TQ_MARK(12);\n    // Each row's maximum, weights and sum, once per row")
-rep("    __syncthreads();\n    for (int row = first_row; row < kCtaRows; row += kRowStep) {",
-    "    __syncthreads();\n    TQ_MARK(13);\n    for (int row = first_row; row < kCtaRows; row += kRowStep) {")
 rep("  if (num_partitions == 1) return;  // finish_row wrote the output\n",
     "  TQ_MARK(6);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n"
     "  if (num_partitions == 1) return;  // finish_row wrote the output\n")
