@@ -49,8 +49,8 @@ __device__ __forceinline__ int tq_cta() { return blockIdx.x + gridDim.x * (block
 i = s.index('namespace tqdecode')
 s = s[:i] + helpers + s[i:]
 rep("  if (!is_last) return;\n", "  TQ_MARK(7);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n  if (!is_last) return;\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][9] = 1;\n")
-rep("    for (int j = 0; j < kLaneDims; ++j) store_output(r, output_row, hq, first_dim + j, value[j]);\n  }\n}\n",
-    "    for (int j = 0; j < kLaneDims; ++j) store_output(r, output_row, hq, first_dim + j, value[j]);\n  }\n  TQ_MARK(8);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n}\n")
+rep("    for (int j = 0; j < kLaneDims; ++j) store_from_float(r.output, r.output_dtype, output + j, value[j]);\n  }\n}\n",
+    "    for (int j = 0; j < kLaneDims; ++j) store_from_float(r.output, r.output_dtype, output + j, value[j]);\n  }\n  TQ_MARK(8);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n}\n")
 rep("  __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n",
     "  __syncthreads();  // lookup table and rings are dead; the region becomes the merge buffer\n  TQ_MARK(5);\n")
 # inside the merge: the partials stored, the rows' statistics done
@@ -67,7 +67,7 @@ open(p, 'w').write(s)
 p = kernel_dir + '/kernel.cuh'
 s = open(p).read()
 rep("  extern __shared__ __align__(128) std::uint8_t shared[];\n",
-    "  extern __shared__ __align__(128) std::uint8_t shared[];\n  if (threadIdx.x == 0 && tq_cta() < 4096) { tq_phase[tq_cta()][10] = tq_globaltimer(); tq_phase[tq_cta()][9] = 0; }\n  TQ_MARK(0);\n")
+    "  extern __shared__ __align__(128) std::uint8_t shared[];\n  if (threadIdx.x == 0 && tq_cta() < 4096) { tq_phase[tq_cta()][10] = tq_globaltimer(); tq_phase[tq_cta()][9] = 0; tq_phase[tq_cta()][7] = 0; tq_phase[tq_cta()][8] = 0; }\n  TQ_MARK(0);\n")
 rep("  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up\n#endif\n",
     "  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up\n#endif\n  TQ_MARK(1);\n")
 # after the loop issuing the ring's first tiles
@@ -75,9 +75,9 @@ rep("    ring.issue_first_tiles();\n", "    ring.issue_first_tiles();\n    TQ_MA
 rep("    if constexpr (kBulkCopy) fence_proxy_async_shared();  // the copy engine overwrites the query bits next\n    __syncthreads();\n",
     "    if constexpr (kBulkCopy) fence_proxy_async_shared();  // the copy engine overwrites the query bits next\n    __syncthreads();\n    TQ_MARK(3);\n")
 rep("    if constexpr (!kBulkCopy) cp_async_wait<0>();\n", "    if constexpr (!kBulkCopy) cp_async_wait<0>();\n    TQ_MARK(4);\n")
-rep("  if (num_partitions == 1) return;  // finish_row wrote the output\n",
+rep("  if (num_partitions == 1) return;  // the merge wrote the output\n",
     "  TQ_MARK(6);\n  if (threadIdx.x == 0 && tq_cta() < 4096) tq_phase[tq_cta()][11] = tq_globaltimer();\n"
-    "  if (num_partitions == 1) return;  // finish_row wrote the output\n")
+    "  if (num_partitions == 1) return;  // the merge wrote the output\n")
 open(p, 'w').write(s)
 p = kernel_dir + '/instances/all.cu'
 s = open(p).read()
@@ -119,7 +119,7 @@ void dump_phase_times(int ctas) {
   std::printf("  start (us after first): min %.2f median %.2f max %.2f; end: min %.2f median %.2f max %.2f\n", starts.front(),
               starts[starts.size() / 2], starts.back(), ends.front(), ends[ends.size() / 2], ends.back());
   double cyc = 0, ns = 0;
-  for (int c = 0; c < ctas; ++c) { const long long* r = &h[c * 16]; long long last = r[9] == 1 ? r[8] : r[7]; cyc += last - r[0]; ns += r[11] - r[10]; }
+  for (int c = 0; c < ctas; ++c) { const long long* r = &h[c * 16]; long long last = r[9] == 1 ? r[8] : r[7] != 0 ? r[7] : r[6]; cyc += last - r[0]; ns += r[11] - r[10]; }
   std::printf("  clock: %.3f cycles per ns (CTA clocks over globaltimer)\n", cyc / ns);
   std::fill(h.begin(), h.end(), 0LL);
   cudaMemcpyToSymbol(tensor_core::tq_phase, h.data(), h.size() * sizeof(long long));

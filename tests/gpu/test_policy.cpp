@@ -124,45 +124,45 @@ TEST(PartitionPolicy, NarrowConfigurationResidentCtasFollowTheDevicesSharedMemor
   const DeviceInfo h200{0, 132, 9, 0, 232448, 233472};
   const DeviceInfo a100{0, 108, 8, 0, 166912, 167936};
   const DeviceInfo sm86{0, 84, 8, 6, 101376, 102400};
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8).shared_bytes, 107648);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 8).shared_bytes, 82048);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8).shared_bytes, 107808);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 8).shared_bytes, 82208);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 8, h200), 2);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 16, h200), 1);  // two head tiles: planned for one
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 8, a100), 1);   // 2 x 108672 > 167936
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, a100), 2);
-  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 8, sm86), 0);   // 107648 > 101376: the scalar kernel
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 8, sm86), 0);   // 107808 > 101376: the scalar kernel
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, sm86), 1);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_3bit_nc, 4, sm86), 1);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 8, sm86), 0);
   // Two head tiles: one CTA of 12 warps.
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16).shared_bytes, 146688);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 16).shared_bytes, 156160);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16).shared_bytes, 147008);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 16).shared_bytes, 156480);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 16, a100), 1);
-  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 16, sm86), 0);  // 120576 > 101376
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 16, sm86), 0);  // 120896 > 101376
   // Head sizes 64 (two CTAs of 8 warps, one or two head tiles) and 256 (one
   // CTA of 8 warps and one head tile; larger groups in row tiles), every preset.
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 64).shared_bytes, 72832);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16, 64).shared_bytes, 75008);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 256).shared_bytes, 177792);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 8, 256).shared_bytes, 204288);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 64).shared_bytes, 72992);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16, 64).shared_bytes, 75328);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 256).shared_bytes, 177952);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 8, 256).shared_bytes, 204448);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 16, h200, 64), 2);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 8, sm86, 64), 1);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 8, h200, 256), 1);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_4bit_nc, 16, h200, 256), 1);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16, 256).shared_bytes, 177792);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 8, 64).shared_bytes, 80512);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 16, 64).shared_bytes, 82688);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 8, 64).shared_bytes, 47232);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 16, 64).shared_bytes, 49408);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 8, 256).shared_bytes, 153216);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 8, 256).shared_bytes, 152704);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 16, 256).shared_bytes, 152704);  // one head tile, two row tiles
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 16, 256).shared_bytes, 177952);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 8, 64).shared_bytes, 80672);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 16, 64).shared_bytes, 83008);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 8, 64).shared_bytes, 47392);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 16, 64).shared_bytes, 49728);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k3v4_nc, 8, 256).shared_bytes, 153376);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 8, 256).shared_bytes, 152864);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_3bit_nc, 16, 256).shared_bytes, 152864);  // one head tile, two row tiles
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, h200, 64), 2);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 16, sm86, 64), 1);  // 82688 + 1024: one per 100 KB
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_3bit_nc, 16, sm86, 64), 2);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, h200, 256), 1);
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_3bit_nc, 8, a100, 256), 1);
-  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, sm86, 256), 0);  // 153216 > 101376
+  EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k3v4_nc, 8, sm86, 256), 0);  // 153376 > 101376
   EXPECT_EQ(narrow_resident_ctas(Preset::turboquant_k8v4, 8, a100, 256), 0);  // 204288 > 166912
   const GridChoice d256 = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 6, 16, 2, 32768, 132, 256);
   EXPECT_FALSE(d256.wide_table);
@@ -181,11 +181,11 @@ TEST(PartitionPolicy, NarrowConfigurationResidentCtasFollowTheDevicesSharedMemor
 // per SM, the wide-table and two-kv-head shapes included.
 TEST(PartitionPolicy, ShapeTableGivesEveryInstancesFootprint) {
   const KernelFootprint wide = tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1);
-  EXPECT_EQ(wide.shared_bytes, 208384);
+  EXPECT_EQ(wide.shared_bytes, 208544);
   EXPECT_EQ(wide.planned_ctas_per_sm, 1);
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8).shared_bytes, 222720);
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1).shared_bytes, 175488);
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k3v4_nc, 8, 128, false, 2).shared_bytes, 155904);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8).shared_bytes, 224000);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1).shared_bytes, 175808);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k3v4_nc, 8, 128, false, 2).shared_bytes, 156224);
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k3v4_nc, 8, 128, false, 2).planned_ctas_per_sm, 1);
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, false, 1).planned_ctas_per_sm, 2);
   EXPECT_EQ(resident_ctas_per_sm(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, true), 1);
@@ -385,12 +385,12 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   // Footprints (shape.cuh): the wide shape's three-stage rings of 160-byte
   // rows (token_slots_box_bytes), and the narrow configuration's stages of
   // 176-byte rows (token_slots_stage_pitch).
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1, true).shared_bytes, 191872);
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 206208);
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1, true).shared_bytes, 193920);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).shared_bytes, 106880);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1, true).shared_bytes, 192032);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 207488);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1, true).shared_bytes, 194240);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).shared_bytes, 107040);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).planned_ctas_per_sm, 2);
-  EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 8, 256, true).shared_bytes, 229888);
+  EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 8, 256, true).shared_bytes, 230048);
 }
 
 }  // namespace

@@ -23,34 +23,48 @@
 
 namespace tqdecode::cuda::tensor_core {
 
-// Element `dim` of output row `row` (a query token), query head `hq`.
-__device__ __forceinline__ void store_output(const ReduceParams& r, std::int64_t row, std::int64_t hq, int dim, float value) {
-  store_from_float(r.output, r.output_dtype, row * r.output_stride_batch + hq * r.output_stride_head + dim, value);
-}
-
-// An output element of a row with one partition (max in natural-log units):
-// the fused reduction's arithmetic for N = 1, without the trip through memory.
-__device__ __forceinline__ float single_partition_element(float max, float sum, float out, bool has_sink, float sink) {
+// The factor on a row's merged output (the warps' weighted sum, whose
+// weights sum to `sum`) with one partition (max in natural-log units): the
+// fused reduction's arithmetic for N = 1, without the trip through memory;
+// 0 for an all-zero row.
+__device__ __forceinline__ float single_partition_scale(float max, float sum, bool has_sink, float sink) {
   const float merged_max = merge_max(sink, max_for_merge(max));
   const float weight = partition_weight(max, sum, merged_max);
   const float own_weight = output_weight(weight, weight, partition_has_tokens(max, sum), partition_is_nan(max, sum),
                                          has_sink, sink, merged_max);
-  return own_weight != 0.0f ? fmaf(own_weight, out, 0.0f) : 0.0f;
+  return own_weight != 0.0f ? own_weight / sum : 0.0f;
 }
 
+/// A CTA's rows (`table`), `finish(row, max, sum)` once per row (stores the
+/// partition's statistics, returns the factor on the row's merged output,
+/// 0 for an all-zero row) and `store(element, dim, value)` per element.
+template <int CtaRows, class Finish, class Store>
+struct RowTargets {
+  const RowTable<CtaRows>& table;
+  const Finish& finish;
+  const Store& store;
+
+  /// Element `dim` of a row with no token in the partition.
+  __device__ __forceinline__ void write_empty(int row, int dim) const {
+    if (table.element[row] < 0) return;
+    if (dim == 0) finish(row, -INFINITY, 0.0f);
+    store(table.element[row], dim, 0.0f);
+  }
+};
+
 // Stage 3: merges the CTA's warps' softmax states (each row's maximum,
-// sum and warp weights once, one warp per row; then the weighted outputs,
-// one head dim per thread) in shared memory over the dead table and rings,
-// and hands each valid row's partition result (max in natural-log units,
-// sum, normalized output element) to finish_row(row, max, sum, out).
+// sum and warp weights once, one warp per row, which also finishes the
+// row's statistics through `targets`; then the weighted outputs, one head
+// dim per thread) in shared memory over the dead table and rings, and
+// stores each valid row's elements through `targets`.
 // `range_begin`: the partition's first position; a row whose causal limit
 // is at or before it has no token there (empty values). `dim_rotation`: the
 // accumulators hold dims that many below their natural ones, mod D (rotated
 // token_slots reads, SlotReadLayout; unused elsewhere).
-template <class Shape, class Shared, CacheFormat Format, class FinishRow>
+template <class Shape, class Shared, CacheFormat Format, class Targets>
 __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::uint8_t* shared,
                                             const CtaRows<Shape::kRows>& rows, int range_begin, int warp, int lane,
-                                            int dim_rotation, const FinishRow& finish_row) {
+                                            int dim_rotation, const Targets& targets) {
   constexpr int HeadDim = Shape::kHeadDim;
   constexpr int HeadTiles = Shape::kHeadTiles;
   constexpr int kDimTiles = Shape::kDimTiles;
@@ -109,7 +123,7 @@ __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::
   // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
   // non-finite query) makes the partition NaN so the reduction keeps it.
   for (int row = warp; row < kCtaRows; row += kWarps) {
-    if (!rows.valid(row)) continue;
+    if (targets.table.element[row] < 0) continue;
     const bool present = lane < kWarpsPerHead;
     const float max = present ? merge.max[lane][row] : -INFINITY;
     const float sum = present ? merge.sum[lane][row] : 0.0f;
@@ -119,17 +133,17 @@ __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::
     const float merged_sum = warp_sum(weight * sum);
     if (present) merge.weight[row][lane] = weight;
     if (lane == 0) {
-      merge.merged_max[row] = any_nan ? quiet_nan() : merged_max;
-      merge.merged_sum[row] = any_nan ? quiet_nan() : merged_sum;
+      // A row with no token in the range (only other rows' warps ran) has the empty values.
+      merge.scale[row] = rows.limit(row) <= range_begin
+                             ? targets.finish(row, -INFINITY, 0.0f)
+                             : targets.finish(row, (any_nan ? quiet_nan() : merged_max) * kLn2,
+                                              any_nan ? quiet_nan() : merged_sum);
     }
   }
   __syncthreads();
   for (int row = first_row; row < kCtaRows; row += kRowStep) {
-    if (!rows.valid(row)) continue;
-    if (rows.limit(row) <= range_begin) {  // a row with no token in the range: only other rows' warps ran
-      finish_row(row, -INFINITY, 0.0f, 0.0f);
-      continue;
-    }
+    const std::int64_t element = targets.table.element[row];
+    if (element < 0) continue;
     // The row's warp weights in 16-byte (8-byte) broadcast loads: a 4-byte
     // load per warp and head dim would be 64 loads per thread).
     float merged_out = 0.0f;
@@ -147,8 +161,8 @@ __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::
         add_warp(w, weights.x), add_warp(w + 1, weights.y);
       }
     }
-    const float merged_sum = merge.merged_sum[row];
-    finish_row(row, merge.merged_max[row] * kLn2, merged_sum, merged_out / merged_sum);
+    const float scale = merge.scale[row];
+    targets.store(element, dim, scale != 0.0f ? merged_out * scale : 0.0f);
   }
 }
 
@@ -158,7 +172,9 @@ __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::
 // `Shape` is the kernel's (shape.cuh).
 template <class Shape>
 __device__ __forceinline__ void reduce_partitions_in_cta(const FusedDecodeParams& params,
-                                                         const CtaRows<Shape::kRows>& rows, int warp, int lane) {
+                                                         const CtaRows<Shape::kRows>& rows,
+                                                         const RowTable<Shape::kCtaRows>& table, int partition,
+                                                         int warp, int lane) {
   constexpr int HeadDim = Shape::kHeadDim;
   constexpr int kWarps = Shape::kWarps;
   constexpr int kCtaRows = Shape::kCtaRows;
@@ -200,10 +216,10 @@ __device__ __forceinline__ void reduce_partitions_in_cta(const FusedDecodeParams
   };
   for (int item = warp; item < kCtaRows * kRowParts; item += kWarps) {
     const int row = item / kRowParts;
-    if (!rows.valid(row)) continue;
+    const std::int64_t element = table.element[row];
+    if (element < 0) continue;
     const int first_dim = (item % kRowParts) * (HeadDim / kRowParts) + kLaneDims * lane;
-    const std::int64_t hq = rows.query_head(row);
-    const std::int64_t base = (rows.slot(row) * p.num_q_heads + hq) * num_partitions;
+    const std::int64_t base = element / HeadDim - partition;  // the row's partition 0
     const bool present = lane < num_partitions;
     const float max = present ? __ldcg(p.part_max + base + lane) : -INFINITY;
     const float sum = present ? __ldcg(p.part_sum + base + lane) : 0.0f;
@@ -221,7 +237,7 @@ __device__ __forceinline__ void reduce_partitions_in_cta(const FusedDecodeParams
       }
     };
     load_rows(0);
-    const float sink = has_sink ? __ldg(r.sinks + hq) : -INFINITY;
+    const float sink = table.sink[row];
     const bool any_tokens = __any_sync(kFullMask, partition_has_tokens(max, sum));
     const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
     const float merged_max = merge_max(sink, warp_max(max_for_merge(max)));
@@ -239,9 +255,9 @@ __device__ __forceinline__ void reduce_partitions_in_cta(const FusedDecodeParams
         }
       }
     }
-    const std::int64_t output_row = rows.output_row(row);
+    const std::int64_t output = table.output[row] + first_dim;
 #pragma unroll
-    for (int j = 0; j < kLaneDims; ++j) store_output(r, output_row, hq, first_dim + j, value[j]);
+    for (int j = 0; j < kLaneDims; ++j) store_from_float(r.output, r.output_dtype, output + j, value[j]);
   }
 }
 

@@ -208,8 +208,12 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   __shared__ int cta_mask_from;  // the first masked position of any row: the range's end or the first row's limit
   __shared__ int cta_first_limit;
   __shared__ unsigned row_deltas[4];
+  auto& row_table = *reinterpret_cast<RowTable<kCtaRows>*>(shared + Shared::kRowTableOffset);
+  const ReduceParams& r = params.reduce;
+  const bool has_sink = r.sinks != nullptr;
   constexpr int kRowsPerThread = Shape::kRowsPerThread;
   std::uint16_t query_values[kRowsPerThread];
+  float sink = -INFINITY;  // of row threadIdx.x, stored once its load has landed
   TokenRange range;
   {
     const CtaRows<kRows> rows{first_head,
@@ -241,6 +245,19 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       }
       row_deltas[threadIdx.x] = deltas;
     }
+    if (threadIdx.x < kCtaRows) {
+      const int row = threadIdx.x;
+      std::int64_t element = -1, output = -1;
+      if (rows.valid(row)) {
+        const std::int64_t hq = rows.query_head(row);
+        output = rows.output_row(row) * r.output_stride_batch + hq * r.output_stride_head;
+        element = num_partitions == 1 ? output
+                                      : ((rows.slot(row) * p.num_q_heads + hq) * num_partitions + partition) * HeadDim;
+        if (has_sink) sink = __ldg(r.sinks + hq);
+      }
+      row_table.element[row] = element;
+      row_table.output[row] = output;
+    }
     // The query first (one element per row and thread, as bits): under a
     // saturated memory system its load waits behind the cache tiles if
     // issued after them. An empty partition reads nothing.
@@ -255,33 +272,35 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     }
   }
   const CtaRows<kRows>& rows = cta_rows;
-  const auto row_valid = [&](int row) { return rows.valid(row); };
-  const ReduceParams& r = params.reduce;
-  const bool has_sink = r.sinks != nullptr;
   // The partition's result for query row `row` (max in natural-log units, as
-  // the spec's reducer expects): with one partition it is the output row, so
-  // the reduction's rule runs here and nothing goes through the partition buffers.
-  const auto finish_row = [&](int row, float max, float sum, float out) {
-    const std::int64_t hq = rows.query_head(row);
+  // the spec's reducer expects), once per row: with one partition the row is
+  // the output row, so the reduction's rule runs here and nothing goes
+  // through the partition buffers; else its max and sum are stored. Returns
+  // the factor that turns the row's merged output (the warps' weighted sum)
+  // into the element to store, 0 for an all-zero row.
+  const auto finish_row_statistics = [&](int row, float max, float sum) {
+    if (num_partitions == 1) return single_partition_scale(max, sum, has_sink, row_table.sink[row]);
+    const std::int64_t index = row_table.element[row] / HeadDim;
+    p.part_max[index] = max;
+    p.part_sum[index] = sum;
+    return partition_is_nan(max, sum) || sum != 0.0f ? 1.0f / sum : 0.0f;
+  };
+  // Element `dim` of the row whose first element is `element` (RowTable::element).
+  const auto store_row_element = [&](std::int64_t element, int dim, float value) {
     if (num_partitions == 1) {
-      const float sink = has_sink ? __ldg(r.sinks + hq) : -INFINITY;
-      store_output(r, rows.output_row(row), hq, dim, single_partition_element(max, sum, out, has_sink, sink));
-      return;
-    }
-    const std::int64_t index = (rows.slot(row) * p.num_q_heads + hq) * num_partitions + partition;
-    p.part_out[index * HeadDim + dim] = out;
-    if (dim == 0) {
-      p.part_max[index] = max;
-      p.part_sum[index] = sum;
+      store_from_float(r.output, r.output_dtype, element + dim, value);
+    } else {
+      p.part_out[element + dim] = value;
     }
   };
+  const RowTargets<kCtaRows, decltype(finish_row_statistics), decltype(store_row_element)> targets{
+      row_table, finish_row_statistics, store_row_element};
 
   if (range.begin >= range.end) {
     // NOTE: an empty partition writes the empty values and reads nothing else.
-    __syncthreads();  // cta_rows
-    for (int row = first_row; row < kCtaRows; row += kRowStep) {
-      if (row_valid(row)) finish_row(row, -INFINITY, 0.0f, 0.0f);
-    }
+    if (threadIdx.x < kCtaRows) row_table.sink[threadIdx.x] = sink;
+    __syncthreads();  // row_table
+    for (int row = first_row; row < kCtaRows; row += kRowStep) targets.write_empty(row, dim);
   } else {
     // ---- 1. first tiles in flight, query rotation, lookup table -------------
     // The ring's first kStages - 1 tiles are issued before anything else is
@@ -320,6 +339,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
                                          power_of_two(-table_exponent), warp, lane);
       }
     }
+    if (threadIdx.x < kCtaRows) row_table.sink[threadIdx.x] = sink;
     ring.load_second_window();
     if constexpr (kBulkCopy) fence_proxy_async_shared();  // the copy engine overwrites the query bits next
     __syncthreads();
@@ -475,12 +495,12 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     int output_dim_rotation = 0;
     if constexpr (kReadsRotatedSlots<Layout>) output_dim_rotation = 2 * Layout::value_byte_rotation(ring.slot_lead);
     merge_warps<Shape, Shared, Format>(softmax, shared, rows, cta_range.begin, warp, lane, output_dim_rotation,
-                                       finish_row);
+                                       targets);
   }
-  if (num_partitions == 1) return;  // finish_row wrote the output
+  if (num_partitions == 1) return;  // the merge wrote the output
 
   // ---- 4. the last CTA of (sequence, kv heads) reduces the partitions --------
-  reduce_partitions_in_cta<Shape>(params, rows, warp, lane);
+  reduce_partitions_in_cta<Shape>(params, rows, row_table, partition, warp, lane);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900

@@ -32,8 +32,17 @@ struct MergeStorage {
   float max[Warps][Rows];
   float sum[Warps][Rows];
   alignas(16) float weight[Rows][Warps];  // exp2(max - the row's merged max), 0 for a warp without tiles
-  float merged_max[Rows];     // base-2 units
-  float merged_sum[Rows];     // NaN when a warp's row is NaN
+  float scale[Rows];  // the factor on the row's weighted outputs (RowTargets::finish)
+};
+
+/// Where a CTA's query rows go, computed once per row before the main loop
+/// (kernel.cuh), in elements: the merge's and the reduction's loops per row
+/// are then loads, products and stores.
+template <int CtaRows>
+struct RowTable {
+  std::int64_t element[CtaRows];  // the row's first: in the output (one partition) or the partition buffers; -1: padding
+  std::int64_t output[CtaRows];   // the row's first in the output (the reduction's, several partitions)
+  float sink[CtaRows];            // -inf without sinks
 };
 
 // The online softmax moves a row's reference maximum only when a score
@@ -265,12 +274,15 @@ struct SharedLayout {
   static constexpr int kPlanOffset = kQueryOffset + kQueryBytes + kQueryBitsBytes;
   static constexpr int kPlanBytes = kBulkCopy ? 0 : HeadsPerCta * 32 * static_cast<int>(sizeof(IssuePlan));
   static constexpr int kBarrierOffset = kPlanOffset + kPlanBytes;
-  // D = 128: 208384 (4-bit, wide), 210432, 214528 and 222720 (two, four
-  // and eight kv heads), 175488 (4-bit, wide, two head tiles), each with up
-  // to 1 KB of alignment, 107648 (4-bit), 82048 (k3v4), 82560 (3bit), 103936
-  // (fp8); two kv heads (16 warps): 155904 (k3v4), 156928 (3bit), 207872
-  // (fp8); two head tiles (12 warps): 146688, 120576, 121088, 156160
-  static constexpr int kBytes = kBarrierOffset + (kBulkCopy ? Shape::kWarps * kStages * 8 : 0);
+  // D = 128: 208544 (4-bit, wide), 210752, 215168 and 224000 (two, four
+  // and eight kv heads), 175808 (4-bit, wide, two head tiles), each with up
+  // to 1 KB of alignment, 107808 (4-bit), 82208 (k3v4), 82720 (3bit), 104096
+  // (fp8); two kv heads (16 warps): 156224 (k3v4), 157248 (3bit), 208192
+  // (fp8); two head tiles (12 warps): 147008, 120896, 121408, 156480
+  // The rows' table (RowTable) last, where it moves no other region.
+  static constexpr int kRowTableOffset = kBarrierOffset + (kBulkCopy ? Shape::kWarps * kStages * 8 : 0);
+  static constexpr int kBytes = kRowTableOffset + static_cast<int>(sizeof(RowTable<Shape::kCtaRows>));
+  static_assert(kRowTableOffset % alignof(RowTable<Shape::kCtaRows>) == 0, "the rows' table's alignment");
   // 227 KB of dynamic shared memory per CTA; 228 KB per SM, 1 KB reserved
   // per CTA, 128 bytes static.
   static_assert(kBytes <= 227 * 1024, "dynamic shared memory per CTA");
