@@ -56,8 +56,8 @@ rep("  __syncthreads();  // lookup table and rings are dead; the region becomes 
 # inside the merge: the partials stored, the rows' statistics done
 rep("  __syncthreads();\n  // Each row's maximum, weights and sum, once per row",
     "  __syncthreads();\n  TQ_MARK(12);\n  // Each row's maximum, weights and sum, once per row")
-rep("  __syncthreads();\n  for (int row = first_row; row < kCtaRows; row += kRowStep) {",
-    "  __syncthreads();\n  TQ_MARK(13);\n  for (int row = first_row; row < kCtaRows; row += kRowStep) {")
+rep("  __syncthreads();\n  // The thread's rows kRowBatch at a time",
+    "  __syncthreads();\n  TQ_MARK(13);\n  // The thread's rows kRowBatch at a time")
 open(p, 'w').write(s)
 for instance in Path(kernel_dir, 'instances').glob('*.cu'):
     instance.write_text('// every instance is in all.cu in this profiling copy\n')

@@ -13,15 +13,21 @@ namespace tqdecode::cuda {
 
 inline constexpr unsigned kFullMask = 0xffffffffu;
 
+/// The maximum (sum) over each group of `Lanes` consecutive lanes, a power
+/// of two; the whole warp by default. Every lane of the warp takes part.
+template <int Lanes = 32>
 __device__ __forceinline__ float warp_max(float value) {
+  static_assert(Lanes >= 1 && Lanes <= 32 && (Lanes & (Lanes - 1)) == 0, "groups of a power of two lanes");
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) value = fmaxf(value, __shfl_xor_sync(kFullMask, value, offset));
+  for (int offset = Lanes / 2; offset > 0; offset >>= 1) value = fmaxf(value, __shfl_xor_sync(kFullMask, value, offset));
   return value;
 }
 
+template <int Lanes = 32>
 __device__ __forceinline__ float warp_sum(float value) {
+  static_assert(Lanes >= 1 && Lanes <= 32 && (Lanes & (Lanes - 1)) == 0, "groups of a power of two lanes");
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(kFullMask, value, offset);
+  for (int offset = Lanes / 2; offset > 0; offset >>= 1) value += __shfl_xor_sync(kFullMask, value, offset);
   return value;
 }
 

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <type_traits>
 
@@ -117,22 +119,30 @@ __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::
     }
   }
   __syncthreads();
-  // Each row's maximum, weights and sum, once per row: one warp per row,
-  // lane w holding warp w's (every thread computing them for its own head
-  // dims makes the merge a large part of a small grid's call).
+  // Each row's maximum, weights and sum, once per row: a group of
+  // kRowLanes lanes per row, lane m of the group holding warp m's, so a
+  // warp takes 32 / kRowLanes rows at once (every thread computing them for
+  // its own head dims makes the merge a large part of a small grid's call);
+  // the group's first lane finishes the row's statistics (RowTargets).
   // A warp without tiles holds (-inf, 0, 0) and weighs 0; a NaN warp (a
   // non-finite query) makes the partition NaN so the reduction keeps it.
-  for (int row = warp; row < kCtaRows; row += kWarps) {
-    if (targets.table.element[row] < 0) continue;
-    const bool present = lane < kWarpsPerHead;
-    const float max = present ? merge.max[lane][row] : -INFINITY;
-    const float sum = present ? merge.sum[lane][row] : 0.0f;
-    const bool any_nan = __any_sync(kFullMask, partition_is_nan(max, sum));
-    const float merged_max = warp_max(max_for_merge(max));
+  constexpr int kRowLanes = std::bit_ceil(static_cast<unsigned>(kWarpsPerHead));
+  constexpr int kRowsPerPass = 32 / kRowLanes;
+  constexpr unsigned kGroupLanes = kRowLanes == 32 ? kFullMask : (1u << kRowLanes) - 1u;
+  const int member = lane % kRowLanes;
+  for (int first = warp * kRowsPerPass; first < kCtaRows; first += kWarps * kRowsPerPass) {
+    const int row = first + lane / kRowLanes;
+    const bool active = row < kCtaRows && targets.table.element[row] >= 0;
+    const bool present = active && member < kWarpsPerHead;
+    const float max = present ? merge.max[member][row] : -INFINITY;
+    const float sum = present ? merge.sum[member][row] : 0.0f;
+    const unsigned nan_lanes = __ballot_sync(kFullMask, partition_is_nan(max, sum));
+    const bool any_nan = ((nan_lanes >> (lane - member)) & kGroupLanes) != 0;
+    const float merged_max = warp_max<kRowLanes>(max_for_merge(max));
     const float weight = max == -INFINITY ? 0.0f : fast_exp2(max - merged_max);
-    const float merged_sum = warp_sum(weight * sum);
-    if (present) merge.weight[row][lane] = weight;
-    if (lane == 0) {
+    const float merged_sum = warp_sum<kRowLanes>(weight * sum);
+    if (present) merge.weight[row][member] = weight;
+    if (active && member == 0) {
       // A row with no token in the range (only other rows' warps ran) has the empty values.
       merge.scale[row] = rows.limit(row) <= range_begin
                              ? targets.finish(row, -INFINITY, 0.0f)
@@ -141,28 +151,46 @@ __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::
     }
   }
   __syncthreads();
-  for (int row = first_row; row < kCtaRows; row += kRowStep) {
-    const std::int64_t element = targets.table.element[row];
-    if (element < 0) continue;
-    // The row's warp weights in 16-byte (8-byte) broadcast loads: a 4-byte
-    // load per warp and head dim would be 64 loads per thread).
-    float merged_out = 0.0f;
-    const auto add_warp = [&](int w, float weight) {
-      merged_out = fmaf(weight, merge.out[w][row][merge_dim<HeadDim>(row, dim)], merged_out);
-    };
-    static_assert(kWarpsPerHead % 2 == 0, "the row's weights in 8- or 16-byte loads");
+  // The thread's rows kRowBatch at a time, their products first, then their
+  // stores: the stores go through a generic pointer, which shared-memory
+  // loads are not moved past, so each row would wait for its loads in turn.
+  constexpr int kRowsPerThread = Shape::kRowsPerThread;
+  // Four at a time where a thread has many rows (several kv heads per CTA);
+  // batching a thread's two rows of one kv head spills in the 128-register shapes.
+  constexpr int kRowBatch = kRowsPerThread >= 8 ? 4 : 1;
+#pragma unroll 1
+  for (int i0 = 0; i0 < kRowsPerThread; i0 += kRowBatch) {
+    float value[kRowBatch];
 #pragma unroll
-    for (int w = 0; w < kWarpsPerHead; w += kWarpsPerHead % 4 == 0 ? 4 : 2) {
-      if constexpr (kWarpsPerHead % 4 == 0) {
-        const float4 weights = *reinterpret_cast<const float4*>(&merge.weight[row][w]);
-        add_warp(w, weights.x), add_warp(w + 1, weights.y), add_warp(w + 2, weights.z), add_warp(w + 3, weights.w);
-      } else {
-        const float2 weights = *reinterpret_cast<const float2*>(&merge.weight[row][w]);
-        add_warp(w, weights.x), add_warp(w + 1, weights.y);
+    for (int i = 0; i < kRowBatch; ++i) {
+      const int row = first_row + kRowStep * (i0 + i);
+      value[i] = 0.0f;
+      if (row >= kCtaRows) continue;
+      // The row's warp weights in 16-byte (8-byte) broadcast loads: a 4-byte
+      // load per warp and head dim would be 64 loads per thread).
+      float merged_out = 0.0f;
+      const auto add_warp = [&](int w, float weight) {
+        merged_out = fmaf(weight, merge.out[w][row][merge_dim<HeadDim>(row, dim)], merged_out);
+      };
+      static_assert(kWarpsPerHead % 2 == 0, "the row's weights in 8- or 16-byte loads");
+#pragma unroll
+      for (int w = 0; w < kWarpsPerHead; w += kWarpsPerHead % 4 == 0 ? 4 : 2) {
+        if constexpr (kWarpsPerHead % 4 == 0) {
+          const float4 weights = *reinterpret_cast<const float4*>(&merge.weight[row][w]);
+          add_warp(w, weights.x), add_warp(w + 1, weights.y), add_warp(w + 2, weights.z), add_warp(w + 3, weights.w);
+        } else {
+          const float2 weights = *reinterpret_cast<const float2*>(&merge.weight[row][w]);
+          add_warp(w, weights.x), add_warp(w + 1, weights.y);
+        }
       }
+      const float scale = merge.scale[row];
+      value[i] = scale != 0.0f ? merged_out * scale : 0.0f;  // a padding row's is never stored
     }
-    const float scale = merge.scale[row];
-    targets.store(element, dim, scale != 0.0f ? merged_out * scale : 0.0f);
+#pragma unroll
+    for (int i = 0; i < kRowBatch; ++i) {
+      const int row = first_row + kRowStep * (i0 + i);
+      if (row < kCtaRows && targets.table.element[row] >= 0) targets.store(targets.table.element[row], dim, value[i]);
+    }
   }
 }
 
