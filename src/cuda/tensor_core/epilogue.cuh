@@ -1,7 +1,7 @@
-// Epilogue stages of the tensor-core decode kernel (internal): writing an
-// output row, the merge of a CTA's warps (stage 3), and the split-KV
-// reduction that the last CTA of a (sequence, kv heads, row tile) runs over
-// the N partitions (stage 4). The merge rule is
+// Epilogue stages of the tensor-core decode kernel (internal): the merge of
+// a CTA's warps (stage 3), and the split-KV reduction that the last CTA of a
+// (sequence, kv heads, row tile) runs over the N partitions (stage 4), each
+// row's targets from the CTA's RowTable. The merge rule is
 // partition_merge.cuh's, shared with the CUDA and CPU reducers.
 #pragma once
 
