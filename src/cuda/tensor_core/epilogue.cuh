@@ -55,10 +55,10 @@ struct RowTargets {
 };
 
 // Stage 3: merges the CTA's warps' softmax states (each row's maximum,
-// sum and warp weights once, one warp per row, which also finishes the
-// row's statistics through `targets`; then the weighted outputs, one head
-// dim per thread) in shared memory over the dead table and rings, and
-// stores each valid row's elements through `targets`.
+// sum and warp weights once, by a group of lanes per row whose first lane
+// finishes the row's statistics through `targets`; then the weighted
+// outputs, one head dim per thread) in shared memory over the dead table
+// and rings, and stores each valid row's elements through `targets`.
 // `range_begin`: the partition's first position; a row whose causal limit
 // is at or before it has no token there (empty values). `dim_rotation`: the
 // accumulators hold dims that many below their natural ones, mod D (rotated

@@ -339,6 +339,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
                                          power_of_two(-table_exponent), warp, lane);
       }
     }
+    // The sinks stored here, not where they were loaded: their loads' latency
+    // passes behind the first tiles' issue and the rotation.
     if (threadIdx.x < kCtaRows) row_table.sink[threadIdx.x] = sink;
     ring.load_second_window();
     if constexpr (kBulkCopy) fence_proxy_async_shared();  // the copy engine overwrites the query bits next
