@@ -32,6 +32,17 @@ __device__ __forceinline__ void cp_async_16_prefix(std::uint32_t shared_address,
                : "memory");
 }
 
+// cp.async of an aligned 16-byte window, or where `zero_fill` its 16 bytes
+// of zeros and nothing read.
+__device__ __forceinline__ void cp_async_16_unless(std::uint32_t shared_address, const std::uint8_t* global,
+                                                   bool zero_fill) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(
+          shared_address),
+      "l"(global), "r"(static_cast<int>(zero_fill))
+      : "memory");
+}
+
 // RotatedRows: rows a box wide (token_slots_box_bytes, an odd multiple of 32
 // bytes for the slots read rotated), in stages as large as the others.
 template <class Layout, CacheFormat Format, bool RotatedRows = false>
@@ -55,6 +66,9 @@ struct SlotTile {
   static constexpr int kStageBytes = kLeadOffset + 16;
   static constexpr int kCopyCount = kTileTokens * kWindows;
   static constexpr int kCopies = (kCopyCount + 31) / 32;  // per lane
+  // Whole windows in the tiles read in place (IssuePlan): not in rows read
+  // rotated, whose fp8 loop measured slower with them.
+  static constexpr bool kWholeWindows = !RotatedRows;
   // Chunks whose bytes may straddle the key data's end or the record's
   // bounds are read word by word (3-bit keys at D = 64: 24 key bytes).
   static constexpr bool kWordWise = kKeyBytes % 16 != 0 || kRecordBytes % 16 != 0;
@@ -72,7 +86,15 @@ struct SlotTile {
   // 0 lies on a 16-byte boundary (the cache and its blocks do: the slots
   // read in place), so each copy's aligned source and byte count are the
   // lane's constants; else they follow from the tile's address, and lane 0
-  // stores the tile's first lead for the repack.
+  // stores the tile's first lead for the repack. `whole_windows` (read in
+  // place, a tile of any block but the cache's last): every window holding
+  // slot bytes is copied whole, a plain 16-byte copy, since the bytes past
+  // a slot's end (the next slot's, or the next block's) lie inside the cache
+  // and no load reads them as data; a window past the slot's end (the rows
+  // are wider than a slot at most leads) is zero-filled, not read, as the
+  // partial copies leave it. Only the last block's tiles stop each copy at
+  // the slot's end, which costs the address and byte-count arithmetic of a
+  // partial copy.
   template <bool FixedLeads>
   struct alignas(16) IssuePlan {
     std::uint32_t token_stride;
@@ -84,8 +106,18 @@ struct SlotTile {
     // else the window's start 16 w (bits 16..).
     std::uint32_t window[kCopies];
 
-    __device__ void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, int lane) const {
+    __device__ void issue(std::uint32_t stage, const std::uint8_t* block, std::uint32_t slot0, int lane,
+                          bool whole_windows) const {
       const std::uint8_t* tile = block + slot0 * token_stride;  // within a block: < 2^31
+      if (FixedLeads && kWholeWindows && whole_windows) {
+#pragma unroll
+        for (int i = 0; i < kCopies; ++i) {
+          if (kCopyCount % 32 == 0 || i + 1 < kCopies || 32 * i + lane < kCopyCount) {
+            cp_async_16_unless(stage + (window[i] & 0xffffu), tile + source[i], window[i] < 0x10000u);
+          }
+        }
+        return;
+      }
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
         if (kCopyCount % 32 == 0 || i + 1 < kCopies || 32 * i + lane < kCopyCount) {

@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -36,6 +37,7 @@ struct TileRing {
   std::int64_t block_stride;
   const std::int32_t* table;  // the sequence's block-table row
   int block_shift, block_mask;
+  int last_block;  // the cache's last block (issue_tile)
   std::uint32_t records_offset;  // the rings' start (stage 0 of warp 0)
   std::uint32_t ring_offset, ring_address;
   // Bulk copies: the warp's stage s has its fields at fields_address + s
@@ -73,6 +75,7 @@ struct TileRing {
     block_mask = p.layout.block_size - 1;
     cache = p.cache;
     block_stride = p.layout.block_stride;
+    last_block = static_cast<int>(min(p.num_blocks - 1, static_cast<std::int64_t>(INT_MAX)));
     table = p.block_table + static_cast<std::int64_t>(batch) * p.block_table_stride;
     const std::uint32_t shared_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
     records_offset = Shared::kRecordsOffset;
@@ -150,7 +153,7 @@ struct TileRing {
       } else {
         if (s < count) {
           issue_tile(ring_address + s * Shared::kStageStride, cache, block_stride, __shfl_sync(kFullMask, blocks, s),
-                             first_tile + s * kWarpsPerHead, block_mask, plan, lane);
+                             first_tile + s * kWarpsPerHead, block_mask, plan, lane, last_block);
         }
         cp_async_commit();
       }
@@ -178,7 +181,7 @@ struct TileRing {
         const int tile = first_tile + ahead * kWarpsPerHead;
         issue_tile(ring_address + (ahead % kStages) * Shared::kStageStride, cache, block_stride,
                            __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask,
-                           IssuePlan(plans[lane]), lane);
+                           IssuePlan(plans[lane]), lane, last_block);
       }
     }
     if constexpr (kBulkCopy) {

@@ -700,14 +700,22 @@ struct TileLayout<CacheFormat::fp8, HeadDim> {
 };
 
 // Copies one tile into a stage: block and first slot from the tile index.
+// `last_block`: the cache's last (token_slots plans copy whole windows in
+// the others, SlotTile::IssuePlan).
 template <class IssuePlan>
 __device__ __forceinline__ void issue_tile(std::uint32_t stage, const std::uint8_t* cache, std::int64_t block_stride,
-                                           int physical, int tile, int block_mask, const IssuePlan& plan, int lane) {
+                                           int physical, int tile, int block_mask, const IssuePlan& plan, int lane,
+                                           int last_block) {
   // block_stride < 2^31 (hopper_unsupported_reason) and entries are
   // non-negative: one 32 x 32 -> 64-bit multiply-add.
   const std::uint8_t* block = cache + static_cast<std::uint64_t>(static_cast<std::uint32_t>(physical)) *
                                           static_cast<std::uint32_t>(block_stride);
-  plan.issue(stage, block, static_cast<std::uint32_t>((tile * kTileTokens) & block_mask), lane);
+  const auto slot0 = static_cast<std::uint32_t>((tile * kTileTokens) & block_mask);
+  if constexpr (requires { plan.issue(stage, block, slot0, lane, true); }) {  // token_slots (slot_tile.cuh)
+    plan.issue(stage, block, slot0, lane, physical < last_block);
+  } else {
+    plan.issue(stage, block, slot0, lane);
+  }
 }
 
 // fp16 field `field` of token `token` of a tile's fields (at kMetaOffset in
