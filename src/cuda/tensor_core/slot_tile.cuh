@@ -2,13 +2,13 @@
 // section 4b): a kv head's slots are only 2-byte aligned (slot sizes such as
 // 134 bytes), so cp.async, which moves aligned 16-byte pieces, brings each
 // token's slot in the aligned windows that cover it into a staging row of the
-// ring stage (the slot starts `lead` bytes into the row; only the bytes of
-// the slot are read from the cache: a window's copy stops at the slot's
-// end). At D = 128 the main loop reads the slots there (SlotReadLayout, as
-// it reads the wide shape's bulk-copied ones); otherwise, once the stage has
-// landed, the warp repacks it in place into the arrangement its TileLayout
-// gives the blocks order (record chunks, then the fp16 fields), so the main
-// loop reads both orders with the same code.
+// ring stage (the slot starts `lead` bytes into the row; which bytes past
+// the slot a window copies: IssuePlan). At D = 128 the main loop reads the
+// slots there (SlotReadLayout, as it reads the wide shape's bulk-copied
+// ones); otherwise, once the stage has landed, the warp repacks it in place
+// into the arrangement its TileLayout gives the blocks order (record chunks,
+// then the fp16 fields), so the main loop reads both orders with the same
+// code.
 #pragma once
 
 #include <cuda_runtime.h>
