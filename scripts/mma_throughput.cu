@@ -1,14 +1,26 @@
-// Sustained throughput of the tensor-core instruction the decode kernels use
-// (mma.sync m16n8k16, fp16 operands, fp32 accumulators) on the local GPU:
-// the ceiling of docs/PERFORMANCE.md's arithmetic for several query tokens
-// per sequence. Every warp runs independent accumulator chains, so the
-// number is the pipe's throughput, not one chain's latency.
+// Sustained throughput of the tensor cores' instructions on the local GPU:
+// the ceilings of docs/PERFORMANCE.md's arithmetic for several query
+// tokens per sequence.
+// - mma.sync m16n8k16 (fp16 operands, fp32 accumulators), what the decode
+//   kernels use. Every warp runs independent accumulator chains, so the
+//   number is the pipe's throughput, not one chain's latency.
+// - Warpgroup MMA (wgmma, sm_90a) as a multi-token decode would use it: A
+//   (64 x 16 per k-step) from each warp's registers in mma.sync's m16n8k16
+//   fragment layout, B (N x K, K-major) from shared memory in
+//   128-byte-swizzled rows. One product is checked against the host (the
+//   fragment and descriptor conventions), then k = 128 products (eight
+//   m64nNk16, one commit and wait each, as one tile's S^T would run) are
+//   timed for N = 32, 64, 128 and one to three warpgroups per CTA.
 //
-//   nvcc -O3 -std=c++20 -arch=sm_90a -o /tmp/mma_throughput scripts/mma_throughput.cu && /tmp/mma_throughput
+//   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -o /tmp/mma_throughput scripts/mma_throughput.cu && /tmp/mma_throughput
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <random>
+#include <vector>
 
 namespace {
 
@@ -33,6 +45,177 @@ __global__ void mma_loop(float* sink, std::uint32_t seed) {
   float total = 0.0f;
   for (int k = 0; k < kChains; ++k) total += c[k][0] + c[k][1] + c[k][2] + c[k][3];
   if (total == 1.2345f) sink[threadIdx.x] = total;  // keeps the loop; never true for these operands
+}
+
+constexpr int kM = 64;
+constexpr int kK = 128;           // eight k-steps of 16
+constexpr int kWgmmaIterations = 2048;  // k = 128 products per warpgroup in the throughput loop
+
+template <int N>
+struct WgmmaRS;
+template <> struct WgmmaRS<32> {
+  __device__ __forceinline__ static void run(float (&d)[16], const std::uint32_t (&a)[4], std::uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+  }
+};
+template <> struct WgmmaRS<64> {
+  __device__ __forceinline__ static void run(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+  }
+};
+template <> struct WgmmaRS<128> {
+  __device__ __forceinline__ static void run(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+  }
+};
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int R>
+__device__ __forceinline__ void keep(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Byte offset of B element (n, k) in the 128-byte-swizzled K-major layout:
+// k in atoms of 64 (N rows of 128 bytes each), the 16-byte chunks of row n
+// XOR-ed with n mod 8; eight rows (1024 bytes) per stride step.
+template <int N>
+__host__ __device__ int b_offset(int n, int k) {
+  const int atom = k / 64, chunk = (k % 64) / 8;
+  return atom * N * 128 + n * 128 + ((chunk ^ (n % 8)) * 16) + (k % 8) * 2;
+}
+
+// The descriptor of k-step ks: start address (16-byte units), LBO 1 (unused
+// when swizzled), SBO 1024 bytes, 128-byte swizzle.
+template <int N>
+__device__ std::uint64_t b_descriptor(std::uint32_t base, int ks) {
+  const std::uint32_t start = base + (ks / 4) * N * 128 + (ks % 4) * 32;
+  return static_cast<std::uint64_t>((start >> 4) & 0x3fff) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+// Lane (g, c) of warp w: rows 16 w + g (+ 8), columns 16 ks + 2 c (+ 1, + 8, + 9).
+__device__ void a_fragment(const __half* a, int ks, std::uint32_t (&frag)[4]) {
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const auto pair = [&](int row, int col) {
+    return *reinterpret_cast<const std::uint32_t*>(a + (16 * warp + row) * kK + 16 * ks + col);
+  };
+  frag[0] = pair(g, 2 * c), frag[1] = pair(g + 8, 2 * c), frag[2] = pair(g, 2 * c + 8), frag[3] = pair(g + 8, 2 * c + 8);
+}
+
+template <int N>
+__global__ void check_product(const __half* a, const __half* b, float* d) {
+  __shared__ __align__(1024) std::uint8_t shared[N * kK * 2];
+  for (int i = threadIdx.x; i < N * kK; i += blockDim.x) {
+    *reinterpret_cast<__half*>(shared + b_offset<N>(i / kK, i % kK)) = b[i];
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
+  std::uint32_t frags[8][4];
+  for (int ks = 0; ks < 8; ++ks) a_fragment(a, ks, frags[ks]);
+  float acc[N / 2] = {};
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) WgmmaRS<N>::run(acc, frags[ks], b_descriptor<N>(base, ks), ks > 0);
+  wgmma_commit();
+  wgmma_wait_all();
+  keep(acc);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  for (int i = 0; i < N / 8; ++i) {
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * warp + g + 8 * (e / 2), col = 8 * i + 2 * c + (e % 2);
+      d[row * N + col] = acc[4 * i + e];
+    }
+  }
+}
+
+template <int N>
+__global__ void product_loop(float* sink, std::uint32_t seed) {
+  __shared__ __align__(1024) std::uint8_t shared[N * kK * 2];
+  for (int i = threadIdx.x; i < N * kK / 2; i += blockDim.x) {
+    reinterpret_cast<std::uint32_t*>(shared)[i] = (seed * (i + 1)) & 0x3bff3bffu;
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
+  std::uint32_t frags[8][4];
+  for (int ks = 0; ks < 8; ++ks) {
+    for (int j = 0; j < 4; ++j) frags[ks][j] = (seed * (threadIdx.x + 7 * ks + j)) & 0x3bff3bffu;
+  }
+  float acc[N / 2] = {};
+  for (int it = 0; it < kWgmmaIterations; ++it) {
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) WgmmaRS<N>::run(acc, frags[ks], b_descriptor<N>(base, ks), 1);
+    wgmma_commit();
+    wgmma_wait_all();
+    keep(acc);
+  }
+  float total = 0.0f;
+  for (int i = 0; i < N / 2; ++i) total += acc[i];
+  if (total == 1.2345f) sink[threadIdx.x] = total;  // keeps the loop; never true for these operands
+}
+
+template <int N>
+bool check(std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<__half> a(kM * kK), b(N * kK);
+  for (auto& x : a) x = __float2half(uniform(rng));
+  for (auto& x : b) x = __float2half(uniform(rng));
+  __half *da = nullptr, *db = nullptr;
+  float* dd = nullptr;
+  cudaMalloc(&da, a.size() * sizeof(__half));
+  cudaMalloc(&db, b.size() * sizeof(__half));
+  cudaMalloc(&dd, kM * N * sizeof(float));
+  cudaMemcpy(da, a.data(), a.size() * sizeof(__half), cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), b.size() * sizeof(__half), cudaMemcpyHostToDevice);
+  cudaMemset(dd, 0xff, kM * N * sizeof(float));  // NaN: an element never written fails
+  check_product<N><<<1, 128>>>(da, db, dd);
+  std::vector<float> d(kM * N);
+  cudaMemcpy(d.data(), dd, d.size() * sizeof(float), cudaMemcpyDeviceToHost);
+  cudaFree(da), cudaFree(db), cudaFree(dd);
+  double worst = 0.0;
+  for (int m = 0; m < kM; ++m) {
+    for (int n = 0; n < N; ++n) {
+      double expected = 0.0;
+      for (int k = 0; k < kK; ++k) expected += double(__half2float(a[m * kK + k])) * __half2float(b[n * kK + k]);
+      const double error = std::fabs(expected - d[m * N + n]);
+      worst = std::isnan(d[m * N + n]) ? INFINITY : std::fmax(worst, error);
+    }
+  }
+  const bool ok = worst < 1e-3;
+  std::printf("m64n%dk16 x 8, A from registers, B 128-byte swizzled: max |error| %.2e %s\n", N, worst, ok ? "ok" : "WRONG");
+  return ok;
+}
+
+template <int N>
+void measure(int sms, float* sink, cudaEvent_t start, cudaEvent_t stop) {
+  for (const int groups : {1, 2, 3}) {  // warpgroups per CTA
+    const int ctas = sms * 8;
+    product_loop<N><<<ctas, 128 * groups>>>(sink, 3);  // warm-up
+    cudaEventRecord(start);
+    for (int r = 0; r < 3; ++r) product_loop<N><<<ctas, 128 * groups>>>(sink, 3 + r);
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    const double flops = 3.0 * ctas * groups * double(kWgmmaIterations) * 8 * 2.0 * kM * N * 16;
+    std::printf("N = %3d, %d warpgroups per CTA: %.1f TFLOP/s\n", N, groups, flops / (ms * 1e-3) / 1e12);
+  }
 }
 
 }  // namespace
@@ -60,6 +243,13 @@ int main() {
     const double flops = 5.0 * ctas * warps * double(kIterations) * kChains * 2.0 * 16 * 8 * 16;
     std::printf("%2d warps per CTA: %.1f TFLOP/s (mma.sync m16n8k16 f16 -> f32)\n", warps, flops / (ms * 1e-3) / 1e12);
   }
+  std::mt19937 rng(7);
+  bool ok = check<32>(rng);
+  ok = check<64>(rng) && ok;
+  ok = check<128>(rng) && ok;
+  measure<32>(sms, sink, start, stop);
+  measure<64>(sms, sink, start, stop);
+  measure<128>(sms, sink, start, stop);
   if (cudaGetLastError() != cudaSuccess) return 1;
-  return 0;
+  return ok ? 0 : 2;
 }
