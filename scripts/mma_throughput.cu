@@ -22,6 +22,8 @@
 #include <random>
 #include <vector>
 
+#include "wgmma.cuh"
+
 namespace {
 
 constexpr int kChains = 8;        // independent accumulators per warp
@@ -51,62 +53,6 @@ constexpr int kM = 64;
 constexpr int kK = 128;           // eight k-steps of 16
 constexpr int kWgmmaIterations = 2048;  // k = 128 products per warpgroup in the throughput loop
 
-template <int N>
-struct WgmmaRS;
-template <> struct WgmmaRS<32> {
-  __device__ __forceinline__ static void run(float (&d)[16], const std::uint32_t (&a)[4], std::uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-  }
-};
-template <> struct WgmmaRS<64> {
-  __device__ __forceinline__ static void run(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-  }
-};
-template <> struct WgmmaRS<128> {
-  __device__ __forceinline__ static void run(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-  }
-};
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-template <int R>
-__device__ __forceinline__ void keep(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// Byte offset of B element (n, k) in the 128-byte-swizzled K-major layout:
-// k in atoms of 64 (N rows of 128 bytes each), the 16-byte chunks of row n
-// XOR-ed with n mod 8; eight rows (1024 bytes) per stride step.
-template <int N>
-__host__ __device__ int b_offset(int n, int k) {
-  const int atom = k / 64, chunk = (k % 64) / 8;
-  return atom * N * 128 + n * 128 + ((chunk ^ (n % 8)) * 16) + (k % 8) * 2;
-}
-
-// The descriptor of k-step ks: start address (16-byte units), LBO 1 (unused
-// when swizzled), SBO 1024 bytes, 128-byte swizzle.
-template <int N>
-__device__ std::uint64_t b_descriptor(std::uint32_t base, int ks) {
-  const std::uint32_t start = base + (ks / 4) * N * 128 + (ks % 4) * 32;
-  return static_cast<std::uint64_t>((start >> 4) & 0x3fff) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-
 // Lane (g, c) of warp w: rows 16 w + g (+ 8), columns 16 ks + 2 c (+ 1, + 8, + 9).
 __device__ void a_fragment(const __half* a, int ks, std::uint32_t (&frag)[4]) {
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -120,9 +66,9 @@ template <int N>
 __global__ void check_product(const __half* a, const __half* b, float* d) {
   __shared__ __align__(1024) std::uint8_t shared[N * kK * 2];
   for (int i = threadIdx.x; i < N * kK; i += blockDim.x) {
-    *reinterpret_cast<__half*>(shared + b_offset<N>(i / kK, i % kK)) = b[i];
+    *reinterpret_cast<__half*>(shared + swizzled_offset(N, i / kK, i % kK)) = b[i];
   }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  fence_proxy_async();
   __syncthreads();
   const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
   std::uint32_t frags[8][4];
@@ -130,7 +76,7 @@ __global__ void check_product(const __half* a, const __half* b, float* d) {
   float acc[N / 2] = {};
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) WgmmaRS<N>::run(acc, frags[ks], b_descriptor<N>(base, ks), ks > 0);
+  for (int ks = 0; ks < 8; ++ks) wgmma_rs<N>(acc, frags[ks], descriptor(base + (ks / 4) * N * 128 + (ks % 4) * 32), ks > 0);
   wgmma_commit();
   wgmma_wait_all();
   keep(acc);
@@ -149,7 +95,7 @@ __global__ void product_loop(float* sink, std::uint32_t seed) {
   for (int i = threadIdx.x; i < N * kK / 2; i += blockDim.x) {
     reinterpret_cast<std::uint32_t*>(shared)[i] = (seed * (i + 1)) & 0x3bff3bffu;
   }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  fence_proxy_async();
   __syncthreads();
   const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
   std::uint32_t frags[8][4];
@@ -160,7 +106,7 @@ __global__ void product_loop(float* sink, std::uint32_t seed) {
   for (int it = 0; it < kWgmmaIterations; ++it) {
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) WgmmaRS<N>::run(acc, frags[ks], b_descriptor<N>(base, ks), 1);
+    for (int ks = 0; ks < 8; ++ks) wgmma_rs<N>(acc, frags[ks], descriptor(base + (ks / 4) * N * 128 + (ks % 4) * 32), 1);
     wgmma_commit();
     wgmma_wait_all();
     keep(acc);
