@@ -1,7 +1,7 @@
 // Prototypes of a warpgroup-MMA decode loop for several query tokens per
 // sequence (issue 30; docs/PERFORMANCE.md), timed without memory traffic:
 // an SM's time per 64-token tile of one kv head, issue and latency only,
-// with 4-bit keys through the narrow 128-byte-row table and 4-bit values
+// with 4-bit keys through the wide 256-byte-row table and 4-bit values
 // read from fixed shared-memory stages (synthetic data; the products'
 // values are not checked, their layouts are: scripts/mma_throughput.cu; no
 // cp.async, block table, prologue or merge). Two forms:
@@ -38,9 +38,18 @@ constexpr int kTileTokens = 64;   // per warpgroup tile: 16 per warp
 constexpr int kSlotBytes = 144;   // a token's staged record: 64 key bytes, norm, scale, zero, 64 value bytes
 constexpr int kValueOffset = 80;
 constexpr int kStageBytes = 16 * kSlotBytes;  // a warp's 16 tokens
-constexpr int kLutBytes = 256 * 128;          // the narrow table: 256 rows of 32 lanes' fp16 pairs
+// The wide table, as the 16-warp decode shapes read 4-bit keys: 256 rows of
+// 256 bytes (32 lanes' fp16 centroid pairs and padding), so a lookup's
+// address is one byte permute: the key byte in bits 8..15, the lane in 2..6.
+constexpr int kLutBytes = 256 * 256;
 constexpr float kLazyRescaleLog2 = 4.0f;
 
+// 2^x by the SFU alone (as the decode kernels take it), without exp2f's range handling.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 __device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
   std::uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -106,8 +115,7 @@ __global__ void __launch_bounds__(256, 1) decode_loop(int tiles, float* sink) {
     const uint4 kg8 = *reinterpret_cast<const uint4*>(stage + (g + 8) * kSlotBytes + 16 * c);
     const std::uint32_t words_g[4] = {kg.x, kg.y, kg.z, kg.w}, words_g8[4] = {kg8.x, kg8.y, kg8.z, kg8.w};
     const auto lookup = [&](std::uint32_t word, int byte) {
-      const int shift = 7 - 8 * byte;
-      const std::uint32_t offset = ((shift >= 0 ? (word << shift) : (word >> -shift)) & 0x7f80u) | lane_lut;
+      const std::uint32_t offset = __byte_perm(word, lane_lut, 0x5504u | (byte << 4));
       return *reinterpret_cast<const std::uint32_t*>(shared + offset);
     };
     std::uint32_t key[8][4];
@@ -188,7 +196,7 @@ __global__ void __launch_bounds__(256, 1) decode_loop(int tiles, float* sink) {
       }
 #pragma unroll
       for (int r = 0; r < N / 4; ++r) {
-        const float alpha = exp2f(-shift[r]);
+        const float alpha = fast_exp2(-shift[r]);
         reference[r] += shift[r];
         row_sum[r] *= alpha, zero_sum[r] *= alpha;
 #pragma unroll
@@ -211,7 +219,7 @@ __global__ void __launch_bounds__(256, 1) decode_loop(int tiles, float* sink) {
         float scaled[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float p = exp2f(score[4 * i + 2 * j + e]);
+          const float p = fast_exp2(score[4 * i + 2 * j + e]);
           row_sum[2 * i + e] += p;
           zero_sum[2 * i + e] += p * zero[j];
           scaled[e] = p * scale[j];
@@ -338,8 +346,7 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
         std::uint32_t pairs[4];
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
-          const int shift = 7 - 8 * b;
-          const std::uint32_t offset = ((shift >= 0 ? (words[w] << shift) : (words[w] >> -shift)) & 0x7f80u) | lane_lut;
+          const std::uint32_t offset = __byte_perm(words[w], lane_lut, 0x5504u | (b << 4));
           __half2 pair = *reinterpret_cast<const __half2*>(shared + offset);
           pair = __hmul2(pair, norm2);
           pairs[b] = *reinterpret_cast<std::uint32_t*>(&pair);
@@ -424,7 +431,7 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float moved = fmaxf(row_max[r], reference[r]);
-        alpha[r] = exp2f(reference[r] - moved);
+        alpha[r] = fast_exp2(reference[r] - moved);
         reference[r] = moved;
       }
 #pragma unroll
@@ -434,7 +441,7 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
     }
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
-      const auto p = [&](int i, int e) { return exp2f(score[4 * i + e] - reference[e / 2]); };
+      const auto p = [&](int i, int e) { return fast_exp2(score[4 * i + e] - reference[e / 2]); };
       probability[kt][0] = pack_half2(p(2 * kt, 0), p(2 * kt, 1));
       probability[kt][1] = pack_half2(p(2 * kt, 2), p(2 * kt, 3));
       probability[kt][2] = pack_half2(p(2 * kt + 1, 0), p(2 * kt + 1, 1));
