@@ -76,7 +76,7 @@ __global__ void check_product(const __half* a, const __half* b, float* d) {
   float acc[N / 2] = {};
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) wgmma_rs<N>(acc, frags[ks], descriptor(base + (ks / 4) * N * 128 + (ks % 4) * 32), ks > 0);
+  for (int ks = 0; ks < 8; ++ks) wgmma_rs<N>(acc, frags[ks], k_step_descriptor(base, N, ks), ks > 0);
   wgmma_commit();
   wgmma_wait_all();
   keep(acc);
@@ -106,7 +106,7 @@ __global__ void product_loop(float* sink, std::uint32_t seed) {
   for (int it = 0; it < kWgmmaIterations; ++it) {
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) wgmma_rs<N>(acc, frags[ks], descriptor(base + (ks / 4) * N * 128 + (ks % 4) * 32), 1);
+    for (int ks = 0; ks < 8; ++ks) wgmma_rs<N>(acc, frags[ks], k_step_descriptor(base, N, ks), 1);
     wgmma_commit();
     wgmma_wait_all();
     keep(acc);

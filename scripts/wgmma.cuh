@@ -92,3 +92,9 @@ __host__ __device__ __forceinline__ int swizzled_offset(int rows, int row, int k
 __device__ __forceinline__ std::uint64_t descriptor(std::uint32_t address) {
   return static_cast<std::uint64_t>((address >> 4) & 0x3fff) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
+
+/// The descriptor of k-step `ks` (16 elements of k) of a K-major operand of
+/// `rows` rows at `base` (swizzled_offset's arrangement).
+__device__ __forceinline__ std::uint64_t k_step_descriptor(std::uint32_t base, int rows, int ks) {
+  return descriptor(base + (ks / 4) * rows * 128 + (ks % 4) * 32);
+}

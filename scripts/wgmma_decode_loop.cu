@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(256, 1) decode_loop(int tiles, float* sink) {
     float score[N / 2];
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) wgmma_rs<N>(score, key[ks], descriptor(query + (ks / 4) * N * 128 + (ks % 4) * 32), ks > 0);
+    for (int ks = 0; ks < 8; ++ks) wgmma_rs<N>(score, key[ks], k_step_descriptor(query, N, ks), ks > 0);
     wgmma_commit();
     wgmma_wait_all();
     keep(score);
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-      wgmma_rs<64>(score, query[ks], descriptor(keys_address + (ks / 4) * kTileTokens * 128 + (ks % 4) * 32), ks > 0);
+      wgmma_rs<64>(score, query[ks], k_step_descriptor(keys_address, kTileTokens, ks), ks > 0);
     }
     wgmma_commit();
     wgmma_wait_all();
@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
     // O = P V'^T^T: k-step kt takes tokens 16 kt ..
     wgmma_fence();
 #pragma unroll
-    for (int kt = 0; kt < 4; ++kt) wgmma_rs<kValueRows>(acc_o, probability[kt], descriptor(values_address + kt * 32), 1);
+    for (int kt = 0; kt < 4; ++kt) wgmma_rs<kValueRows>(acc_o, probability[kt], k_step_descriptor(values_address, kValueRows, kt), 1);
     wgmma_commit();
     // Its completion needs every warp's issue: past it the tiles may be rewritten.
     wgmma_wait_all();
