@@ -74,7 +74,11 @@ struct LaunchPlan {
   /// Without wide_table, Hopper path, the other presets up to group 8: 2
   /// (one CTA of 16 warps per SM, 8 per kv head, even Hk) where that grid
   /// takes at most two waves, instead of two CTAs of 8 warps per SM, which
-  /// do not share an SM evenly; else 1.
+  /// do not share an SM evenly; else 1. For their token_slots caches with
+  /// the kv heads' slots side by side in 16-byte token rows: 8 (else 4,
+  /// k8v4 with Hk a multiple of 4), one CTA of 16 warps reading whole token
+  /// rows by one bulk copy per tile, where that grid fills the GPU and
+  /// each CTA streams at least 2048 tokens; else 1.
   /// The 16-warp CTAs (wide_table with one head tile, or two kv heads per
   /// CTA) of the MSE presets load their share of PiT before anything else,
   /// while the previous kernel may still run, rather than after issuing

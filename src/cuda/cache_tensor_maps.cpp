@@ -39,7 +39,7 @@ void check_encoded(CUresult status, const char* map) {
 
 }  // namespace
 
-CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params) {
+CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params, int row_box_bytes) {
   constexpr auto kTileTokens = static_cast<cuuint32_t>(kHopperTileTokens);
   const CacheLayout& layout = params.layout;
   const auto record_bytes = static_cast<cuuint32_t>(layout.record_bytes());  // 128 for 4-bit keys and values, D = 128
@@ -59,6 +59,19 @@ CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params) {
     // the 16-byte boundary at or below a slot (the copy engine's box starts
     // on one) to past its end, 16 tokens of one block; bytes past the row
     // read as zeros (token_slots_bulk_copy, SlotReadLayout).
+    if (row_box_bytes > 0) {
+      // Whole rows (SlotRead::rows): 8-byte elements, so a box of up to 2048
+      // bytes (256 elements) holds the row of every kv head of a CTA; bytes
+      // past the row read as zeros.
+      const cuuint64_t row_dims[3] = {static_cast<cuuint64_t>(layout.token_stride / 8), slots, blocks};
+      const cuuint64_t row_strides[2] = {static_cast<cuuint64_t>(layout.token_stride), block_stride};
+      const cuuint32_t row_box[3] = {static_cast<cuuint32_t>(row_box_bytes / 8), kTileTokens, 1};
+      check_encoded(encode(&maps.records, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, cache, row_dims, row_strides, row_box,
+                           unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                    "token_slots rows");
+      return maps;
+    }
     const auto row_bytes = static_cast<cuuint64_t>(layout.token_stride);
     const auto box_bytes = static_cast<cuuint32_t>(token_slots_box_bytes(static_cast<int>(layout.slot_bytes())));
     const cuuint64_t slot_dims[3] = {row_bytes, slots, blocks};

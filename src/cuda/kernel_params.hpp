@@ -146,7 +146,7 @@ struct FusedDecodeParams {
   ReduceParams reduce;         ///< sinks and output; partition buffers as in `partitions`
   unsigned* arrivals;          ///< [B * Hk * row_tiles], all zero between launches
   bool wide_table;             ///< 4-bit keys: the 64 KB-table kernel (LaunchPlan::wide_table)
-  int kv_heads_per_cta;        ///< 1, or 2, 4 or 8 with wide_table, or 2 without (LaunchPlan::kv_heads_per_cta)
+  int kv_heads_per_cta;        ///< 1, or 2, 4 or 8 with wide_table, or without 2 (blocks) or 4, 8 (token rows) (LaunchPlan::kv_heads_per_cta)
   bool programmatic_launch;    ///< launched as a programmatic dependent (DecodeWorkspace::set_programmatic_launch)
   /// partitions.scale x log2(e), the base-2 score scale, which the bulk-copy
   /// shapes read here (computed in the kernel, it is reloaded and multiplied
@@ -198,10 +198,12 @@ struct CheckInputsParams {
   DeviceCheckState* state;
 };
 
-/// The tensor maps of the wide shape over `params`' cache (4-bit keys; a
-/// token_slots cache: one map of its token rows in `records`); throws
+/// The tensor maps of the bulk-copy shapes over `params`' cache (4-bit keys;
+/// a token_slots cache: one map of its token rows in `records`, a box of one
+/// kv head's slot, or with `row_box_bytes` that many bytes of a row, from a
+/// 16-byte boundary, in 8-byte elements: the whole-row reads); throws
 /// CudaError if the driver rejects them.
-CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params);
+CacheTensorMaps encode_cache_tensor_maps(const PartitionParams& params, int row_box_bytes = 0);
 
 void launch_check_decode_inputs(const CheckInputsParams& params, CUstream_st* stream);
 void launch_rotate_queries(const RotateParams& params, CUstream_st* stream);

@@ -67,9 +67,10 @@ void log_fallback_once(const std::string& reason) {
 }
 
 // How the tensor-core kernels read a token_slots cache (tensor_core/slot_tile.cuh).
-std::string token_slots_text(const DecodeArgs& args, bool bulk_copies) {
+std::string token_slots_text(const DecodeArgs& args, bool bulk_copies, bool whole_rows) {
   if (!args.layout.token_slots()) return {};
   if (bulk_copies) return ", token_slots order (bulk copies, read in place)";
+  if (whole_rows) return ", token_slots order (whole token rows by bulk copies, read in place, rotated)";
   if (cuda::token_slots_read_rotated(args.layout)) return ", token_slots order (read in place, rotated)";
   return cuda::token_slots_read_in_place(args.layout) ? ", token_slots order (read in place)"
                                                        : ", token_slots order (repacked)";
@@ -92,7 +93,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     const std::string reason = (request == PathRequest::hopper ? std::string("requested")
                                                                : std::string(preset_info(args.layout.preset).name) +
                                                                      ", D=" + std::to_string(args.layout.head_dim) + " on sm_90" +
-                                                                     token_slots_text(args, grid.wide_table)) +
+                                                                     token_slots_text(args, grid.wide_table, grid.kv_heads_per_cta > 1)) +
                                row_tiles_text(args);
     return {DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
             grid.kv_heads_per_cta};
@@ -111,7 +112,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
         cuda::narrow_resident_ctas(args.layout.preset, rows_per_head, device, args.layout.head_dim,
                                    args.layout.token_slots()));
     plan.reason = reason + "; the tensor-core kernel (narrow configuration" +
-                  token_slots_text(args, false) + ")" + row_tiles_text(args);
+                  token_slots_text(args, false, false) + ")" + row_tiles_text(args);
   } else if (args.varlen()) {
     plan.reason = reason + "; the scalar kernel: " + not_tensor_core;
     plan_scalar_query_tiles(args, device, plan);

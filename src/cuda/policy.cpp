@@ -74,8 +74,20 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   const auto resident = [&](bool wide, int heads_per_cta) {
     return tensor_core_footprint(preset, group_size, head_dim, wide, heads_per_cta, token_slots).planned_ctas_per_sm;
   };
-  // token_slots: the wide shape where bulk copies read the cache, else the
-  // narrow configuration, one kv head per CTA.
+  // token_slots: whole token rows where that grid fills a wave and each CTA
+  // streams at least kRowsMinStreamTokens, else (small batches) the narrow
+  // configuration, whose one-kv-head CTAs fill the GPU.
+  if (path == DecodePath::hopper && slots == SlotRead::rows) {
+    const int heads_per_cta = token_slots_row_kv_heads(num_kv_heads);
+    const int partitions = choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
+                                                 resident(false, heads_per_cta));
+    const long long ctas = static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions;
+    if (ctas >= kGoodWaveUtilization * sm_count && max_context_tokens / partitions >= kRowsMinStreamTokens) {
+      return {partitions, false, heads_per_cta};
+    }
+  }
+  // The wide shape where bulk copies read the cache, else the narrow
+  // configuration, one kv head per CTA.
   if (path == DecodePath::hopper && slots != SlotRead::none && slots != SlotRead::bulk_copies) {
     return {choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, resident(false, 1)), false};
   }
@@ -199,9 +211,19 @@ bool token_slots_read_rotated(const CacheLayout& layout) {
   return token_slots_read_in_place(layout) && layout.preset == Preset::turboquant_k8v4 && layout.token_stride % 16 == 0;
 }
 
+bool token_slots_read_rows(const DecodeArgs& args) {
+  const CacheLayout& layout = args.layout;
+  const int heads_per_cta = token_slots_row_kv_heads(layout.num_kv_heads);
+  return token_slots_read_in_place(layout) && layout.preset != Preset::turboquant_4bit_nc &&
+         layout.token_stride % 16 == 0 && layout.head_stride == layout.slot_bytes() &&
+         layout.num_kv_heads % heads_per_cta == 0 && heads_per_cta * layout.slot_bytes() % 16 == 0 &&
+         reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0 && tensor_core_rows_per_head(args) <= kHeadsPerTile;
+}
+
 SlotRead token_slots_read(const DecodeArgs& args) {
   if (!args.layout.token_slots()) return SlotRead::none;
   if (token_slots_bulk_copy(args)) return SlotRead::bulk_copies;
+  if (token_slots_read_rows(args)) return SlotRead::rows;
   if (token_slots_read_rotated(args.layout)) return SlotRead::rotated;
   return token_slots_read_in_place(args.layout) ? SlotRead::in_place : SlotRead::repacked;
 }

@@ -105,7 +105,7 @@ struct GridChoice {
 /// unaligned loads or, where every slot of a kv head has the same lead, with
 /// aligned loads of rotated data (token_slots_read_rotated), or cp.async
 /// windows repacked into the blocks order's tile arrangement.
-enum class SlotRead { none, bulk_copies, in_place, rotated, repacked };
+enum class SlotRead { none, bulk_copies, rows, in_place, rotated, repacked };
 
 /// N and the Hopper kernel shape for a call: where the 16-warp kernel
 /// exists, it serves h = 1, 2, 4 or 8 kv heads per CTA (planned for Hk / h
@@ -147,6 +147,26 @@ bool token_slots_read_in_place(const CacheLayout& layout);
 /// wide shape's bulk copies read 4-bit keys so; the narrow configuration's
 /// 4-bit keys measured slower rotated than with unaligned loads.)
 bool token_slots_read_rotated(const CacheLayout& layout);
+
+/// Whether the Hopper kernel may read this token_slots cache in whole token
+/// rows of h = 8 kv heads (else 4), one bulk tensor copy per tile for a
+/// CTA's 16 warps (SlotRead::rows; choose_grid decides per call): the
+/// presets the wide shape does not serve (k8v4, k3v4_nc, 3bit_nc) at D =
+/// 128 up to group 8, a cache pointer, token and block strides of 16-byte
+/// multiples, the kv heads' slots side by side in the row, h dividing Hk
+/// and h slots a 16-byte multiple (so every CTA's part of a row starts on a
+/// boundary: 8 slots of any preset, 4 of k8v4's 196 bytes).
+bool token_slots_read_rows(const DecodeArgs& args);
+
+/// Whole token rows: the kv heads per CTA, 8 where 8 divides Hk, else 4
+/// (the CTAs of four, the two halves of a row, drift apart: slower where
+/// both divide Hk).
+constexpr int token_slots_row_kv_heads(int num_kv_heads) { return num_kv_heads % 8 == 0 ? 8 : 4; }
+
+/// Whole token rows: the least tokens a CTA streams (shorter partitions
+/// spend more on the CTA's prologue, merge of h kv heads and reduction than
+/// the shared copies save; the one-kv-head CTAs serve them).
+inline constexpr int kRowsMinStreamTokens = 2048;
 
 /// How the Hopper kernel reads the call's cache (SlotRead).
 SlotRead token_slots_read(const DecodeArgs& args);

@@ -34,10 +34,13 @@ struct ShapeCase {
   bool wide_table;
   int kv_heads_per_cta;
   int num_partitions;
+  CacheOrder order = CacheOrder::blocks;
+  bool renormalize = false;  ///< token_slots: decode-time norm correction
 };
 
 std::vector<ShapeCase> shape_cases() {
   const Preset q4 = Preset::turboquant_4bit_nc;
+  const CacheOrder slots = CacheOrder::token_slots;
   return {
       {"wide_one_kv_head", q4, 8, 1, 8, 4096, 128, true, 1, 16},
       {"wide_two_kv_heads", q4, 6, 48, 8, 2496, 128, true, 2, 2},
@@ -59,6 +62,14 @@ std::vector<ShapeCase> shape_cases() {
       {"d64_3bit_two_head_tiles", Preset::turboquant_3bit_nc, 12, 3, 2, 1024, 64, false, 1, 4},
       {"d256_k3v4", Preset::turboquant_k3v4_nc, 4, 2, 4, 4096, 256, false, 1, 16},
       {"d256_3bit_odd_hk", Preset::turboquant_3bit_nc, 8, 3, 3, 2048, 256, false, 1, 8},
+      // token_slots in whole token rows (one bulk copy per tile for a CTA's
+      // 8 or 4 kv heads; two waves for 3bit), and the one-kv-head CTAs where
+      // rows would not fill the GPU.
+      {"rows_k8v4_eight_kv_heads", Preset::turboquant_k8v4, 2, 8, 64, 4096, 128, false, 8, 2, slots},
+      {"rows_k8v4_four_kv_heads", Preset::turboquant_k8v4, 4, 21, 12, 4096, 128, false, 4, 2, slots},
+      {"rows_k3v4_renormalized", Preset::turboquant_k3v4_nc, 8, 8, 64, 4096, 128, false, 8, 2, slots, true},
+      {"rows_3bit_two_waves", Preset::turboquant_3bit_nc, 6, 22, 32, 6144, 128, false, 8, 3, slots, true},
+      {"slots_k8v4_one_sequence", Preset::turboquant_k8v4, 8, 1, 8, 8192, 128, false, 1, 32, slots},
   };
 }
 
@@ -77,6 +88,8 @@ Scenario shape_scenario(const ShapeCase& c) {
   config.sinks = true;
   config.seed = 31;
   config.keep_unquantized = false;
+  config.order = c.order;
+  config.renormalize_keys = c.renormalize;
   return make_scenario(config);
 }
 

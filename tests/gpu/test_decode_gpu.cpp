@@ -284,13 +284,23 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
                       layout.token_stride % 16 == 0 && layout.block_stride % 16 == 0 &&
                       (layout.num_kv_heads - 1) * layout.head_stride + layout.slot_bytes() <= layout.token_stride;
     EXPECT_EQ(plan.wide_table, bulk) << plan.reason;
-    if (!bulk) EXPECT_EQ(plan.kv_heads_per_cta, 1);
     // Slots read where they land at D = 128 with blocks on 16-byte boundaries
     // (fp8 keys in token rows of 16-byte multiples: aligned loads of rotated
-    // data), else repacked.
+    // data), else repacked; the other presets at D = 128 up to group 8 in
+    // whole token rows of 8 (or 4) kv heads side by side where the grid fills
+    // the GPU with long enough partitions (CtaShapes has those grids).
     const bool in_place = layout.head_dim == 128 && layout.block_stride % 16 == 0;
     const bool rotated = in_place && layout.token_stride % 16 == 0 && layout.preset == Preset::turboquant_k8v4;
+    const bool rows = !bulk && plan.kv_heads_per_cta > 1;
+    if (rows) {
+      EXPECT_TRUE(in_place && layout.token_stride % 16 == 0 && layout.head_stride == layout.slot_bytes() &&
+                  layout.num_kv_heads % plan.kv_heads_per_cta == 0 && c.num_q_heads <= 8 * c.num_kv_heads)
+          << plan.reason;
+    } else if (!bulk) {
+      EXPECT_EQ(plan.kv_heads_per_cta, 1);
+    }
     const char* access = bulk       ? "(bulk copies, read in place)"
+                         : rows     ? "(whole token rows by bulk copies, read in place"
                          : rotated  ? "(read in place, rotated)"
                          : in_place ? "(read in place)"
                                     : "(repacked)";
@@ -385,15 +395,32 @@ TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
   const DecodeCase blocks{"graph", Preset::turboquant_4bit_nc, 32, 8, 128, 16, captured_lengths, 0, true};
   const DecodeCase slots{"graph_slots", Preset::turboquant_4bit_nc, 32, 8, 128, 16, captured_lengths, 64, true,
                          DType::bf16, 1.0f, CacheOrder::token_slots, true, false, 2};
+  // fp8 keys in whole token rows (the CTA's shared ring): 16 sequences and
+  // a table 16400 tokens wide, so the grid takes 8 kv heads per CTA.
+  const DecodeCase fp8_rows{"graph_slots_k8v4_rows",
+                            Preset::turboquant_k8v4,
+                            64,
+                            8,
+                            128,
+                            16,
+                            {16400, 3000, 1, 700, 2222, 0, 1500, 5, 64, 999, 17, 4000, 33, 250, 1024, 16},
+                            0,
+                            true,
+                            DType::bf16,
+                            1.0f,
+                            CacheOrder::token_slots,
+                            false};
   for (const auto& [c, request] :
        {std::pair{blocks, PathRequest::automatic}, std::pair{blocks, PathRequest::cuda_generic},
         std::pair{blocks, PathRequest::cuda_generic_scalar}, std::pair{slots, PathRequest::automatic},
-        std::pair{slots, PathRequest::cuda_generic}, std::pair{slots, PathRequest::cuda_generic_scalar}}) {
+        std::pair{slots, PathRequest::cuda_generic}, std::pair{slots, PathRequest::cuda_generic_scalar},
+        std::pair{fp8_rows, PathRequest::automatic}}) {
     SCOPED_TRACE(c.name + " request " + std::to_string(static_cast<int>(request)));
     const Scenario scenario = build(c);
     DeviceScenario device(scenario);
     DecodeWorkspace workspace(16);
     const test::DecodeGraph graph(device.args(), workspace, request);
+    if (c.name == fp8_rows.name && is_available()) EXPECT_EQ(plan_decode(device.args()).kv_heads_per_cta, 8);
 
     Rng rng(99);
     const int batch = scenario.batch();

@@ -355,6 +355,28 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_FALSE(token_slots_read_rotated(args_of(Preset::turboquant_k3v4_nc, 8, kAligned).layout));
   EXPECT_FALSE(token_slots_read_rotated(padded_page));
 
+  // Whole token rows of 4 or 8 kv heads (one bulk copy per tile for a CTA):
+  // fp8 keys side by side in 16-byte rows, Hk a multiple of 4, up to group 8.
+  const auto with_group = [](DecodeArgs args, int group) {
+    args.num_q_heads = group * args.layout.num_kv_heads;
+    return args;
+  };
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 8, kAligned), 8)), SlotRead::rows);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 4, kAligned), 1)), SlotRead::rows);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 8, kAligned), 16)), SlotRead::rotated);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 8, kAligned, 2), 8)), SlotRead::rotated);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 8, kAligned, 0, true), 8)),
+            SlotRead::in_place);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 2, kAligned), 8)), SlotRead::in_place);
+  const GridChoice rows_hk8 =
+      choose_grid(DecodePath::hopper, Preset::turboquant_k8v4, 8, 16, 8, 32768, kH200Sms, 128, SlotRead::rows);
+  EXPECT_FALSE(rows_hk8.wide_table);
+  EXPECT_EQ(rows_hk8.kv_heads_per_cta, 8);  // a tie in waves: whole rows
+  EXPECT_EQ(rows_hk8.num_partitions, 8);    // 128 CTAs
+  EXPECT_EQ(choose_grid(DecodePath::hopper, Preset::turboquant_k8v4, 4, 16, 12, 32768, kH200Sms, 128, SlotRead::rows)
+                .kv_heads_per_cta,
+            4);
+
   const auto grid = [](int batch, bool bulk) {
     return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, batch, 8, 32768, kH200Sms, 128,
                        bulk ? SlotRead::bulk_copies : SlotRead::in_place);
@@ -391,6 +413,10 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).shared_bytes, 107040);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).planned_ctas_per_sm, 2);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_k8v4, 8, 256, true).shared_bytes, 230048);
+  // Whole rows: four stages of one tile per warp of a kv head (rows of 1568 and 800 bytes).
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k8v4, 8, 128, false, 8, true).shared_bytes, 220416);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k8v4, 8, 128, false, 4, true).shared_bytes, 215680);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k8v4, 8, 128, false, 8, true).planned_ctas_per_sm, 1);
 }
 
 }  // namespace

@@ -37,6 +37,11 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint32_t barrier,
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
 }
 
+/// One arrival on `barrier`.
+__device__ __forceinline__ void mbarrier_arrive(std::uint32_t barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(barrier) : "memory");
+}
+
 /// Waits until the phase of `barrier` with parity `parity` has completed.
 __device__ __forceinline__ void mbarrier_wait_parity(std::uint32_t barrier, unsigned parity) {
   asm volatile(

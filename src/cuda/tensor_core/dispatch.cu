@@ -64,6 +64,12 @@ KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head
             }
           }
         }
+        if constexpr (kFormat != CacheFormat::mse4 && HeadDim == 128) {  // whole rows
+          if (kv_heads_per_cta == 8) return footprint_of<HeadDim, 1, kFormat, false, 8, tensor_core::SlotAccess::rows>();
+          if constexpr (kFormat == CacheFormat::fp8) {
+            if (kv_heads_per_cta == 4) return footprint_of<HeadDim, 1, kFormat, false, 4, tensor_core::SlotAccess::rows>();
+          }
+        }
         // The narrow configuration: the same shared memory whether the slots
         // are read in place (rotated or not) or repacked (the stages hold
         // them as they land).

@@ -21,8 +21,10 @@
 // grids of more than two waves serves two, four or eight kv heads, 8, 4 or 2
 // warps each (grid (partition, kv head group, sequence)); for the other
 // presets up to group 8 on grids of at most two waves, one CTA of 16 warps
-// serving two kv heads; one CTA of 12 warps for groups over 8, with the wide
-// table for 4-bit keys (KernelShape). On
+// serving two kv heads, and in the token_slots order on grids that fill the
+// GPU one of 16 warps serving eight (or four) kv heads from whole token rows
+// in a ring its warps share; one CTA of 12 warps for groups over 8, with the
+// wide table for 4-bit keys (KernelShape). On
 // the Hopper path the kernel is launched as a programmatic dependent
 // (launch_decode_tensor_core): its CTAs may start while the previous kernel of
 // the stream drains. A CTA
@@ -478,8 +480,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
                                                softmax.acc);
       softmax.add_probability_sums(pb);
       __syncwarp();  // the stage is refilled by the next iteration's issue
+      ring.release(stage_index);
     };
-    if constexpr (kBulkCopy) {
+    if constexpr (kBulkCopy && !Shape::kRowCopies) {
       // Unrolled by kStages: every stage and barrier address is an immediate.
       unsigned phase = 0;  // of the barriers' current use: (k / kStages) & 1
       for (int k0 = 0; k0 < ring.count; k0 += kStages, phase ^= 1u) {
@@ -488,7 +491,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         });
       }
     } else {
-      for (int k = 0; k < ring.count; ++k) stream_tile(k, k % kStages, 0u);
+      // The whole-row ring rolled: unrolled, its loop spills at 128 registers.
+      for (int k = 0; k < ring.count; ++k) {
+        stream_tile(k, k % kStages, Shape::kRowCopies ? static_cast<unsigned>(k / kStages) & 1u : 0u);
+      }
     }
     if constexpr (!kBulkCopy) cp_async_wait<0>();
 
@@ -544,8 +550,9 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   config.attrs = &programmatic;
   config.numAttrs = params.programmatic_launch ? 1 : 0;
   // Only the bulk-copy shapes read the maps.
+  using Shared = SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>;
   const CacheTensorMaps maps =
-      Shape::kBulkCopy ? encode_cache_tensor_maps(params.partitions) : CacheTensorMaps{};
+      Shape::kBulkCopy ? encode_cache_tensor_maps(params.partitions, Shared::row_box_bytes()) : CacheTensorMaps{};
   TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, maps));
 }
 
@@ -567,6 +574,13 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
           if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, true, 4, kInPlace>(params, stream);
           if (params.kv_heads_per_cta == 2) return launch<HeadDim, 1, Format, true, 2, kInPlace>(params, stream);
           return launch<HeadDim, 1, Format, true, 1, kInPlace>(params, stream);
+        }
+      }
+      if constexpr (Format != CacheFormat::mse4) {
+        // Whole rows (the plan's kv heads per CTA; one kv head per CTA otherwise).
+        if (params.kv_heads_per_cta == 8) return launch<HeadDim, 1, Format, false, 8, SlotAccess::rows>(params, stream);
+        if constexpr (Format == CacheFormat::fp8) {  // 4 slots of 196 bytes: a 16-byte multiple
+          if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, false, 4, SlotAccess::rows>(params, stream);
         }
       }
       if constexpr (Format == CacheFormat::fp8) {

@@ -94,7 +94,10 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// the narrow configuration's windows of fp8 keys where every slot of a kv
 /// head has the same lead, read with aligned loads as the bulk copies are), or repacked
 /// into the blocks order's tile arrangement once landed (SlotTile).
-enum class SlotAccess { none, in_place, rotated, repacked };
+/// Whole rows: the slots of 4 or 8 kv heads of each token by one bulk copy
+/// per tile into a ring that a CTA's 16 warps share (SlotReadLayout's
+/// RowHeads; fp8 keys read rotated), for the presets without the wide shape.
+enum class SlotAccess { none, in_place, rotated, repacked, rows };
 
 /// Shape of a kernel instance. Wide: 4-bit keys, one CTA per SM sharing a
 /// 64 KB lookup table whose 256-byte rows make each lookup's address one
@@ -128,21 +131,26 @@ struct KernelShape {
   static_assert(HeadDim == 128 || (!Wide && HeadsPerCta == 1 && (HeadDim == 64 || HeadTiles == 1)),
                 "D = 64: the narrow configuration; D = 256: also one head tile");
   static_assert(!Wide || Format == CacheFormat::mse4, "the wide table serves 4-bit keys");
+  static constexpr bool kRowCopies = Slots == SlotAccess::rows;
   static_assert(HeadsPerCta == 1 ||
-                    (HeadTiles == 1 && (Wide ? HeadsPerCta == 2 || HeadsPerCta == 4 || HeadsPerCta == 8
-                                             : HeadsPerCta == 2 && Format != CacheFormat::mse4)),
-                "two, four or eight kv heads per CTA in the wide shape, two in the narrow one (not 4-bit keys, "
-                "which have the wide shape), with one head tile only");
+                    (HeadTiles == 1 && (Wide || kRowCopies ? HeadsPerCta == 2 || HeadsPerCta == 4 || HeadsPerCta == 8
+                                                           : HeadsPerCta == 2 && Format != CacheFormat::mse4)),
+                "two, four or eight kv heads per CTA in the wide shape and the whole-row reads, two in the narrow "
+                "one (not 4-bit keys, which have the wide shape), with one head tile only");
+  static_assert(!kRowCopies || (HeadDim == 128 && !Wide && Format != CacheFormat::mse4 && HeadsPerCta >= 4),
+                "whole-row reads: the presets without the wide shape at D = 128, four or eight kv heads per CTA");
   static constexpr bool kSlots = Slots != SlotAccess::none;
-  static_assert(!kSlots || Wide || HeadsPerCta == 1, "token_slots: one kv head per CTA in the narrow configuration");
+  static_assert(!kSlots || Wide || kRowCopies || HeadsPerCta == 1,
+                "token_slots: one kv head per CTA in the narrow configuration");
   static_assert(!Wide || Slots != SlotAccess::repacked, "token_slots: the wide shape reads the slots in place");
   static_assert(Slots != SlotAccess::in_place || HeadDim == 128, "token_slots read in place at D = 128");
   static_assert(Slots != SlotAccess::rotated || (HeadDim == 128 && !Wide && Format == CacheFormat::fp8),
                 "rotated slot reads in the narrow configuration: fp8 keys at D = 128");
   static constexpr bool kWideTable = Wide;
-  static constexpr bool kSlotsInPlace = Slots == SlotAccess::in_place || Slots == SlotAccess::rotated;
-  // Aligned loads of rotated slot data: the bulk copies, and SlotAccess::rotated.
-  static constexpr bool kSlotsRotated = Slots == SlotAccess::rotated || (kSlotsInPlace && Wide);
+  static constexpr bool kSlotsInPlace = Slots == SlotAccess::in_place || Slots == SlotAccess::rotated || kRowCopies;
+  // Aligned loads of rotated slot data: the bulk copies, SlotAccess::rotated and the whole rows.
+  static constexpr bool kSlotsRotated =
+      Slots == SlotAccess::rotated || (kRowCopies && Format == CacheFormat::fp8) || (kSlotsInPlace && Wide);
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
   // warps fill the register file (8 leave a third of it idle, and two warps
   // per scheduler to cover the loop's latencies); 16 warps at 128 registers
@@ -154,7 +162,8 @@ struct KernelShape {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kResidentCtas = kWarps > 8 || HeadDim == 256 ? 1 : 2;
   static constexpr int kStages =
-      kSlots && HeadDim == 128 && HeadTiles == 1 && (Wide || Format == CacheFormat::mse4 || Format == CacheFormat::fp8)
+      kSlots && !kRowCopies && HeadDim == 128 && HeadTiles == 1 &&
+              (Wide || Format == CacheFormat::mse4 || Format == CacheFormat::fp8)
           ? kRingStages - 1
           : kRingStages;
   static constexpr int kHeadDim = HeadDim;
@@ -172,7 +181,7 @@ struct KernelShape {
   // lane, and its stream is unrolled by the ring's stages, so every stage
   // and barrier address is an immediate: fewer instructions a tile, which
   // matters most where the loop is bound by issue (group 16).
-  static constexpr bool kBulkCopy = kWideTable;
+  static constexpr bool kBulkCopy = kWideTable || kRowCopies;
   // The softmax takes each score less its row's maximum as one FFMA (score
   // sum x norm - max) instead of a multiply and, for the exponent, a
   // subtraction: fewer instructions a tile at two head tiles, whose loop is
@@ -183,7 +192,7 @@ struct KernelShape {
   // two FMULs and a pack. In the bulk-copy shapes only, like the fields'
   // one-offset addressing and the host's score scale: in the narrow 3-bit
   // loops the compiler schedules them worse at the same instruction count.
-  static constexpr bool kHalfScaledProbabilities = kBulkCopy;
+  static constexpr bool kHalfScaledProbabilities = kWideTable;
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
   // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
@@ -216,8 +225,10 @@ struct SharedLayout {
   // there (SlotReadLayout) or repacked in place into the blocks order's
   // arrangement.
   static constexpr bool kSlots = Shape::kSlots;
-  using Layout = std::conditional_t<Shape::kSlotsInPlace,
-                                    SlotReadLayout<Format, Shape::kBulkCopy, Shape::kSlotsRotated>, Blocks>;
+  using Layout =
+      std::conditional_t<Shape::kSlotsInPlace,
+                         SlotReadLayout<Format, Shape::kBulkCopy, Shape::kSlotsRotated, Shape::kRowCopies ? HeadsPerCta : 0>,
+                         Blocks>;
   using Slot = SlotTile<Blocks, Format, Shape::kSlotsRotated>;
   using IssuePlan =
       std::conditional_t<kSlots, typename Slot::template IssuePlan<Shape::kSlotsInPlace>, typename Blocks::IssuePlan>;
@@ -245,8 +256,22 @@ struct SharedLayout {
   static constexpr bool kFieldsArea = kBulkCopy && !kSlots;
   static constexpr int kRecordsOffset = kFieldsArea ? kFieldsOffset + Shape::kWarps * kStages * kFieldsStride : kLutBytes;
   static constexpr int kRecordsAlign = 1024;
-  static constexpr int kStageStride = kBulkCopy ? Shape::kWarps * Layout::kMetaOffset : kStageBytes;  // a warp's stage s to s + 1
-  static constexpr int kWarpRingStride = kBulkCopy ? Layout::kMetaOffset : kStages * kStageBytes;     // warp w's ring to w + 1's
+  // Whole rows (kRowCopies): one ring for the CTA, stage s at records + s
+  // kStageStride holding the tiles of warps head_warp 0 .. kWarpsPerHead - 1
+  // (Layout::kStageBytes each), then 128 bytes the rotated reads' wrapped
+  // loads may touch past the last row.
+  static constexpr bool kRowCopies = Shape::kRowCopies;
+  /// Whole rows: the tensor map's box width (encode_cache_tensor_maps); else 0.
+  static constexpr int row_box_bytes() {
+    if constexpr (kRowCopies) return Layout::kPitch;
+    return 0;
+  }
+  static constexpr int kStageStride = kRowCopies   ? Shape::kWarpsPerHead * Layout::kStageBytes + 128
+                                      : kBulkCopy ? Shape::kWarps * Layout::kMetaOffset
+                                                  : kStageBytes;  // a warp's stage s to s + 1
+  static constexpr int kWarpRingStride = kRowCopies  ? 0
+                                         : kBulkCopy ? Layout::kMetaOffset
+                                                     : kStages * kStageBytes;  // warp w's ring to w + 1's
   static constexpr int kRingEnd =
       kBulkCopy ? kRecordsOffset + kRecordsAlign + kStages * kStageStride : kLutBytes + Shape::kWarps * kStages * kStageBytes;
   using Merge = MergeStorage<Shape::kWarpsPerHead, Shape::kCtaRows, HeadDim>;

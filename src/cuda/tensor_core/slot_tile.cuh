@@ -295,6 +295,12 @@ __device__ __forceinline__ uint2 load_shared_unaligned_8(const std::uint8_t* add
   return make_uint2(w[0], w[1]);
 }
 
+/// The least odd multiple of `unit` at or above `bytes`.
+constexpr int odd_multiple_of(int unit, int bytes) {
+  const int pitch = (bytes + unit - 1) / unit * unit;
+  return pitch % (2 * unit) ? pitch : pitch + unit;
+}
+
 // token_slots tiles read where they land, at D = 128 in every key format:
 // token t's slot starts at slot_row(t) = t kPitch + (first_lead + t
 // token_stride) mod 16 in a stage, first_lead = head * head_stride mod 16.
@@ -324,10 +330,18 @@ __device__ __forceinline__ uint2 load_shared_unaligned_8(const std::uint8_t* add
 // (value_byte_rotation). The tile's tokens are permuted (token_at) so the
 // rows one load's phases read lie on distinct banks of rows an odd multiple
 // of 32 bytes apart.
-template <CacheFormat Format, bool BulkCopies, bool Rotated = BulkCopies>
+//
+// Whole rows (RowHeads kv heads, SlotRead::rows): a bulk copy brings the
+// row part of a CTA's RowHeads kv heads, from a 16-byte boundary, into rows
+// of kPitch bytes (the part rounded up to an odd multiple of 32 bytes read
+// rotated, of 16 bytes else, as the rows above); the warps of kv head h
+// read its slot from the 16-byte boundary at or below h slot bytes, at lead
+// (h slot bytes) mod 16, as above.
+template <CacheFormat Format, bool BulkCopies, bool Rotated = BulkCopies, int RowHeads = 0>
 struct SlotReadLayout {
   using Blocks = TileLayout<Format, 128>;
   using Slot = SlotTile<Blocks, Format, Rotated>;
+  static constexpr int kRowHeads = RowHeads;
   static constexpr bool kFp8 = Format == CacheFormat::fp8;
   static constexpr int kKeyBytes = Blocks::kKeyBytes;
   static constexpr int kRecordBytes = Blocks::kRecordBytes;
@@ -335,7 +349,9 @@ struct SlotReadLayout {
   // fp8 keys have no norm: their field 0 is the value scale.
   static constexpr int kNormField = 0, kValueScaleField = Blocks::kValueScaleField,
                        kValueZeroField = Blocks::kValueZeroField;
-  static constexpr int kPitch = Slot::kPitch;               // rotated (the bulk copies too): the box's width
+  // Rotated (the bulk copies too): the box's width.
+  static constexpr int kPitch =
+      RowHeads ? odd_multiple_of(Rotated ? 32 : 16, RowHeads * Slot::kSlotBytes) : Slot::kPitch;
   static constexpr int kStageBytes = kTileTokens * kPitch;  // a bulk copy's box
   static constexpr int kMetaOffset = kStageBytes;           // no fields area: the fields are in the slots
   static constexpr int kOffset8Tokens = 8 * kPitch;
@@ -344,7 +360,10 @@ struct SlotReadLayout {
   static constexpr int kValueWordLoads = 2;                                  // 3-bit values: a lane's 6 bytes
   static constexpr int kValueStart = kKeyBytes + (kFp8 ? 0 : 2);            // after the key norm
 
-  static_assert(!BulkCopies || (Rotated && Format == CacheFormat::mse4), "bulk copies: 4-bit keys, rotated");
+  static_assert(!BulkCopies || (Format == CacheFormat::mse4 ? Rotated && RowHeads == 0 : RowHeads > 0),
+                "bulk copies: 4-bit keys by kv head, rotated; the other presets by whole rows");
+  static_assert(RowHeads == 0 || (kPitch >= RowHeads * Slot::kSlotBytes && kPitch % 16 == 0 && kPitch <= 2048),
+                "whole rows: a box of 8-byte elements (at most 256) holding the kv heads' slots");
   static_assert(!Rotated || Format == CacheFormat::mse4 || Format == CacheFormat::fp8, "rotated: whole-byte key codes");
   static_assert(!Rotated || kPitch % 64 == 32, "token_at's banks: rows an odd multiple of 32 bytes apart");
 
@@ -390,12 +409,12 @@ struct SlotReadLayout {
 /// loads only 2-byte aligned.
 template <class Layout>
 constexpr bool kReadsSlots = false;
-template <CacheFormat Format, bool BulkCopies, bool Rotated>
-constexpr bool kReadsSlots<SlotReadLayout<Format, BulkCopies, Rotated>> = true;
+template <CacheFormat Format, bool BulkCopies, bool Rotated, int RowHeads>
+constexpr bool kReadsSlots<SlotReadLayout<Format, BulkCopies, Rotated, RowHeads>> = true;
 template <class Layout>
 constexpr bool kReadsRotatedSlots = false;
-template <CacheFormat Format, bool BulkCopies>
-constexpr bool kReadsRotatedSlots<SlotReadLayout<Format, BulkCopies, true>> = true;
+template <CacheFormat Format, bool BulkCopies, int RowHeads>
+constexpr bool kReadsRotatedSlots<SlotReadLayout<Format, BulkCopies, true, RowHeads>> = true;
 
 /// N words of a rotated read (kReadsRotatedSlots) from the aligned
 /// `address`: where `mask` is set, the bytes of the words Distance bytes

@@ -4,7 +4,8 @@
 // copy plan (tile_layout.cuh), or in the wide shape bulk tensor copies
 // completing on one barrier per stage (bulk_copy.cuh); in the token_slots
 // order bulk copies or cp.async of each slot's aligned windows, read where
-// they land or repacked once landed (slot_tile.cuh).
+// they land or repacked once landed (slot_tile.cuh), or whole token rows
+// into one ring the CTA's warps share.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,6 +30,11 @@ template <class Shape, class Shared>
 struct TileRing {
   using Layout = typename Shared::Layout;
   static constexpr bool kBulkCopy = Shape::kBulkCopy;
+  // Whole rows: one ring for the CTA (SharedLayout), filled by warp 0, each
+  // stage the tiles of one round of the kv heads' warps; the refill of a
+  // stage waits until all warps have released it (an empty barrier per
+  // stage), two rounds behind the issue so the issuing warp rarely waits.
+  static constexpr bool kRowCopies = Shape::kRowCopies;
   static constexpr int kWarpsPerHead = Shape::kWarpsPerHead;
   static constexpr int kStages = Shape::kStages;
   using IssuePlan = typename Shared::IssuePlan;
@@ -55,6 +61,10 @@ struct TileRing {
   // copies: the box's first byte in a token's row) and the lead past it of
   // a tile's first slot (SlotReadLayout::slot_row).
   int box_column, slot_lead;
+  // Whole rows: the CTA's first tile and end, and whether this warp fills the ring.
+  int cta_first_tile, end_tile;
+  bool fills_ring;
+  std::uint32_t records_address;
   // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
   // holds the block of the warp's tile i + j for the window i (a multiple of
   // 32) being issued, `blocks_next` those of the next window, loaded a
@@ -84,6 +94,14 @@ struct TileRing {
                        shared_address;
     }
     ring_offset = opaque(records_offset + warp * Shared::kWarpRingStride);
+    records_address = shared_address + records_offset;
+    if constexpr (kRowCopies) {
+      // The warp's view of a stage: its round's tile, from the 16-byte
+      // boundary at or below its kv head's slot in the rows.
+      const int slot_in_row = head_slot * static_cast<int>(p.layout.head_stride);
+      ring_offset = records_offset + head_warp * Layout::kStageBytes + (slot_in_row & ~15);
+      box_column = (head - head_slot) * static_cast<int>(p.layout.head_stride);
+    }
     ring_address = shared_address + ring_offset;
     fields_offset = Shared::kFieldsOffset + warp * kStages * Shared::kFieldsStride;
     fields_address = shared_address + fields_offset;
@@ -91,7 +109,20 @@ struct TileRing {
     // One plan per kv head of the CTA, published by the __syncthreads before the main loop.
     plan = kBulkCopy ? IssuePlan{} : Shared::make_plan(p, head, lane);
     plans = reinterpret_cast<IssuePlan*>(shared + Shared::kPlanOffset) + 32 * head_slot;
-    if constexpr (kBulkCopy) {
+    fills_ring = !kRowCopies || warp == 0;
+    if constexpr (kRowCopies) {
+      // Full barriers at barrier_address + 8 s, empty ones kStages further.
+      barrier_address = shared_address + Shared::kBarrierOffset;
+      if (warp == 0 && lane == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages; ++s) {
+          mbarrier_init(barrier_address + 8 * s, 1);
+          mbarrier_init(barrier_address + 8 * (kStages + s), Shape::kWarps);
+        }
+        fence_barrier_init();
+      }
+      __syncwarp();
+    } else if constexpr (kBulkCopy) {
       if (lane == 0) {
 #pragma unroll
         for (int s = 0; s < kStages; ++s) mbarrier_init(barrier_address + 8 * s, 1);
@@ -101,8 +132,9 @@ struct TileRing {
     } else {
       if (head_warp == 0) plans[lane] = plan;
     }
-    first_tile = range.begin / kTileTokens + head_warp;
-    const int end_tile = (range.end + kTileTokens - 1) / kTileTokens;
+    cta_first_tile = range.begin / kTileTokens;
+    first_tile = cta_first_tile + head_warp;
+    end_tile = (range.end + kTileTokens - 1) / kTileTokens;
     count = first_tile < end_tile ? (end_tile - first_tile + kWarpsPerHead - 1) / kWarpsPerHead : 0;
     // The tensor maps' addresses, broadcast so they stay in uniform registers
     // across the loop instead of being recomputed from the parameters per tile.
@@ -118,7 +150,33 @@ struct TileRing {
 
   __device__ __forceinline__ int load_blocks(int window) const {
     const int index = window + lane;
+    if constexpr (kRowCopies) {  // the CTA's tiles, in order
+      return cta_first_tile + index < end_tile ? tile_block(table, cta_first_tile + index, block_shift) : 0;
+    }
     return index < count ? tile_block(table, first_tile + index * kWarpsPerHead, block_shift) : 0;
+  }
+
+  /// Whole rows: round `round`'s tiles (the CTA's tiles kWarpsPerHead round
+  /// .., one per warp of a kv head) into stage `stage`, by warp 0; `blocks`
+  /// holds the window of 32 tiles with them (kWarpsPerHead divides 32).
+  __device__ __forceinline__ void issue_round(int round, int stage) const {
+    const int round_tile = kWarpsPerHead * round;
+    int physical[kWarpsPerHead];
+#pragma unroll
+    for (int j = 0; j < kWarpsPerHead; ++j) physical[j] = __shfl_sync(kFullMask, blocks, (round_tile + j) & 31);
+    if (elect_one_lane()) {
+      const int tiles = min(kWarpsPerHead, end_tile - cta_first_tile - round_tile);
+      const std::uint32_t barrier = barrier_address + 8 * stage;
+      mbarrier_arrive_expect_tx(barrier, tiles * Layout::kStageBytes);
+#pragma unroll
+      for (int j = 0; j < kWarpsPerHead; ++j) {
+        if (j < tiles) {
+          const int slot = ((cta_first_tile + round_tile + j) * kTileTokens) & block_mask;
+          bulk_tensor_load(records_address + stage * Shared::kStageStride + j * Layout::kStageBytes, records_map,
+                           box_column / 8, slot, physical[j], barrier);
+        }
+      }
+    }
   }
 
   /// The warp's n-th tile (in physical block `physical`) into stage n % kStages.
@@ -144,6 +202,16 @@ struct TileRing {
   /// The ring's first kStages - 1 tiles, issued before anything else is
   /// computed so their HBM latency overlaps the prologue.
   __device__ __forceinline__ void issue_first_tiles() {
+    if constexpr (kRowCopies) {  // the first kStages - 2 rounds (advance)
+      if (fills_ring) {
+        blocks = load_blocks(0);
+#pragma unroll
+        for (int s = 0; s < kStages - 2; ++s) {
+          if (s < count) issue_round(s, s);
+        }
+      }
+      return;
+    }
     blocks = load_blocks(0);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -161,35 +229,62 @@ struct TileRing {
   }
 
   /// The second window's blocks (after the prologue: the rotation needs the registers).
-  __device__ __forceinline__ void load_second_window() { blocks_next = load_blocks(32); }
+  __device__ __forceinline__ void load_second_window() {
+    if (fills_ring) blocks_next = load_blocks(32);
+  }
 
   /// Before the warp's k-th tile, in stage `stage_index` = k % kStages (a
   /// compile-time constant where the loop is unrolled by kStages): issues
   /// tile k + kStages - 1, then waits for tile k (barrier phase `phase`).
   template <class StageIndex>
   __device__ __forceinline__ void advance(int k, StageIndex stage_index, unsigned phase) {
-    const int ahead = k + kStages - 1;
-    if (ahead < count) {
-      if ((ahead & 31) == 0) {
-        blocks = blocks_next;
-        blocks_next = load_blocks(ahead + 32);
+    if constexpr (kRowCopies) {
+      // Warp 0 (the most tiles: its count is the rounds) issues round
+      // k + kStages - 2 into the stage of round k - 2 once every warp has
+      // released that.
+      const int ahead = k + kStages - 2;
+      if (fills_ring && ahead < count) {
+        if (((kWarpsPerHead * ahead) & 31) == 0) {
+          blocks = blocks_next;
+          blocks_next = load_blocks(kWarpsPerHead * ahead + 32);
+        }
+        const int ahead_stage = (static_cast<int>(stage_index) + kStages - 2) % kStages;
+        if (k >= 2) mbarrier_wait_parity(barrier_address + 8 * (kStages + ahead_stage), ((k - 2) / kStages) & 1);
+        issue_round(ahead, ahead_stage);
       }
-      if constexpr (kBulkCopy) {
-        issue_bulk(ahead, __shfl_sync(kFullMask, blocks, ahead & 31),
-                   std::integral_constant<int, (StageIndex::value + kStages - 1) % kStages>{});
-      } else {
-        const int tile = first_tile + ahead * kWarpsPerHead;
-        issue_tile(ring_address + (ahead % kStages) * Shared::kStageStride, cache, block_stride,
-                           __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask,
-                           IssuePlan(plans[lane]), lane, last_block);
-      }
-    }
-    if constexpr (kBulkCopy) {
       mbarrier_wait_parity(barrier_address + 8 * static_cast<int>(stage_index), phase);
     } else {
-      cp_async_commit();
-      cp_async_wait<kStages - 1>();
-      __syncwarp();
+      const int ahead = k + kStages - 1;
+      if (ahead < count) {
+        if ((ahead & 31) == 0) {
+          blocks = blocks_next;
+          blocks_next = load_blocks(ahead + 32);
+        }
+        if constexpr (kBulkCopy) {
+          issue_bulk(ahead, __shfl_sync(kFullMask, blocks, ahead & 31),
+                     std::integral_constant<int, (StageIndex::value + kStages - 1) % kStages>{});
+        } else {
+          const int tile = first_tile + ahead * kWarpsPerHead;
+          issue_tile(ring_address + (ahead % kStages) * Shared::kStageStride, cache, block_stride,
+                     __shfl_sync(kFullMask, blocks, ahead & 31), tile, block_mask, IssuePlan(plans[lane]), lane,
+                     last_block);
+        }
+      }
+      if constexpr (kBulkCopy) {
+        mbarrier_wait_parity(barrier_address + 8 * static_cast<int>(stage_index), phase);
+      } else {
+        cp_async_commit();
+        cp_async_wait<kStages - 1>();
+        __syncwarp();
+      }
+    }
+  }
+
+  /// Whole rows: the warp is done with the stage of its k-th tile.
+  template <class StageIndex>
+  __device__ __forceinline__ void release(StageIndex stage_index) const {
+    if constexpr (kRowCopies) {
+      if (lane == 0) mbarrier_arrive(barrier_address + 8 * (kStages + static_cast<int>(stage_index)));
     }
   }
 
