@@ -97,6 +97,9 @@ std::vector<VarlenCase> varlen_cases() {
       // vLLM's CUDA cache at Hk 8: the wide shape's bulk copies, speculative verification of up to 4 tokens.
       {"q4_slots_renorm_hk8_spec4_bulk", p4, 64, 8, 128, 16, 7, 1500, 11, false, DType::bf16, CacheOrder::token_slots,
        0, 4},
+      // 64 kv heads at group 2, up to 4 tokens (8 rows): whole token rows of 8 kv heads per CTA.
+      {"k3v4_slots_hk64_g2_spec4_rows", Preset::turboquant_k3v4_nc, 128, 64, 128, 16, 8, 5000, 12, true, DType::bf16,
+       CacheOrder::token_slots, 0, 4},
       // Speculative-decoding verification: up to 4 tokens at group 8 (32 rows, one query tile), up to 8 at
       // group 2 (16 rows) and 3 at group 3 (9 rows, a bucket of 16).
       {"q4_d128_g8_spec4", p4, 64, 8, 128, 16, 12, 2500, 9, true, DType::bf16, CacheOrder::blocks, 0, 4},
@@ -139,6 +142,7 @@ TEST_P(VarlenGpu, MatchesCpuReferenceOnSameCacheBytes) {
   const LaunchPlan one_token_plan = plan_decode(one_token);
   EXPECT_EQ(plan.path, one_token_plan.path) << plan.reason;
   EXPECT_EQ(plan.generic_kernel, one_token_plan.generic_kernel) << plan.reason;
+  if (c.name.ends_with("_rows") && plan.path == DecodePath::hopper) EXPECT_EQ(plan.kv_heads_per_cta, 8) << plan.reason;
   std::vector<PathRequest> requests = {PathRequest::automatic, PathRequest::cuda_generic,
                                        PathRequest::cuda_generic_scalar};
   if (plan.path == DecodePath::hopper) requests.push_back(PathRequest::hopper);
