@@ -70,7 +70,10 @@ void log_fallback_once(const std::string& reason) {
 std::string token_slots_text(const DecodeArgs& args, bool bulk_copies, bool whole_rows) {
   if (!args.layout.token_slots()) return {};
   if (bulk_copies) return ", token_slots order (bulk copies, read in place)";
-  if (whole_rows) return ", token_slots order (whole token rows by bulk copies, read in place, rotated)";
+  if (whole_rows) {
+    return std::string(", token_slots order (whole token rows by bulk copies, read in place") +
+           (args.layout.preset == Preset::turboquant_k8v4 ? ", rotated)" : ")");
+  }
   if (cuda::token_slots_read_rotated(args.layout)) return ", token_slots order (read in place, rotated)";
   return cuda::token_slots_read_in_place(args.layout) ? ", token_slots order (read in place)"
                                                        : ", token_slots order (repacked)";
