@@ -67,9 +67,10 @@ void log_fallback_once(const std::string& reason) {
 }
 
 // How the tensor-core kernels read a token_slots cache (tensor_core/slot_tile.cuh).
-std::string token_slots_text(const DecodeArgs& args, bool bulk_copies, bool whole_rows) {
+std::string token_slots_text(const DecodeArgs& args, bool bulk_copies, bool whole_rows, bool token_runs) {
   if (!args.layout.token_slots()) return {};
   if (bulk_copies) return ", token_slots order (bulk copies, read in place)";
+  if (token_runs) return ", token_slots order (token runs of every kv head by bulk copies, read in place)";
   if (whole_rows) {
     return std::string(", token_slots order (whole token rows by bulk copies, read in place") +
            (args.layout.preset == Preset::turboquant_k8v4 ? ", rotated)" : ")");
@@ -96,10 +97,12 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     const std::string reason = (request == PathRequest::hopper ? std::string("requested")
                                                                : std::string(preset_info(args.layout.preset).name) +
                                                                      ", D=" + std::to_string(args.layout.head_dim) + " on sm_90" +
-                                                                     token_slots_text(args, grid.wide_table, grid.kv_heads_per_cta > 1)) +
+                                                                     token_slots_text(args, grid.wide_table, grid.kv_heads_per_cta > 1, grid.token_runs)) +
                                row_tiles_text(args);
-    return {DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
-            grid.kv_heads_per_cta};
+    LaunchPlan plan{DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
+                    grid.kv_heads_per_cta};
+    plan.token_runs = grid.token_runs;
+    return plan;
   }
   // The generic path: the tensor-core kernel's narrow configuration where it
   // runs, else the scalar kernel.
@@ -115,7 +118,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
         cuda::narrow_resident_ctas(args.layout.preset, rows_per_head, device, args.layout.head_dim,
                                    args.layout.token_slots()));
     plan.reason = reason + "; the tensor-core kernel (narrow configuration" +
-                  token_slots_text(args, false, false) + ")" + row_tiles_text(args);
+                  token_slots_text(args, false, false, false) + ")" + row_tiles_text(args);
   } else if (args.varlen()) {
     plan.reason = reason + "; the scalar kernel: " + not_tensor_core;
     plan_scalar_query_tiles(args, device, plan);
@@ -231,7 +234,8 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
     const cuda::QueryRows rows{call.query_start_loc, call.query_rows(), call.query_tokens_bound(), 1};
     cuda::launch_decode_tensor_core({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta,
                                      programmatic, call.scale * cuda::kLog2e, rows,
-                                     cuda::tensor_core_row_tiles(cuda::tensor_core_rows_per_head(call), call.layout.head_dim)},
+                                     cuda::tensor_core_row_tiles(cuda::tensor_core_rows_per_head(call), call.layout.head_dim),
+                                     plan.token_runs},
                                     stream);
   } else {
     const cuda::QueryRows rows{call.query_start_loc, call.query_rows(), call.query_tokens_bound(),

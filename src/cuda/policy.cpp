@@ -71,19 +71,22 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
   // with the other CTA's streaming: it pays off for grids of few waves.
   const auto waves_of = [&](long long ctas) { return (ctas + sm_count - 1) / sm_count; };
   // CTAs per SM of the shape with `heads_per_cta` kv heads per CTA (the shape table).
-  const auto resident = [&](bool wide, int heads_per_cta) {
-    return tensor_core_footprint(preset, group_size, head_dim, wide, heads_per_cta, token_slots).planned_ctas_per_sm;
+  const auto resident = [&](bool wide, int heads_per_cta, bool runs = false) {
+    return tensor_core_footprint(preset, group_size, head_dim, wide, heads_per_cta, token_slots, runs)
+        .planned_ctas_per_sm;
   };
-  // token_slots: whole token rows where that grid fills a wave and each CTA
-  // streams at least kRowsMinStreamTokens, else (small batches) the narrow
-  // configuration, whose one-kv-head CTAs fill the GPU.
-  if (path == DecodePath::hopper && slots == SlotRead::rows) {
-    const int heads_per_cta = token_slots_row_kv_heads(num_kv_heads);
+  // token_slots: whole token rows (token runs: of every kv head) where that
+  // grid fills a wave and each CTA streams at least kRowsMinStreamTokens,
+  // else (small batches) the narrow configuration, whose one-kv-head CTAs
+  // fill the GPU.
+  if (path == DecodePath::hopper && (slots == SlotRead::rows || slots == SlotRead::runs)) {
+    const bool runs = slots == SlotRead::runs;
+    const int heads_per_cta = runs ? num_kv_heads : token_slots_row_kv_heads(num_kv_heads);
     const int partitions = choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
-                                                 resident(false, heads_per_cta));
+                                                 resident(false, heads_per_cta, runs));
     const long long ctas = static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions;
     if (ctas >= kGoodWaveUtilization * sm_count && max_context_tokens / partitions >= kRowsMinStreamTokens) {
-      return {partitions, false, heads_per_cta};
+      return {partitions, false, heads_per_cta, runs};
     }
   }
   // The wide shape where bulk copies read the cache, else the narrow
@@ -220,10 +223,20 @@ bool token_slots_read_rows(const DecodeArgs& args) {
          reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0 && tensor_core_rows_per_head(args) <= kHeadsPerTile;
 }
 
+bool token_slots_read_runs(const DecodeArgs& args) {
+  const CacheLayout& layout = args.layout;
+  const int kv_heads = layout.num_kv_heads;
+  return token_slots_read_in_place(layout) && (kv_heads == 2 || kv_heads == 4) &&
+         layout.head_stride == layout.slot_bytes() && layout.token_stride == kv_heads * layout.slot_bytes() &&
+         layout.block_size >= kHopperTileTokens && reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0 &&
+         tensor_core_rows_per_head(args) <= kHeadsPerTile;
+}
+
 SlotRead token_slots_read(const DecodeArgs& args) {
   if (!args.layout.token_slots()) return SlotRead::none;
   if (token_slots_bulk_copy(args)) return SlotRead::bulk_copies;
   if (token_slots_read_rows(args)) return SlotRead::rows;
+  if (token_slots_read_runs(args)) return SlotRead::runs;
   if (token_slots_read_rotated(args.layout)) return SlotRead::rotated;
   return token_slots_read_in_place(args.layout) ? SlotRead::in_place : SlotRead::repacked;
 }

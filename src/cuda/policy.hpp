@@ -97,6 +97,7 @@ struct GridChoice {
   int num_partitions;
   bool wide_table;
   int kv_heads_per_cta = 1;
+  bool token_runs = false;  ///< every kv head's whole token rows per CTA (SlotRead::runs)
 };
 
 /// How the tensor-core kernels read a token_slots cache (none: the blocks
@@ -105,7 +106,9 @@ struct GridChoice {
 /// unaligned loads or, where every slot of a kv head has the same lead, with
 /// aligned loads of rotated data (token_slots_read_rotated), or cp.async
 /// windows repacked into the blocks order's tile arrangement.
-enum class SlotRead { none, bulk_copies, rows, in_place, rotated, repacked };
+/// Token runs: a CTA of 16 warps reads the whole token rows of every kv head
+/// (Hk = 2 or 4), one bulk copy per tile of its contiguous run of rows.
+enum class SlotRead { none, bulk_copies, rows, runs, in_place, rotated, repacked };
 
 /// N and the Hopper kernel shape for a call: where the 16-warp kernel
 /// exists, it serves h = 1, 2, 4 or 8 kv heads per CTA (planned for Hk / h
@@ -157,6 +160,18 @@ bool token_slots_read_rotated(const CacheLayout& layout);
 /// and h slots a 16-byte multiple (so every CTA's part of a row starts on a
 /// boundary: 8 slots of any preset, 4 of k8v4's 196 bytes).
 bool token_slots_read_rows(const DecodeArgs& args);
+
+/// Whether the Hopper kernel may read this token_slots cache in token runs
+/// (SlotRead::runs; choose_grid decides per call): Hk = 2 or 4 kv heads
+/// (tensor-parallel shards, whose rows token_slots_read_rows does not
+/// take) of any preset at D = 128 up to group 8, the slots side by side in
+/// dense rows (token stride Hk slot bytes, so a tile's 16 rows are one
+/// contiguous run of a 16-byte multiple), a cache pointer and block stride
+/// of 16-byte multiples and blocks of at least 16 tokens. Not one kv head:
+/// its 16 warps each stream a sixteenth of the CTA's range, and the CTA's
+/// prologue and merge cost more than the copies save (the narrow
+/// configuration's two 8-warp CTAs per SM overlap theirs).
+bool token_slots_read_runs(const DecodeArgs& args);
 
 /// Whole token rows: the kv heads per CTA, 8 where 8 divides Hk, else 4
 /// (the CTAs of four, the two halves of a row, drift apart: slower where

@@ -36,6 +36,7 @@ struct ShapeCase {
   int num_partitions;
   CacheOrder order = CacheOrder::blocks;
   bool renormalize = false;  ///< token_slots: decode-time norm correction
+  bool token_runs = false;   ///< token_slots: every kv head's whole rows per CTA
 };
 
 std::vector<ShapeCase> shape_cases() {
@@ -70,6 +71,17 @@ std::vector<ShapeCase> shape_cases() {
       {"rows_k3v4_renormalized", Preset::turboquant_k3v4_nc, 8, 8, 64, 4096, 128, false, 8, 2, slots, true},
       {"rows_3bit_two_waves", Preset::turboquant_3bit_nc, 6, 22, 32, 6144, 128, false, 8, 3, slots, true},
       {"slots_k8v4_one_sequence", Preset::turboquant_k8v4, 8, 1, 8, 8192, 128, false, 1, 32, slots},
+      // Tensor-parallel shards (Hk 2, 4) in token runs: every kv head's
+      // rows, one bulk copy per tile of their contiguous run (two waves for
+      // 3bit); the narrow configuration where the grid would not fill the
+      // GPU, and for one kv head.
+      {"runs_4bit_four_kv_heads", q4, 8, 16, 4, 32768, 128, false, 4, 8, slots, true, true},
+      {"runs_4bit_two_kv_heads", q4, 4, 64, 2, 8192, 128, false, 2, 2, slots, false, true},
+      {"runs_k8v4_two_kv_heads", Preset::turboquant_k8v4, 4, 32, 2, 8192, 128, false, 2, 4, slots, false, true},
+      {"runs_k3v4_four_kv_heads", Preset::turboquant_k3v4_nc, 8, 64, 4, 4096, 128, false, 4, 2, slots, true, true},
+      {"runs_3bit_two_waves", Preset::turboquant_3bit_nc, 6, 264, 2, 4096, 128, false, 2, 1, slots, true, true},
+      {"slots_4bit_one_kv_head", q4, 8, 16, 1, 32768, 128, false, 1, 16, slots, true},
+      {"slots_4bit_one_kv_head_one_sequence", q4, 8, 1, 1, 8192, 128, false, 1, 32, slots, true},
   };
 }
 
@@ -110,6 +122,7 @@ TEST_P(CtaShapes, SplitGridMatchesTheReference) {
     EXPECT_EQ(plan.wide_table, c.wide_table) << c.name;
     EXPECT_EQ(plan.kv_heads_per_cta, c.kv_heads_per_cta) << c.name;
     EXPECT_EQ(plan.num_partitions, c.num_partitions) << c.name;
+    EXPECT_EQ(plan.token_runs, c.token_runs) << c.name;
   }
   for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
     const LaunchPlan used = plan_decode(device.args(), request);

@@ -266,6 +266,7 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
   const PathChoice choice = choose_decode_path(device.args());
   const LaunchPlan plan = plan_decode(device.args());
   const std::string shape = plan.wide_table ? ", wide-table shape, " + std::to_string(plan.kv_heads_per_cta) + " kv head(s) per CTA"
+                            : plan.token_runs ? ", token runs of " + std::to_string(plan.kv_heads_per_cta) + " kv head(s) per CTA"
                             : plan.kv_heads_per_cta > 1 ? ", " + std::to_string(plan.kv_heads_per_cta) + " kv heads per CTA"
                                                         : "";
   std::printf("[ path     ] %s: %s (%s), N = %d%s\n", c.name.c_str(), decode_path_name(choice.path),
@@ -291,8 +292,15 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
     // the GPU with long enough partitions (CtaShapes has those grids).
     const bool in_place = layout.head_dim == 128 && layout.block_stride % 16 == 0;
     const bool rotated = in_place && layout.token_stride % 16 == 0 && layout.preset == Preset::turboquant_k8v4;
-    const bool rows = !bulk && plan.kv_heads_per_cta > 1;
-    if (rows) {
+    // Token runs: every kv head's rows (Hk = 2 or 4, dense rows) per 16-warp CTA.
+    const bool runs = plan.token_runs;
+    const bool rows = !bulk && !runs && plan.kv_heads_per_cta > 1;
+    if (runs) {
+      EXPECT_TRUE(is_available() && in_place && !bulk && plan.kv_heads_per_cta == layout.num_kv_heads &&
+                  (layout.num_kv_heads == 2 || layout.num_kv_heads == 4) && layout.token_stride == layout.num_kv_heads * layout.slot_bytes() &&
+                  c.num_q_heads <= 8 * c.num_kv_heads)
+          << plan.reason;
+    } else if (rows) {
       EXPECT_TRUE(in_place && layout.token_stride % 16 == 0 && layout.head_stride == layout.slot_bytes() &&
                   layout.num_kv_heads % plan.kv_heads_per_cta == 0 && c.num_q_heads <= 8 * c.num_kv_heads)
           << plan.reason;
@@ -300,6 +308,7 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
       EXPECT_EQ(plan.kv_heads_per_cta, 1);
     }
     const char* access = bulk       ? "(bulk copies, read in place)"
+                         : runs     ? "(token runs of every kv head by bulk copies, read in place)"
                          : rows     ? "(whole token rows by bulk copies, read in place"
                          : rotated  ? "(read in place, rotated)"
                          : in_place ? "(read in place)"
@@ -410,17 +419,26 @@ TEST(DecodeGpuGraph, ReplayWithNewLengthsAndBlockTablesMatchesEager) {
                             1.0f,
                             CacheOrder::token_slots,
                             false};
+  // A two-kv-head shard's token runs (every kv head's rows per CTA), the
+  // same lengths, renormalized 3-bit keys.
+  DecodeCase runs = fp8_rows;
+  runs.name = "graph_slots_k3v4_runs";
+  runs.preset = Preset::turboquant_k3v4_nc;
+  runs.num_q_heads = 16;
+  runs.num_kv_heads = 2;
+  runs.renormalize = true;
   for (const auto& [c, request] :
        {std::pair{blocks, PathRequest::automatic}, std::pair{blocks, PathRequest::cuda_generic},
         std::pair{blocks, PathRequest::cuda_generic_scalar}, std::pair{slots, PathRequest::automatic},
         std::pair{slots, PathRequest::cuda_generic}, std::pair{slots, PathRequest::cuda_generic_scalar},
-        std::pair{fp8_rows, PathRequest::automatic}}) {
+        std::pair{fp8_rows, PathRequest::automatic}, std::pair{runs, PathRequest::automatic}}) {
     SCOPED_TRACE(c.name + " request " + std::to_string(static_cast<int>(request)));
     const Scenario scenario = build(c);
     DeviceScenario device(scenario);
     DecodeWorkspace workspace(16);
     const test::DecodeGraph graph(device.args(), workspace, request);
     if (c.name == fp8_rows.name && is_available()) EXPECT_EQ(plan_decode(device.args()).kv_heads_per_cta, 8);
+    if (c.name == runs.name && is_available()) EXPECT_TRUE(plan_decode(device.args()).token_runs);
 
     Rng rng(99);
     const int batch = scenario.batch();

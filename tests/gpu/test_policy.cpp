@@ -367,7 +367,35 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 8, kAligned, 2), 8)), SlotRead::rotated);
   EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 8, kAligned, 0, true), 8)),
             SlotRead::in_place);
-  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 2, kAligned), 8)), SlotRead::in_place);
+  // Token runs: 2 or 4 kv heads of any preset in dense rows (the shards
+  // whose rows the boxes above do not take), up to group 8; not one.
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 2, kAligned), 8)), SlotRead::runs);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_4bit_nc, 2, kAligned), 8)), SlotRead::runs);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_4bit_nc, 1, kAligned), 8)), SlotRead::in_place);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k3v4_nc, 4, kAligned), 4)), SlotRead::runs);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_3bit_nc, 2, kAligned), 8)), SlotRead::runs);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_4bit_nc, 2, kAligned), 16)), SlotRead::in_place);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_3bit_nc, 2, kAligned, 2), 8)), SlotRead::in_place);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_3bit_nc, 2, kAligned, 0, true), 8)),
+            SlotRead::in_place);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k3v4_nc, 3, kAligned), 8)), SlotRead::in_place);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k3v4_nc, 4, kAligned + 2), 8)), SlotRead::in_place);
+  // The runs where the grid fills the GPU with at least 2048 tokens a CTA,
+  // else one kv head per CTA in the narrow configuration.
+  const GridChoice runs_b16 =
+      choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 16, 2, 32768, kH200Sms, 128, SlotRead::runs);
+  EXPECT_TRUE(runs_b16.token_runs);
+  EXPECT_EQ(runs_b16.kv_heads_per_cta, 2);
+  EXPECT_EQ(runs_b16.num_partitions, 8);  // 128 CTAs of 4096 tokens
+  const GridChoice runs_hk4 =
+      choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 64, 4, 8192, kH200Sms, 128, SlotRead::runs);
+  EXPECT_TRUE(runs_hk4.token_runs);
+  EXPECT_EQ(runs_hk4.kv_heads_per_cta, 4);
+  EXPECT_EQ(runs_hk4.num_partitions, 2);
+  const GridChoice runs_b1 =
+      choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 1, 2, 32768, kH200Sms, 128, SlotRead::runs);
+  EXPECT_FALSE(runs_b1.token_runs);
+  EXPECT_EQ(runs_b1.kv_heads_per_cta, 1);
   const GridChoice rows_hk8 =
       choose_grid(DecodePath::hopper, Preset::turboquant_k8v4, 8, 16, 8, 32768, kH200Sms, 128, SlotRead::rows);
   EXPECT_FALSE(rows_hk8.wide_table);
@@ -417,6 +445,10 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k8v4, 8, 128, false, 8, true).shared_bytes, 220416);
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k8v4, 8, 128, false, 4, true).shared_bytes, 215680);
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k8v4, 8, 128, false, 8, true).planned_ctas_per_sm, 1);
+  // Token runs: four stages of 16 tiles of 16 slots whatever Hk (and the 4-bit table of 128-byte rows).
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, false, 2, true, true).shared_bytes, 176448);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k8v4, 8, 128, false, 2, true, true).shared_bytes, 207168);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k3v4_nc, 8, 128, false, 4, true, true).planned_ctas_per_sm, 1);
 }
 
 }  // namespace

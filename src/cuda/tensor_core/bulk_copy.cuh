@@ -1,7 +1,8 @@
 // The bulk tensor copy engine (TMA) and its shared-memory barriers, as the
 // wide shape's tile copies use them (internal; sm_90 only, used by
 // tensor_core/kernel.cuh): one instruction by one lane per tile and tensor map
-// instead of one cp.async per 16 bytes and lane, and no per-lane copy plan.
+// (or per contiguous run of bytes) instead of one cp.async per 16 bytes and
+// lane, and no per-lane copy plan.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,16 @@ __device__ __forceinline__ void mbarrier_wait_parity(std::uint32_t barrier, unsi
       "@!done bra wait_again;\n"
       "}\n" ::"r"(barrier),
       "r"(parity)
+      : "memory");
+}
+
+/// `bytes` (a multiple of 16) from `source` (16-byte aligned) into shared
+/// memory at `destination` (16-byte aligned), completing on `barrier`.
+__device__ __forceinline__ void bulk_load(std::uint32_t destination, const void* source, unsigned bytes,
+                                          std::uint32_t barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(destination),
+      "l"(reinterpret_cast<std::uint64_t>(source)), "r"(bytes), "r"(barrier)
       : "memory");
 }
 

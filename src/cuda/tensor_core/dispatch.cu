@@ -45,7 +45,7 @@ void launch_decode_tensor_core(const FusedDecodeParams& params, CUstream_st* str
 }
 
 KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head_dim, bool wide_table,
-                                      int kv_heads_per_cta, bool token_slots) {
+                                      int kv_heads_per_cta, bool token_slots, bool token_runs) {
   using tensor_core::CacheFormat;
   return visit_preset(preset, [&]<Preset P>() -> KernelFootprint {
     constexpr CacheFormat kFormat = tensor_core::cache_format(P);
@@ -53,6 +53,13 @@ KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head
       const int head_tiles = tensor_core_head_tiles(rows_per_head, HeadDim);
       if (token_slots) {  // one kv head per CTA but in the wide shape (launch_for_group)
         constexpr tensor_core::SlotAccess kInPlace = tensor_core::SlotAccess::in_place;
+        if constexpr (HeadDim == 128) {  // every kv head's token runs
+          constexpr tensor_core::SlotAccess kRuns = tensor_core::SlotAccess::runs;
+          if (token_runs) {
+            if (kv_heads_per_cta == 4) return footprint_of<HeadDim, 1, kFormat, false, 4, kRuns>();
+            return footprint_of<HeadDim, 1, kFormat, false, 2, kRuns>();
+          }
+        }
         if constexpr (kFormat == CacheFormat::mse4 && HeadDim == 128) {
           if (wide_table) {
             if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, true, 1, kInPlace>();

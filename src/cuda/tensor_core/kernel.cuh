@@ -517,9 +517,9 @@ constexpr bool kBelowSm90 = true;
 constexpr bool kBelowSm90 = false;
 #endif
 
-// The wide-table and two-kv-head configurations need sm_90's shared memory
-// per CTA (155 KB and more) and are never launched below it (policy.cpp), so
-// their sm_80 code is a trap.
+// The wide-table and several-kv-head configurations need sm_90's shared
+// memory per CTA (155 KB and more), and are never launched below it
+// (policy.cpp), so their sm_80 code is a trap.
 template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, SlotAccess Slots>
 __global__ void __launch_bounds__(KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kThreads,
                                   KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kResidentCtas)
@@ -549,10 +549,10 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
   programmatic.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &programmatic;
   config.numAttrs = params.programmatic_launch ? 1 : 0;
-  // Only the bulk-copy shapes read the maps.
+  // Only the bulk tensor copies read the maps.
   using Shared = SharedLayout<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>;
   const CacheTensorMaps maps =
-      Shape::kBulkCopy ? encode_cache_tensor_maps(params.partitions, Shared::row_box_bytes()) : CacheTensorMaps{};
+      Shape::kTensorMaps ? encode_cache_tensor_maps(params.partitions, Shared::row_box_bytes()) : CacheTensorMaps{};
   TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, maps));
 }
 
@@ -567,6 +567,11 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
     constexpr SlotAccess kInPlace = SlotAccess::in_place, kRotated = SlotAccess::rotated,
                          kRepacked = SlotAccess::repacked;
     if constexpr (HeadDim == 128) {
+      if (params.token_runs) {  // every kv head's whole rows (the plan's kv heads per CTA: Hk)
+        constexpr SlotAccess kRuns = SlotAccess::runs;
+        if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, false, 4, kRuns>(params, stream);
+        return launch<HeadDim, 1, Format, false, 2, kRuns>(params, stream);
+      }
       if constexpr (Format == CacheFormat::mse4) {
         if (params.wide_table) {
           if (head_tiles == 2) return launch<HeadDim, 2, Format, true, 1, kInPlace>(params, stream);

@@ -97,7 +97,11 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// Whole rows: the slots of 4 or 8 kv heads of each token by one bulk copy
 /// per tile into a ring that a CTA's 16 warps share (SlotReadLayout's
 /// RowHeads; fp8 keys read rotated), for the presets without the wide shape.
-enum class SlotAccess { none, in_place, rotated, repacked, rows };
+/// Token runs: the whole rows of 2 or 4 kv heads (every kv head of the
+/// cache: tensor-parallel shards, whose rows are not 16-byte multiples) by
+/// one bulk copy per tile of the tile's contiguous run of rows, the same
+/// ring, every preset (SlotReadLayout's Runs).
+enum class SlotAccess { none, in_place, rotated, repacked, rows, runs };
 
 /// Shape of a kernel instance. Wide: 4-bit keys, one CTA per SM sharing a
 /// 64 KB lookup table whose 256-byte rows make each lookup's address one
@@ -131,14 +135,17 @@ struct KernelShape {
   static_assert(HeadDim == 128 || (!Wide && HeadsPerCta == 1 && (HeadDim == 64 || HeadTiles == 1)),
                 "D = 64: the narrow configuration; D = 256: also one head tile");
   static_assert(!Wide || Format == CacheFormat::mse4, "the wide table serves 4-bit keys");
-  static constexpr bool kRowCopies = Slots == SlotAccess::rows;
+  static constexpr bool kRuns = Slots == SlotAccess::runs;
+  static constexpr bool kRowCopies = Slots == SlotAccess::rows || kRuns;
   static_assert(HeadsPerCta == 1 ||
                     (HeadTiles == 1 && (Wide || kRowCopies ? HeadsPerCta == 2 || HeadsPerCta == 4 || HeadsPerCta == 8
                                                            : HeadsPerCta == 2 && Format != CacheFormat::mse4)),
                 "two, four or eight kv heads per CTA in the wide shape and the whole-row reads, two in the narrow "
                 "one (not 4-bit keys, which have the wide shape), with one head tile only");
-  static_assert(!kRowCopies || (HeadDim == 128 && !Wide && Format != CacheFormat::mse4 && HeadsPerCta >= 4),
+  static_assert(!kRowCopies || kRuns || (HeadDim == 128 && !Wide && Format != CacheFormat::mse4 && HeadsPerCta >= 4),
                 "whole-row reads: the presets without the wide shape at D = 128, four or eight kv heads per CTA");
+  static_assert(!kRuns || (HeadDim == 128 && !Wide && HeadTiles == 1 && (HeadsPerCta == 2 || HeadsPerCta == 4)),
+                "token runs: every preset at D = 128, one head tile, two or four kv heads per CTA");
   static constexpr bool kSlots = Slots != SlotAccess::none;
   static_assert(!kSlots || Wide || kRowCopies || HeadsPerCta == 1,
                 "token_slots: one kv head per CTA in the narrow configuration");
@@ -150,13 +157,14 @@ struct KernelShape {
   static constexpr bool kSlotsInPlace = Slots == SlotAccess::in_place || Slots == SlotAccess::rotated || kRowCopies;
   // Aligned loads of rotated slot data: the bulk copies, SlotAccess::rotated and the whole rows.
   static constexpr bool kSlotsRotated =
-      Slots == SlotAccess::rotated || (kRowCopies && Format == CacheFormat::fp8) || (kSlotsInPlace && Wide);
+      Slots == SlotAccess::rotated || (Slots == SlotAccess::rows && Format == CacheFormat::fp8) || (kSlotsInPlace && Wide);
   // Two head tiles need about 168 registers a thread, so one CTA per SM: 12
   // warps fill the register file (8 leave a third of it idle, and two warps
   // per scheduler to cover the loop's latencies); 16 warps at 128 registers
   // need the query operand in shared memory and one S^T chain per head tile,
   // which is slower (docs/PERFORMANCE.md).
-  static constexpr int kWarps = HeadDim != 128 ? 8 : HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 ? 16 : 8;
+  static constexpr int kWarps =
+      HeadDim != 128 ? 8 : HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 || kRowCopies ? 16 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
   static constexpr int kThreads = kWarps * 32;
@@ -182,6 +190,8 @@ struct KernelShape {
   // and barrier address is an immediate: fewer instructions a tile, which
   // matters most where the loop is bound by issue (group 16).
   static constexpr bool kBulkCopy = kWideTable || kRowCopies;
+  // Tensor maps: the bulk copies but the token runs (plain bulk copies of contiguous bytes).
+  static constexpr bool kTensorMaps = kBulkCopy && !kRuns;
   // The softmax takes each score less its row's maximum as one FFMA (score
   // sum x norm - max) instead of a multiply and, for the exponent, a
   // subtraction: fewer instructions a tile at two head tiles, whose loop is
@@ -227,7 +237,8 @@ struct SharedLayout {
   static constexpr bool kSlots = Shape::kSlots;
   using Layout =
       std::conditional_t<Shape::kSlotsInPlace,
-                         SlotReadLayout<Format, Shape::kBulkCopy, Shape::kSlotsRotated, Shape::kRowCopies ? HeadsPerCta : 0>,
+                         SlotReadLayout<Format, Shape::kBulkCopy, Shape::kSlotsRotated, Shape::kRowCopies ? HeadsPerCta : 0,
+                                        Shape::kRuns>,
                          Blocks>;
   using Slot = SlotTile<Blocks, Format, Shape::kSlotsRotated>;
   using IssuePlan =
@@ -263,7 +274,7 @@ struct SharedLayout {
   static constexpr bool kRowCopies = Shape::kRowCopies;
   /// Whole rows: the tensor map's box width (encode_cache_tensor_maps); else 0.
   static constexpr int row_box_bytes() {
-    if constexpr (kRowCopies) return Layout::kPitch;
+    if constexpr (kRowCopies && !Shape::kRuns) return Layout::kPitch;
     return 0;
   }
   static constexpr int kStageStride = kRowCopies   ? Shape::kWarpsPerHead * Layout::kStageBytes + 128

@@ -337,11 +337,19 @@ constexpr int odd_multiple_of(int unit, int bytes) {
 // rotated, of 16 bytes else, as the rows above); the warps of kv head h
 // read its slot from the 16-byte boundary at or below h slot bytes, at lead
 // (h slot bytes) mod 16, as above.
-template <CacheFormat Format, bool BulkCopies, bool Rotated = BulkCopies, int RowHeads = 0>
+//
+// Token runs (Runs: RowHeads = Hk kv heads, the whole row): a tile's 16
+// token rows are one contiguous run of 16 x Hk slot bytes in its block,
+// brought by one bulk copy as they lie, rows kPitch = Hk slot bytes apart
+// (any even pitch: token t's slot of kv head h starts t kPitch + h slot
+// bytes into the stage, at leads that vary by token), read with the
+// unaligned loads.
+template <CacheFormat Format, bool BulkCopies, bool Rotated = BulkCopies, int RowHeads = 0, bool Runs = false>
 struct SlotReadLayout {
   using Blocks = TileLayout<Format, 128>;
   using Slot = SlotTile<Blocks, Format, Rotated>;
   static constexpr int kRowHeads = RowHeads;
+  static constexpr bool kRuns = Runs;
   static constexpr bool kFp8 = Format == CacheFormat::fp8;
   static constexpr int kKeyBytes = Blocks::kKeyBytes;
   static constexpr int kRecordBytes = Blocks::kRecordBytes;
@@ -350,8 +358,9 @@ struct SlotReadLayout {
   static constexpr int kNormField = 0, kValueScaleField = Blocks::kValueScaleField,
                        kValueZeroField = Blocks::kValueZeroField;
   // Rotated (the bulk copies too): the box's width.
-  static constexpr int kPitch =
-      RowHeads ? odd_multiple_of(Rotated ? 32 : 16, RowHeads * Slot::kSlotBytes) : Slot::kPitch;
+  static constexpr int kPitch = Runs       ? RowHeads * Slot::kSlotBytes
+                                : RowHeads ? odd_multiple_of(Rotated ? 32 : 16, RowHeads * Slot::kSlotBytes)
+                                           : Slot::kPitch;
   static constexpr int kStageBytes = kTileTokens * kPitch;  // a bulk copy's box
   static constexpr int kMetaOffset = kStageBytes;           // no fields area: the fields are in the slots
   static constexpr int kOffset8Tokens = 8 * kPitch;
@@ -360,10 +369,12 @@ struct SlotReadLayout {
   static constexpr int kValueWordLoads = 2;                                  // 3-bit values: a lane's 6 bytes
   static constexpr int kValueStart = kKeyBytes + (kFp8 ? 0 : 2);            // after the key norm
 
-  static_assert(!BulkCopies || (Format == CacheFormat::mse4 ? Rotated && RowHeads == 0 : RowHeads > 0),
+  static_assert(!BulkCopies || Runs || (Format == CacheFormat::mse4 ? Rotated && RowHeads == 0 : RowHeads > 0),
                 "bulk copies: 4-bit keys by kv head, rotated; the other presets by whole rows");
-  static_assert(RowHeads == 0 || (kPitch >= RowHeads * Slot::kSlotBytes && kPitch % 16 == 0 && kPitch <= 2048),
+  static_assert(RowHeads == 0 || Runs || (kPitch >= RowHeads * Slot::kSlotBytes && kPitch % 16 == 0 && kPitch <= 2048),
                 "whole rows: a box of 8-byte elements (at most 256) holding the kv heads' slots");
+  static_assert(!Runs || (BulkCopies && !Rotated && RowHeads > 0 && (kTileTokens * kPitch) % 16 == 0),
+                "token runs: a bulk copy of whole rows (16-byte multiples), read with the unaligned loads");
   static_assert(!Rotated || Format == CacheFormat::mse4 || Format == CacheFormat::fp8, "rotated: whole-byte key codes");
   static_assert(!Rotated || kPitch % 64 == 32, "token_at's banks: rows an odd multiple of 32 bytes apart");
 
@@ -393,6 +404,7 @@ struct SlotReadLayout {
   }
   /// Where `token`'s slot starts in a stage.
   __device__ static int slot_row(int token, int first_lead, std::uint32_t token_stride) {
+    if constexpr (Runs) return token * kPitch + first_lead;  // the rows as they lie in the cache
     return token * kPitch + static_cast<int>((first_lead + token * token_stride) & 15u);
   }
   /// The lane's key bytes (dims (D/4)c ..) from its slot's start, 16 bytes from part 16.
@@ -409,12 +421,12 @@ struct SlotReadLayout {
 /// loads only 2-byte aligned.
 template <class Layout>
 constexpr bool kReadsSlots = false;
-template <CacheFormat Format, bool BulkCopies, bool Rotated, int RowHeads>
-constexpr bool kReadsSlots<SlotReadLayout<Format, BulkCopies, Rotated, RowHeads>> = true;
+template <CacheFormat Format, bool BulkCopies, bool Rotated, int RowHeads, bool Runs>
+constexpr bool kReadsSlots<SlotReadLayout<Format, BulkCopies, Rotated, RowHeads, Runs>> = true;
 template <class Layout>
 constexpr bool kReadsRotatedSlots = false;
-template <CacheFormat Format, bool BulkCopies, int RowHeads>
-constexpr bool kReadsRotatedSlots<SlotReadLayout<Format, BulkCopies, true, RowHeads>> = true;
+template <CacheFormat Format, bool BulkCopies, int RowHeads, bool Runs>
+constexpr bool kReadsRotatedSlots<SlotReadLayout<Format, BulkCopies, true, RowHeads, Runs>> = true;
 
 /// N words of a rotated read (kReadsRotatedSlots) from the aligned
 /// `address`: where `mask` is set, the bytes of the words Distance bytes

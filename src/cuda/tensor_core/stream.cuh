@@ -5,7 +5,8 @@
 // completing on one barrier per stage (bulk_copy.cuh); in the token_slots
 // order bulk copies or cp.async of each slot's aligned windows, read where
 // they land or repacked once landed (slot_tile.cuh), or whole token rows
-// into one ring the CTA's warps share.
+// (by tensor-map boxes, or as contiguous runs of a tile's rows) into one
+// ring the CTA's warps share.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -172,8 +173,13 @@ struct TileRing {
       for (int j = 0; j < kWarpsPerHead; ++j) {
         if (j < tiles) {
           const int slot = ((cta_first_tile + round_tile + j) * kTileTokens) & block_mask;
-          bulk_tensor_load(records_address + stage * Shared::kStageStride + j * Layout::kStageBytes, records_map,
-                           box_column / 8, slot, physical[j], barrier);
+          const std::uint32_t destination = records_address + stage * Shared::kStageStride + j * Layout::kStageBytes;
+          if constexpr (Shape::kRuns) {  // the tile's 16 whole rows, contiguous in its block
+            bulk_load(destination, cache + physical[j] * block_stride + slot * static_cast<std::int64_t>(token_stride),
+                      Layout::kStageBytes, barrier);
+          } else {
+            bulk_tensor_load(destination, records_map, box_column / 8, slot, physical[j], barrier);
+          }
         }
       }
     }
