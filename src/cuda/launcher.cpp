@@ -24,15 +24,31 @@ bool device_present() {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
-// Everything a plan depends on: shapes fixed at capture, never tensor values.
-using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, int, bool, int, int>;
+// Everything a plan depends on: shapes and strides fixed at capture, never
+// tensor values. token_slots: the token and head strides and the norm
+// correction choose how the slots are read and the grid.
+using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, int, bool, int, int, std::int64_t, std::int64_t,
+                           bool>;
 
 PlanKey plan_key(const DecodeArgs& args, int device, PathRequest request) {
   const bool aligned16 = args.layout.block_stride % 16 == 0 && reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0;
-  return {device, args.batch, args.num_q_heads, args.layout.num_kv_heads, args.layout.head_dim,
-          args.layout.block_size, args.max_blocks_per_seq, static_cast<int>(args.layout.preset),
-          static_cast<int>(args.query_dtype), static_cast<int>(request), aligned16,
-          static_cast<int>(args.layout.order), args.varlen() ? args.max_query_len : 0};
+  const bool slots = args.layout.token_slots();
+  return {device,
+          args.batch,
+          args.num_q_heads,
+          args.layout.num_kv_heads,
+          args.layout.head_dim,
+          args.layout.block_size,
+          args.max_blocks_per_seq,
+          static_cast<int>(args.layout.preset),
+          static_cast<int>(args.query_dtype),
+          static_cast<int>(request),
+          aligned16,
+          static_cast<int>(args.layout.order),
+          args.varlen() ? args.max_query_len : 0,
+          slots ? args.layout.token_stride : 0,
+          slots ? args.layout.head_stride : 0,
+          slots && args.layout.renormalize_keys};
 }
 
 // Several query tokens per sequence on the scalar kernel, whose CTAs serve
@@ -93,7 +109,8 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   if (request == PathRequest::hopper || (request == PathRequest::automatic && not_hopper.empty())) {
     const cuda::GridChoice grid = cuda::choose_grid(DecodePath::hopper, args.layout.preset, rows_per_head, row_tile_batch,
                                                     args.layout.num_kv_heads, max_context, device.sm_count,
-                                                    args.layout.head_dim, cuda::token_slots_read(args));
+                                                    args.layout.head_dim, cuda::token_slots_read(args),
+                                                    args.layout.renormalize_keys);
     const std::string reason = (request == PathRequest::hopper ? std::string("requested")
                                                                : std::string(preset_info(args.layout.preset).name) +
                                                                      ", D=" + std::to_string(args.layout.head_dim) + " on sm_90" +

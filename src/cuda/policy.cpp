@@ -64,7 +64,7 @@ int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wi
 }
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
-                       int max_context_tokens, int sm_count, int head_dim, SlotRead slots) {
+                       int max_context_tokens, int sm_count, int head_dim, SlotRead slots, bool renormalized_keys) {
   const bool token_slots = slots != SlotRead::none;
   // The wide shape streams faster per SM but exposes every wave's
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
@@ -130,8 +130,11 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
       // kv head that stream long ranges drift apart and fetch the shared
       // lines again, so past kSlotsLongStreamTokens a CTA takes the most kv
       // heads, whose warps read whole rows together, with partitions filling
-      // the GPU (their extra prologues and reduction cost more on shorter ranges).
-      if (slots == SlotRead::bulk_copies && max_context_tokens / best.num_partitions > kSlotsLongStreamTokens) {
+      // the GPU (their extra prologues and reduction cost more on shorter
+      // ranges). Without norm correction the one-kv-head CTAs' shorter loop
+      // drifts apart sooner: past kSlotsLongStreamTokensUnnormalized.
+      const int long_stream = renormalized_keys ? kSlotsLongStreamTokens : kSlotsLongStreamTokensUnnormalized;
+      if (slots == SlotRead::bulk_copies && max_context_tokens / best.num_partitions > long_stream) {
         for (int i = static_cast<int>(std::size(kWideKvHeadsPerCta)) - 1; i >= 0; --i) {
           const int heads_per_cta = kWideKvHeadsPerCta[i];
           if (num_kv_heads % heads_per_cta != 0) continue;

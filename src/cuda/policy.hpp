@@ -82,8 +82,11 @@ inline constexpr int kWideTableMaxWaves = 2;
 /// kv heads per CTA of the 16-warp kernel besides one.
 inline constexpr int kWideKvHeadsPerCta[] = {2, 4, 8};
 /// token_slots bulk copies: a CTA streaming more tokens than this takes
-/// whole token rows (the most kv heads per CTA, choose_grid).
+/// whole token rows (the most kv heads per CTA, choose_grid); without norm
+/// correction, whose shorter loop lets the one-kv-head CTAs drift apart
+/// sooner, more than kSlotsLongStreamTokensUnnormalized.
 inline constexpr int kSlotsLongStreamTokens = 32768;
+inline constexpr int kSlotsLongStreamTokensUnnormalized = 8192;
 
 /// Whether the 64 KB-table Hopper kernel (16 warps, 12 for groups over 8)
 /// exists for this preset and head size (4-bit keys, D = 128).
@@ -126,8 +129,10 @@ enum class SlotRead { none, bulk_copies, rows, runs, in_place, rotated, repacked
 /// bulk tensor copies read them, else the narrow configuration with one kv
 /// head per CTA (two kv heads per CTA, the other presets' choice in the
 /// blocks order, measured no faster there).
+/// `renormalized_keys`: token_slots keys renormalized at decode (CacheLayout::renormalize_keys).
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
-                       int max_context_tokens, int sm_count, int head_dim = 128, SlotRead slots = SlotRead::none);
+                       int max_context_tokens, int sm_count, int head_dim = 128, SlotRead slots = SlotRead::none,
+                       bool renormalized_keys = false);
 
 /// Whether the Hopper kernel's wide shape reads this token_slots cache with
 /// bulk tensor copies of its token rows: 4-bit keys at D = 128, a cache

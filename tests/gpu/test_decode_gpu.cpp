@@ -394,6 +394,46 @@ TEST(DecodeGpuPath, GenericPathTakesTheTensorCoreKernelOnSm80AndNewerUnlessTheSc
   EXPECT_NE(scalar.reason.find("scalar kernel was requested"), std::string::npos) << scalar.reason;
 }
 
+// The plan cache keys on everything that chooses a plan: token_slots caches
+// of the same shapes but other strides, or the other norm-correction mode,
+// get their own plans (token runs only for dense rows; eight kv heads per
+// 4-bit CTA only without norm correction at these lengths), each decoding
+// to the reference in one process.
+TEST(DecodeGpuPlans, TokenSlotsStridesAndNormCorrectionGetTheirOwnPlans) {
+  TQ_SKIP_WITHOUT_GPU();
+  const std::vector<int> lengths = {16400, 3000, 1, 700, 2222, 0, 1500, 5, 64, 999, 17, 4000, 33, 250, 1024, 16};
+  const DecodeCase dense{"plans_k8v4_dense", Preset::turboquant_k8v4, 16, 2, 128, 16, lengths, 0, true,
+                         DType::bf16, 1.0f, CacheOrder::token_slots};
+  DecodeCase padded = dense;
+  padded.name = "plans_k8v4_padded_slots";
+  padded.slot_padding = 2;
+  DecodeCase heads_major = dense;
+  heads_major.name = "plans_k8v4_heads_major";
+  heads_major.heads_major = true;
+  const DecodeCase renormalized{"plans_4bit_renormalized", Preset::turboquant_4bit_nc, 64, 8, 128, 16, lengths, 0,
+                                true, DType::bf16, 1.0f, CacheOrder::token_slots, true};
+  DecodeCase unnormalized = renormalized;
+  unnormalized.name = "plans_4bit_unnormalized";
+  unnormalized.renormalize = false;
+  std::vector<LaunchPlan> plans;
+  for (const DecodeCase& c : {dense, padded, heads_major, renormalized, unnormalized}) {
+    const Scenario scenario = build(c);
+    DeviceScenario device(scenario);
+    DecodeWorkspace workspace;
+    plans.push_back(plan_decode(device.args()));
+    device.poison_output();
+    decode(device.args(), workspace);
+    expect_close(device.output(), scenario.reference_output(), c.name);
+  }
+  if (is_available()) {
+    EXPECT_TRUE(plans[0].token_runs) << plans[0].reason;
+    EXPECT_FALSE(plans[1].token_runs) << plans[1].reason;
+    EXPECT_FALSE(plans[2].token_runs) << plans[2].reason;
+    EXPECT_EQ(plans[3].kv_heads_per_cta, 1) << plans[3].reason;
+    EXPECT_EQ(plans[4].kv_heads_per_cta, 8) << plans[4].reason;
+  }
+}
+
 // Capture one decode in a CUDA graph, then change seq_lens and block tables in
 // place and replay: each replay must equal an eager call on the same inputs.
 // Every path, in the blocks order and for a token_slots cache (padded,

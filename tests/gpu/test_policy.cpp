@@ -405,14 +405,26 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
                 .kv_heads_per_cta,
             4);
 
-  const auto grid = [](int batch, bool bulk) {
+  const auto grid = [](int batch, bool bulk, bool renormalized = true) {
     return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, batch, 8, 32768, kH200Sms, 128,
-                       bulk ? SlotRead::bulk_copies : SlotRead::in_place);
+                       bulk ? SlotRead::bulk_copies : SlotRead::in_place, renormalized);
   };
   const GridChoice one_wave = grid(16, true);  // 128 CTAs of one kv head
   EXPECT_TRUE(one_wave.wide_table);
   EXPECT_EQ(one_wave.kv_heads_per_cta, 1);
   EXPECT_GT(grid(64, true).kv_heads_per_cta, 1);  // 512 work items: several kv heads per CTA, as the blocks order
+  // Without norm correction: eight kv heads per CTA where one-kv-head CTAs
+  // would stream more than 8192 tokens.
+  const GridChoice unnormalized = grid(16, true, false);  // one kv head per CTA: 32768 tokens each
+  EXPECT_EQ(unnormalized.kv_heads_per_cta, 8);
+  EXPECT_EQ(unnormalized.num_partitions, 8);  // 128 CTAs of 4096 tokens
+  EXPECT_EQ(grid(8, true, false).kv_heads_per_cta, 8);  // 16384 tokens each
+  EXPECT_EQ(grid(4, true, false).kv_heads_per_cta, 1);  // 8192 tokens each
+  const auto b64_l8192 = [](bool renormalized) {
+    return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 64, 8, 8192, kH200Sms, 128,
+                       SlotRead::bulk_copies, renormalized);
+  };
+  EXPECT_EQ(b64_l8192(false).kv_heads_per_cta, b64_l8192(true).kv_heads_per_cta);  // 8192 tokens: the same choice
   // Streams past kSlotsLongStreamTokens: every kv head of a token row in one
   // CTA (the L2 lines the heads' boxes share fetched once), partitions filling the GPU.
   const GridChoice long_rows = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 32, 8, 131072, kH200Sms,
