@@ -23,7 +23,8 @@
 // presets up to group 8 on grids of at most two waves, one CTA of 16 warps
 // serving two kv heads, and in the token_slots order on grids that fill the
 // GPU one of 16 warps serving eight (or four) kv heads from whole token rows
-// in a ring its warps share; one CTA of 12 warps for groups over 8, with the
+// in a ring its warps share (or every kv head of a shard of two or four,
+// from each tile's contiguous token run); one CTA of 12 warps for groups over 8, with the
 // wide table for 4-bit keys (KernelShape). On
 // the Hopper path the kernel is launched as a programmatic dependent
 // (launch_decode_tensor_core): its CTAs may start while the previous kernel of
