@@ -480,7 +480,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
                                                operands.high_selector, operands.value_wraps, operands.value_mask, pb,
                                                softmax.acc);
       softmax.add_probability_sums(pb);
-      __syncwarp();  // the stage is refilled by the next iteration's issue
+      __syncwarp();  // the warp's own ring: the stage is refilled by the next iteration's issue
       ring.release(stage_index);
     };
     if constexpr (kBulkCopy && !Shape::kRowCopies) {

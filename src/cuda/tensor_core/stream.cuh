@@ -33,7 +33,7 @@ struct TileRing {
   static constexpr bool kBulkCopy = Shape::kBulkCopy;
   // Whole rows: one ring for the CTA (SharedLayout), filled by warp 0, each
   // stage the tiles of one round of the kv heads' warps; the refill of a
-  // stage waits until all warps have released it (an empty barrier per
+  // stage waits until every thread has released it (an empty barrier per
   // stage), two rounds behind the issue so the issuing warp rarely waits.
   static constexpr bool kRowCopies = Shape::kRowCopies;
   static constexpr int kWarpsPerHead = Shape::kWarpsPerHead;
@@ -118,7 +118,7 @@ struct TileRing {
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
           mbarrier_init(barrier_address + 8 * s, 1);
-          mbarrier_init(barrier_address + 8 * (kStages + s), Shape::kWarps);
+          mbarrier_init(barrier_address + 8 * (kStages + s), Shape::kThreads);
         }
         fence_barrier_init();
       }
@@ -286,12 +286,12 @@ struct TileRing {
     }
   }
 
-  /// Whole rows: the warp is done with the stage of its k-th tile.
+  /// Whole rows: the warp is done with the stage of its k-th tile. Every
+  /// lane arrives, each releasing its own reads of the stage before warp 0
+  /// refills it.
   template <class StageIndex>
   __device__ __forceinline__ void release(StageIndex stage_index) const {
-    if constexpr (kRowCopies) {
-      if (lane == 0) mbarrier_arrive(barrier_address + 8 * (kStages + static_cast<int>(stage_index)));
-    }
+    if constexpr (kRowCopies) mbarrier_arrive(barrier_address + 8 * (kStages + static_cast<int>(stage_index)));
   }
 
   /// token_slots: the landed tile in `stage` into the layout's arrangement
