@@ -30,6 +30,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+/// 1 / sqrt(x) in one MUFU op: no rescaling of subnormal inputs (rsqrtf's
+/// extra instructions), which sums of squared table centroids never are.
+__device__ __forceinline__ float fast_rsqrt(float x) {
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"

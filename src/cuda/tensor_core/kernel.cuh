@@ -395,7 +395,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     // token_slots with norm correction (docs/FORMAT.md section 4b): keys over their centroid vectors' norms.
     constexpr bool kRenormalizes = Shape::kSlots && !kFp8;
     const bool renormalize = kRenormalizes && p.layout.renormalize_keys;
-    [[maybe_unused]] const float centroid_scale = power_of_two(table_exponent);
+    // The stored norm is ||k||: over ||c|| = sqrt(square) 2^-table_exponent.
+    [[maybe_unused]] const float renormalized_scale = score_scale * power_of_two(table_exponent);
     const int mask_from = cta_mask_from;
 
     // The warp's k-th tile, in ring stage stage_index = k % kStages (a
@@ -420,11 +421,14 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       }
       // token_slots keys renormalized at decode: with the sums of their squared centroids.
       float square[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      // Rotated slot reads: lane quad 0 takes wrapped key bytes. Told from
+      // the opaque lane offset, which stays in a register: a predicate held
+      // from before the loop is recomputed from the thread index every tile.
+      const bool key_wraps = (lane_lut & 0xcu) == 0u;
       const auto scores = [&]<bool SquareSums>() {
         key_scores<Shape, Layout, Format, SquareSums>(data, operands.key_offset, operands.key_word,
-                                                      operands.key_low_selector, operands.key_high_selector,
-                                                      operands.key_wraps, operands.key_mask, qb, lane_lut, lut, score,
-                                                      score_odd, square);
+                                                      operands.key_low_selector, operands.key_high_selector, key_wraps,
+                                                      operands.key_mask, qb, lane_lut, lut, score, score_odd, square);
       };
       if (kRenormalizes && renormalize) {
         scores.template operator()<kRenormalizes>();
@@ -451,10 +455,11 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         if constexpr (kFp8) {
           norm_scale[j] = score_scale;  // fp8 keys carry no norm
         } else {
-          norm_scale[j] = __half2float(token_field(Layout::kNormField, j)) * score_scale;
-          // The stored norm is ||k||: over ||c|| = sqrt(square) 2^-table_exponent (0 for a zero centroid vector).
-          if (kRenormalizes && renormalize) {
-            norm_scale[j] *= square[2 * j] > 0.0f ? rsqrtf(square[2 * j]) * centroid_scale : 0.0f;
+          const float norm = __half2float(token_field(Layout::kNormField, j));
+          if (kRenormalizes && renormalize) {  // 0 for a zero centroid vector
+            norm_scale[j] = square[2 * j] > 0.0f ? norm * renormalized_scale * fast_rsqrt(square[2 * j]) : 0.0f;
+          } else {
+            norm_scale[j] = norm * score_scale;
           }
         }
         if constexpr (kHalfScaled) {

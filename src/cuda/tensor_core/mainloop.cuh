@@ -56,7 +56,7 @@ struct LaneOperands {
   // chunk (lane quad 0) and of the value words (lane g = 0) taken from past
   // the key and value data (load_rotated).
   std::uint32_t key_mask[4], value_mask[2];
-  bool key_wraps, value_wraps;  // lane quad 0, lane g = 0
+  bool value_wraps;  // lane g = 0 (lane quad 0's keys: kernel.cuh)
 
   /// The token of a tile's S^T row or O^T k index `index` (TileLayout<mse4>).
   __device__ __forceinline__ static int token_at(int index) {
@@ -95,7 +95,6 @@ struct LaneOperands {
         value_offset[j] = row(token_at(2 * c + j)) + Layout::kValueStart - value_rotation + 8 * g;
         value_offset[j + 2] = value_offset[j] + Layout::kOffset8Tokens;
       }
-      key_wraps = c == 0;
       value_wraps = g == 0;
 #pragma unroll
       for (int w = 0; w < 4; ++w) key_mask[w] = prefix_mask(c == 0 ? first_lead : 0, w);

@@ -194,10 +194,11 @@ struct KernelShape {
   static constexpr bool kTensorMaps = kBulkCopy && !kRuns;
   // The softmax takes each score less its row's maximum as one FFMA (score
   // sum x norm - max) instead of a multiply and, for the exponent, a
-  // subtraction: fewer instructions a tile at two head tiles, whose loop is
-  // bound by its instruction count; the rescale, which then recovers the
-  // scores, costs more, so the other shapes are slower with it.
-  static constexpr bool kScoresLessMax = kBulkCopy && HeadTiles == 2;
+  // subtraction: fewer instructions a tile at two head tiles and in whole
+  // token rows, whose loops are bound by their instruction count; the
+  // rescale, which then recovers the scores, costs more, so the other
+  // shapes are slower with it.
+  static constexpr bool kScoresLessMax = kBulkCopy && (HeadTiles == 2 || Slots == SlotAccess::rows);
   // P' = fp16(p) x value scale, one HMUL2 per token and head pair, instead of
   // two FMULs and a pack. In the bulk-copy shapes only, like the fields'
   // one-offset addressing and the host's score scale: in the narrow 3-bit
