@@ -180,9 +180,11 @@ struct KernelShape {
   static constexpr int kDimTiles = HeadDim / 16;
   // MSE keys: PiT's operands are loaded before the wait for the previous
   // kernel instead of after the first tiles are issued, so the rotation
-  // overlaps that kernel's tail. In the 16-warp shapes; the others keep
-  // PiT's operand registers free across the tile issue.
-  static constexpr bool kPiTBeforeWait = kWarps >= 12;
+  // overlaps that kernel's tail, or the table's build. In the 12- and
+  // 16-warp shapes, and in the token_slots reads in place, whose short
+  // partitions (the one-kv-head shards) wait on the rotation; the others
+  // keep PiT's operand registers free across the tile issue.
+  static constexpr bool kPiTBeforeWait = kWarps >= 12 || Slots == SlotAccess::in_place;
   // The wide shape's tiles come by bulk tensor copies (bulk_copy.cuh):
   // one instruction by one lane per tile and tensor map, where cp.async took
   // a copy plan read back from shared memory and five 16-byte copies per
