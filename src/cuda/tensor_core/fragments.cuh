@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -52,11 +51,19 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const std::uint32_t (&a)[
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two fp8 e4m3 values (the low 16 bits of `pair`, low byte first) as an
-// fp16 pair; exact, since every e4m3 value is an fp16 value.
-__device__ __forceinline__ std::uint32_t fp8_pair_to_f16(std::uint32_t pair) {
-  const __half2_raw halves = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
-  return static_cast<std::uint32_t>(halves.x) | (static_cast<std::uint32_t>(halves.y) << 16);
+// Two fp8 e4m3 values (half `Half` of `word`, low byte first) as an fp16
+// pair; exact, since every e4m3 value is an fp16 value. The half goes to the
+// conversion as a 16-bit operand: the high pair needs no shift.
+template <int Half>
+__device__ __forceinline__ std::uint32_t fp8_pair_to_f16(std::uint32_t word) {
+  static_assert(Half == 0 || Half == 1);
+  std::uint32_t halves;
+  if constexpr (Half == 0) {
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(halves) : "r"(word));
+  } else {
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(halves) : "r"(word));
+  }
+  return halves;
 }
 
 // Transpose of an 8x8 b16 matrix held as mma fragments (lane (g, c) holds

@@ -230,8 +230,13 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
     }
 #pragma unroll
     for (int ks = 0; ks < kDimTiles; ++ks) {
-      const std::uint32_t a[4] = {fp8_pair_to_f16(words[0][ks]), fp8_pair_to_f16(words[1][ks]),
-                                  fp8_pair_to_f16(words[0][ks] >> 16), fp8_pair_to_f16(words[1][ks] >> 16)};
+      // The high pairs from the words' high halves at one head tile; shifted
+      // down at two, whose register allocation then spills nothing.
+      const auto high_pair = [](std::uint32_t word) {
+        return HeadTiles == 1 ? fp8_pair_to_f16<1>(word) : fp8_pair_to_f16<0>(word >> 16);
+      };
+      const std::uint32_t a[4] = {fp8_pair_to_f16<0>(words[0][ks]), fp8_pair_to_f16<0>(words[1][ks]),
+                                  high_pair(words[0][ks]), high_pair(words[1][ks])};
 #pragma unroll
       for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
     }
