@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -52,11 +53,13 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const std::uint32_t (&a)[
 }
 
 // Two fp8 e4m3 values (half `Half` of `word`, low byte first) as an fp16
-// pair; exact, since every e4m3 value is an fp16 value. The half goes to the
-// conversion as a 16-bit operand: the high pair needs no shift.
+// pair; exact, since every e4m3 value is an fp16 value. From sm_89 on the
+// half goes to the conversion instruction as a 16-bit operand, so the high
+// pair needs no shift; before, the library's conversion emulates it.
 template <int Half>
 __device__ __forceinline__ std::uint32_t fp8_pair_to_f16(std::uint32_t word) {
   static_assert(Half == 0 || Half == 1);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   std::uint32_t halves;
   if constexpr (Half == 0) {
     asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(halves) : "r"(word));
@@ -64,6 +67,11 @@ __device__ __forceinline__ std::uint32_t fp8_pair_to_f16(std::uint32_t word) {
     asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(halves) : "r"(word));
   }
   return halves;
+#else
+  const auto pair = static_cast<__nv_fp8x2_storage_t>((word >> (16 * Half)) & 0xffffu);
+  const __half2_raw halves = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+  return static_cast<std::uint32_t>(halves.x) | (static_cast<std::uint32_t>(halves.y) << 16);
+#endif
 }
 
 // Transpose of an 8x8 b16 matrix held as mma fragments (lane (g, c) holds
