@@ -1,6 +1,7 @@
 // Split-KV partitioning (docs/FORMAT.md section 5, docs/LAUNCHER.md): the grid has a
 // fixed partition count N chosen from shapes only; each sequence splits its
-// actual length into N ranges on the device, aligned to `align` tokens.
+// actual length into its partitions on the device (N, or on the Hopper kernel
+// as many as its share of the batch's tokens gives it), aligned to `align` tokens.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,22 @@ TQ_HOST_DEVICE TokenRange partition_range(int seq_len, int num_partitions, int a
   const long long begin = static_cast<long long>(per) * p;
   const long long end = begin + per < seq_len ? begin + per : seq_len;
   return {static_cast<int>(begin < seq_len ? begin : seq_len), static_cast<int>(end)};
+}
+
+/// Length-balanced partitions (the Hopper kernel; docs/LAUNCHER.md): the
+/// grid's B x N partition slots go to the batch's sequences in order, one to
+/// each and the other B (N - 1) in proportion to their lengths. This is the
+/// first slot of the sequence at index `sequence`, whose predecessors' lengths
+/// sum to `before` of the batch's `total`; its slots end at the next
+/// sequence's first (at least one, B x N past the last). In double
+/// precision (a 128-bit division costs microseconds on a GPU): non-decreasing
+/// in `before` however it rounds, so the sequences' slots never overlap, and
+/// exact where before x extra_slots < 2^53, so equal lengths give N each.
+TQ_HOST_DEVICE long long balanced_first_slot(int sequence, long long before, long long total, long long extra_slots) {
+  if (total <= 0) return sequence;
+  const long long extra = static_cast<long long>(static_cast<double>(before) * static_cast<double>(extra_slots) /
+                                                 static_cast<double>(total));
+  return sequence + (extra < extra_slots ? extra : extra_slots);
 }
 
 }  // namespace tqdecode

@@ -54,7 +54,10 @@ struct RotateParams {
 /// Partitioned attention: block (p, h, b) covers partition_range(seq_lens[b],
 /// num_partitions, partition_align, p) of sequence b for the query heads of
 /// kv head h and writes part_max / part_sum [B, Hq, N] and part_out
-/// [B, Hq, N, D] (normalized), empty values for an empty range.
+/// [B, Hq, N, D] (normalized), empty values for an empty range. The
+/// tensor-core kernel instead deals the B x N slots by length
+/// (tensor_core/balanced_partitions.cuh): sequence b's rows start at its
+/// first slot x max_query_len x Hq, its partitions innermost.
 struct PartitionParams {
   const float* q_rot;
   const std::uint8_t* cache;

@@ -8,9 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
+#include "random.hpp"
 #include "support/scenario.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/partition.hpp"
@@ -192,6 +194,52 @@ TEST_P(ReferenceDecode, PartitionsAndReducerMatchTheDirectDecode) {
           }
         }
       }
+    }
+  }
+}
+
+// The Hopper kernel's length-balanced partitions: B x N slots dealt to the
+// sequences in order, every sequence at least one, equal lengths N each,
+// and the longest partition no longer than N equal partitions per
+// sequence give (what the other kernels run).
+TEST(BalancedPartitions, DealEverySlotByLength) {
+  Rng rng(41);
+  const std::vector<std::vector<long long>> fixed = {
+      {32768, 32768, 32768},         {0, 0, 0, 0},
+      {0, 131072, 0, 1, 0},          {1, 17, 100, 1000, 3001, 0, 5000},
+      {1LL << 30, 1, 1LL << 30}};
+  std::vector<std::vector<long long>> batches = fixed;
+  for (int i = 0; i < 200; ++i) {
+    std::vector<long long> lengths(1 + rng.below(300));
+    for (long long& length : lengths) length = rng.below(4) == 0 ? 0 : static_cast<long long>(rng.below(70000));
+    batches.push_back(lengths);
+  }
+  for (const auto& lengths : batches) {
+    const long long total = std::accumulate(lengths.begin(), lengths.end(), 0LL);
+    const bool uniform = std::all_of(lengths.begin(), lengths.end(), [&](long long l) { return l == lengths[0]; });
+    const int batch = static_cast<int>(lengths.size());
+    for (const int num_partitions : {1, 2, 3, 8, 32}) {
+      SCOPED_TRACE("batch " + std::to_string(batch) + ", N " + std::to_string(num_partitions));
+      const long long extra = static_cast<long long>(batch) * (num_partitions - 1);
+      long long before = 0, first = balanced_first_slot(0, 0, total, extra);
+      EXPECT_EQ(first, 0);
+      for (int s = 0; s < batch; ++s) {
+        before += lengths[s];
+        const long long next = balanced_first_slot(s + 1, before, total, extra);
+        const long long count = next - first;
+        EXPECT_GE(count, 1);
+        if (uniform && total > 0) EXPECT_EQ(count, num_partitions);
+        const int dealt = static_cast<int>(std::min<long long>(count, 32));
+        // count > length x extra / total, so a partition holds under total / extra tokens, or under
+        // length / N where the count is capped at 32.
+        const long long balanced = extra > 0 ? 16 * (((total + extra - 1) / extra + 15) / 16) : 0;
+        EXPECT_LE(partition_tokens(static_cast<int>(lengths[s]), dealt, 16),
+                  std::max<long long>(partition_tokens(static_cast<int>(lengths[s]), num_partitions, 16), balanced))
+            << "sequence " << s << " of length " << lengths[s];
+        first = next;
+      }
+      // Every slot is dealt, but with no tokens at all: then one per sequence, the rest idle.
+      EXPECT_EQ(first, total > 0 ? static_cast<long long>(batch) * num_partitions : batch);
     }
   }
 }

@@ -106,6 +106,11 @@ std::vector<DecodeCase> decode_cases() {
       // 2100 query rows of 3 heads: the rotation kernel's eight-rows-per-thread
       // variant with a partial last tile and rows crossing sequences.
       {"q4_g3_b700_rows", p4, 3, 1, 128, 16, random_lengths(700, 64, 16)},
+      // One long sequence among short and empty ones (N = 4 for 32 work
+      // items): the length-balanced partitions give it more than 32 slots,
+      // so its slots past the reducer's 32 stay idle.
+      {"q4_hk2_b16_one_long_sinks", p4, 16, 2, 128, 16, {3, 0, 40, 20000, 1, 0, 17, 5, 0, 100, 2, 0, 0, 64, 9, 1}, 0,
+       true},
       // Values near 10^4: most tokens' value scales exceed what the lazy
       // rescale allows (p * scale would overflow fp16), so their tiles take
       // the exact softmax path; partitions and sinks too.
@@ -196,6 +201,13 @@ std::vector<DecodeCase> decode_cases() {
                    CacheOrder::token_slots, false});
   cases.push_back({"slots_4bit_renorm_hk8_g4_bulk_padded_bs64", p4, 32, 8, 128, 64, {3000, 2, 65, 640}, 128, true,
                    DType::f16, 1.0f, CacheOrder::token_slots, true, false, 2});
+  // Length-balanced partitions over slots: one long sequence beside short
+  // and empty ones, one kv head per CTA (4-bit) and whole token rows (fp8).
+  cases.push_back({"slots_4bit_renorm_hk2_b16_one_long", p4, 16, 2, 128, 16,
+                   {3, 0, 40, 20000, 1, 0, 17, 5, 0, 100, 2, 0, 0, 64, 9, 1}, 0, false, DType::bf16, 1.0f,
+                   CacheOrder::token_slots, true});
+  cases.push_back({"slots_k8v4_hk8_b4_one_long_sinks", Preset::turboquant_k8v4, 64, 8, 128, 16, {0, 30000, 5, 700}, 0,
+                   true, DType::bf16, 1.0f, CacheOrder::token_slots, false});
   cases.push_back({"slots_k3v4_renorm_hk2_g8", Preset::turboquant_k3v4_nc, 16, 2, 128, 16, {1999, 40}, 0, false,
                    DType::bf16, 1.0f, CacheOrder::token_slots, true});
   cases.push_back({"slots_3bit_renorm_hk1_g16_d128", Preset::turboquant_3bit_nc, 16, 1, 128, 32, {1500, 3}, 0, true,

@@ -40,9 +40,13 @@ struct CtaRows {
   }
   /// The row's row of the query and output tensors.
   __device__ __forceinline__ std::int64_t output_row(int row) const { return span.first + token(row); }
-  /// The row's query slot in the partition buffers (QueryRows).
-  __device__ __forceinline__ std::int64_t slot(int row) const {
-    return std::int64_t(batch) * max_query_len + token(row);
+  /// The row's entry in the partition buffers for query head `hq` and
+  /// partition `partition` of the sequence's `count`: its rows start at its
+  /// first slot's (balanced_partitions.cuh) x max_query_len x Hq, then
+  /// (query token, query head, partition).
+  __device__ __forceinline__ std::int64_t partition_entry(int row, std::int64_t hq, int num_q_heads, int first_slot,
+                                                          int count, int partition) const {
+    return std::int64_t(first_slot) * max_query_len * num_q_heads + (token(row) * num_q_heads + hq) * count + partition;
   }
   /// Positions below this are the row's context (causal).
   __device__ __forceinline__ int limit(int row) const { return seq_len - span.count + 1 + token(row); }

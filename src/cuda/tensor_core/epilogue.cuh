@@ -194,22 +194,21 @@ __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::
   }
 }
 
-// The last CTA of (sequence, kv heads, row tile) to finish reduces the N
-// partitions of its query rows with the sink and writes the output (then
+// The last CTA of (sequence, kv heads, row tile) to finish reduces the
+// sequence's num_partitions partitions of its query rows with the sink and writes the output (then
 // resets the arrival counter, so CUDA-graph replays need no memset).
 // `Shape` is the kernel's (shape.cuh).
 template <class Shape>
 __device__ __forceinline__ void reduce_partitions_in_cta(const FusedDecodeParams& params,
                                                          const CtaRows<Shape::kRows>& rows,
                                                          const RowTable<Shape::kCtaRows>& table, int partition,
-                                                         int warp, int lane) {
+                                                         int num_partitions, int warp, int lane) {
   constexpr int HeadDim = Shape::kHeadDim;
   constexpr int kWarps = Shape::kWarps;
   constexpr int kCtaRows = Shape::kCtaRows;
   const PartitionParams& p = params.partitions;
   const ReduceParams& r = params.reduce;
   const int num_kv_heads = p.layout.num_kv_heads;
-  const int num_partitions = p.num_partitions;
   const bool has_sink = r.sinks != nullptr;
   // The barriers around thread 0's acquire-release arrival order this CTA's
   // partition writes before it and the earlier CTAs' writes before the

@@ -16,7 +16,7 @@
 // (4-bit: one byte permute per two tokens; 3-bit: six byte windows per two
 // tokens, value_code_position).
 //
-// Grid (partition, kv head, sequence). Two CTAs of 8 warps per SM, or for
+// Grid (partition slot, kv head, sequence slot). Two CTAs of 8 warps per SM, or for
 // 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
 // grids of more than two waves serves two, four or eight kv heads, 8, 4 or 2
 // warps each (grid (partition, kv head group, sequence)); for the other
@@ -31,7 +31,9 @@
 // the stream drains. A CTA
 // 0. builds the key lookup table from the centroids (and in the 16-warp
 //    shapes loads PiT's operands), model constants that no kernel writes
-//    just before a decode (decode.hpp), then waits for the previous kernel;
+//    just before a decode (decode.hpp), then waits for the previous kernel
+//    and finds the sequence and partition its slot of the grid's B x N is
+//    dealt by length (balanced_partitions.cuh);
 // 1. puts its first tiles in flight, then rotates the query heads of its
 //    group (q_rot = bf16(q @ PiT) on the tensor cores, rotation.cuh);
 // 2. streams its token range in 16-token tiles, warps taking tiles round
@@ -50,7 +52,7 @@
 //    warp per row; then the weighted outputs, one head dim per thread) and
 //    writes the partition's (max, sum, normalized out);
 // 4. if it is the last CTA of its (sequence, kv head) to finish, reduces the
-//    N partitions with the sink (one warp per query head, or per half of
+//    sequence's partitions with the sink (one warp per query head, or per half of
 //    one where the CTA has twice as many warps as rows; one lane per
 //    partition) and writes the output (then resets the arrival counter, so
 //    CUDA-graph replays need no memset).
@@ -109,6 +111,7 @@
 #include "../kernel_params.hpp"
 #include "../partition_merge.cuh"
 #include "../policy.hpp"
+#include "balanced_partitions.cuh"
 #include "bulk_copy.cuh"
 #include "cta_rows.cuh"
 #include "epilogue.cuh"
@@ -184,11 +187,18 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up
 #endif
 
-  // Grid x: the row tiles of partition p side by side (cta_rows.cuh), so the
-  // CTAs reading the same tokens run together and share them in L2.
-  const int partition = blockIdx.x / params.row_tiles;
+  // Grid x: the row tiles of partition slot s side by side (cta_rows.cuh), so
+  // the CTAs reading the same tokens run together and share them in L2. Slot
+  // (z, s) is dealt a sequence and a partition of it by length
+  // (balanced_partitions.cuh); the query rows' area is free until the rotation.
+  const int grid_partition = blockIdx.x / params.row_tiles;
+  __shared__ SequencePartition dealt;
+  const SequencePartition assigned = deal_partition<Shape::kThreads, Shared::kQueryBytes>(
+      p, static_cast<int>(blockIdx.z), grid_partition, shared + Shared::kQueryOffset, dealt);
+  if (assigned.idle()) return;  // past its sequence's kMaxPartitions: writes nothing
+  const int partition = assigned.partition;
   const int first_head = blockIdx.y * HeadsPerCta;  // the CTA's kv heads: first_head .. + HeadsPerCta - 1
-  const int batch = blockIdx.z;
+  const int batch = assigned.sequence;
   // The warp streams kv head first_head + head_slot as warp head_warp of kWarpsPerHead.
   const int head_slot = Shape::head_slot(warp);
   const int head_warp = Shape::head_warp(warp);
@@ -198,7 +208,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   const int first_row = Shape::thread_first_row();
   const int num_kv_heads = p.layout.num_kv_heads;
   const int group = p.num_q_heads / num_kv_heads;
-  const int num_partitions = p.num_partitions;
+  const int num_partitions = assigned.count;
   // The CTA's query rows, and what the tiles from cta_mask_from on compare
   // their positions with, in shared memory rather than registers across the
   // main loop (the two-head-tile loops hold 168 a thread); visible from the
@@ -221,11 +231,11 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   {
     const CtaRows<kRows> rows{first_head,
                               group,
-                              static_cast<int>(blockIdx.x) - partition * params.row_tiles,
+                              static_cast<int>(blockIdx.x) - grid_partition * params.row_tiles,
                               batch,
                               params.rows.max_query_len,
                               params.rows.span(batch),
-                              p.covered_length(__ldg(p.seq_lens + batch))};
+                              assigned.seq_len};
     // NOTE: only entries of this sequence's block-table row are ever read.
     // The range stops at the limit of the CTA's last row; tokens from the
     // first row's limit on are masked per row (one token per sequence: at
@@ -254,8 +264,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       if (rows.valid(row)) {
         const std::int64_t hq = rows.query_head(row);
         output = rows.output_row(row) * r.output_stride_batch + hq * r.output_stride_head;
-        element = num_partitions == 1 ? output
-                                      : ((rows.slot(row) * p.num_q_heads + hq) * num_partitions + partition) * HeadDim;
+        element = num_partitions == 1
+                      ? output
+                      : rows.partition_entry(row, hq, p.num_q_heads, assigned.first_slot, num_partitions, partition) *
+                            HeadDim;
         if (has_sink) sink = __ldg(r.sinks + hq);
       }
       row_table.element[row] = element;
@@ -514,7 +526,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   if (num_partitions == 1) return;  // the merge wrote the output
 
   // ---- 4. the last CTA of (sequence, kv heads) reduces the partitions --------
-  reduce_partitions_in_cta<Shape>(params, rows, row_table, partition, warp, lane);
+  reduce_partitions_in_cta<Shape>(params, rows, row_table, partition, num_partitions, warp, lane);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
