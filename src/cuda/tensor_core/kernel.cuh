@@ -83,6 +83,7 @@
 //
 // Files (src/cuda/tensor_core/), by stage:
 //   shape.cuh        instance shapes (warps, resident CTAs) and shared-memory layouts
+//   balanced_partitions.cuh  the sequence and partition a CTA's slot of the grid is dealt (length-balanced)
 //   cta_rows.cuh     the query rows a CTA serves (group x query tokens, row tiles) and their causal limits
 //   tile_layout.cuh  where a tile lives in a ring stage, per key format and head size; its cp.async copies
 //   bulk_copy.cuh    the wide shape's bulk tensor copies and barriers (tensor maps: ../cache_tensor_maps.cpp)
