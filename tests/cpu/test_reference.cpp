@@ -200,8 +200,8 @@ TEST_P(ReferenceDecode, PartitionsAndReducerMatchTheDirectDecode) {
 
 // The Hopper kernel's length-balanced partitions: B x N slots dealt to the
 // sequences in order, every sequence at least one, equal lengths N each,
-// and the longest partition no longer than N equal partitions per
-// sequence give (what the other kernels run).
+// and no partition longer than the larger of its sequence's length / N
+// (what the other kernels run) and total / (B (N - 1)) tokens.
 TEST(BalancedPartitions, DealEverySlotByLength) {
   Rng rng(41);
   const std::vector<std::vector<long long>> fixed = {

@@ -31,7 +31,8 @@ struct SequencePartition {
 /// same in every thread. `scratch`: kScratchBytes of dynamic shared memory
 /// nothing else uses until the next barrier after the call (the scan's
 /// storage); `dealt`: a static shared slot for the answer. With N = 1 or one
-/// sequence the grid's coordinates are the answer and nothing is loaded.
+/// sequence the grid's coordinates are the answer: only that sequence's
+/// length is loaded, and no barrier is passed.
 template <int kThreads, int kScratchBytes>
 __device__ SequencePartition deal_partition(const PartitionParams& p, int grid_sequence, int grid_partition,
                                             void* scratch, SequencePartition& dealt) {

@@ -195,8 +195,9 @@ __device__ __forceinline__ void merge_warps(OnlineSoftmax<Shape>& softmax, std::
 }
 
 // The last CTA of (sequence, kv heads, row tile) to finish reduces the
-// sequence's num_partitions partitions of its query rows with the sink and writes the output (then
-// resets the arrival counter, so CUDA-graph replays need no memset).
+// sequence's num_partitions partitions of its query rows with the sink and
+// writes the output (then resets the arrival counter, so CUDA-graph replays
+// need no memset).
 // `Shape` is the kernel's (shape.cuh).
 template <class Shape>
 __device__ __forceinline__ void reduce_partitions_in_cta(const FusedDecodeParams& params,
