@@ -34,12 +34,14 @@ TQ_HOST_DEVICE TokenRange partition_range(int seq_len, int num_partitions, int a
 /// each and the other B (N - 1) in proportion to their lengths. This is the
 /// first slot of the sequence at index `sequence`, whose predecessors' lengths
 /// sum to `before` of the batch's `total`; its slots end at the next
-/// sequence's first (at least one, B x N past the last). In double
-/// precision (a 128-bit division costs microseconds on a GPU): non-decreasing
-/// in `before` however it rounds, so the sequences' slots never overlap, and
-/// exact where before x extra_slots < 2^53, so equal lengths give N each.
+/// sequence's first (at least one, B x N past the last). Exact in 64-bit
+/// integers for any batch a GPU holds (total < 2^40 tokens); past that in
+/// double precision. Non-decreasing in `before` either way (the branch
+/// depends on the batch only), so the sequences' slots never overlap; equal
+/// lengths give N each.
 TQ_HOST_DEVICE long long balanced_first_slot(int sequence, long long before, long long total, long long extra_slots) {
   if (total <= 0) return sequence;
+  if (total < (1LL << 40) && extra_slots < (1LL << 22)) return sequence + before * extra_slots / total;
   const long long extra = static_cast<long long>(static_cast<double>(before) * static_cast<double>(extra_slots) /
                                                  static_cast<double>(total));
   return sequence + (extra < extra_slots ? extra : extra_slots);

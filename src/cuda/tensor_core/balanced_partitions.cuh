@@ -3,14 +3,13 @@
 // sequence) coordinates name one of B x N partition slots; the slots go to
 // the sequences by covered length (balanced_first_slot), so the CTAs of a
 // ragged batch stream about equal token counts, and a uniform batch keeps N
-// partitions per sequence. Each CTA deals them from seq_lens after the grid
-// dependency wait, in one block-wide scan.
+// partitions per sequence. Each warp deals them from seq_lens after the grid
+// dependency wait (warp scans, no barrier).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cub/block/block_scan.cuh>
-
+#include "../device_utils.cuh"
 #include "../kernel_params.hpp"
 #include "../policy.hpp"
 #include "tqdecode/partition.hpp"
@@ -27,49 +26,49 @@ struct SequencePartition {
   __device__ __forceinline__ bool idle() const { return sequence < 0; }
 };
 
-/// The slot (grid_sequence, grid_partition)'s sequence and partition, the
-/// same in every thread. `scratch`: kScratchBytes of dynamic shared memory
-/// nothing else uses until the next barrier after the call (the scan's
-/// storage); `dealt`: a static shared slot for the answer. With N = 1 or one
-/// sequence the grid's coordinates are the answer: only that sequence's
-/// length is loaded, and no barrier is passed.
-template <int kThreads, int kScratchBytes>
-__device__ SequencePartition deal_partition(const PartitionParams& p, int grid_sequence, int grid_partition,
-                                            void* scratch, SequencePartition& dealt) {
+/// The slot (grid_sequence, grid_partition)'s sequence and partition. Every
+/// warp deals on its own (the lengths' loads hit L1 after the first warp's),
+/// so no barrier holds the CTA's warps back before their first tiles. With
+/// N = 1 or one sequence the grid's coordinates are the answer: only that
+/// sequence's length is loaded. Every thread of the warp must call it.
+__device__ __forceinline__ SequencePartition deal_partition(const PartitionParams& p, int grid_sequence,
+                                                            int grid_partition) {
   const int num_partitions = p.num_partitions;
   if (num_partitions == 1 || p.batch == 1) {
     return {grid_sequence, grid_partition, num_partitions, grid_sequence * num_partitions,
             p.covered_length(__ldg(p.seq_lens + grid_sequence))};
   }
-  // Warp scans: storage of one value per warp (the raking form keeps one per thread).
-  using Scan = cub::BlockScan<long long, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
-  static_assert(sizeof(typename Scan::TempStorage) <= kScratchBytes, "the scan's storage fits the scratch area");
-  // Thread t: sequences t k .. t k + k - 1, k = ceil(B / threads).
-  const int per_thread = (p.batch + kThreads - 1) / kThreads;
-  const int first = min(static_cast<int>(threadIdx.x) * per_thread, p.batch);
-  const int end = min(first + per_thread, p.batch);
-  long long own = 0;
-  for (int s = first; s < end; ++s) own += p.covered_length(__ldg(p.seq_lens + s));
-  if (threadIdx.x == 0) dealt.sequence = -1;  // an idle slot unless a thread finds its sequence
-  long long before = 0, total = 0;
-  Scan(*static_cast<typename Scan::TempStorage*>(scratch)).ExclusiveSum(own, before, total);
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const auto length = [&](int s) { return s < p.batch ? p.covered_length(__ldg(p.seq_lens + s)) : 0; };
+  long long total = 0;
+  for (int base = 0; base < p.batch; base += 32) total += length(base + lane);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) total += __shfl_xor_sync(kFullMask, total, offset);
   const long long slot = static_cast<long long>(grid_sequence) * num_partitions + grid_partition;
   const long long extra_slots = static_cast<long long>(p.batch) * (num_partitions - 1);
-  long long first_slot = balanced_first_slot(first, before, total, extra_slots);
-  for (int s = first; s < end; ++s) {
-    const int seq_len = p.covered_length(__ldg(p.seq_lens + s));
-    before += seq_len;
-    const long long next = balanced_first_slot(s + 1, before, total, extra_slots);
-    if (first_slot <= slot && slot < next) {
-      const int partition = static_cast<int>(slot - first_slot);
-      dealt = {partition < kMaxPartitions ? s : -1, partition,
-               static_cast<int>(min(next - first_slot, static_cast<long long>(kMaxPartitions))),
-               static_cast<int>(first_slot), seq_len};
+  long long before = 0;  // the lengths of the sequences before the lanes' chunk
+  for (int base = 0; base < p.batch; base += 32) {
+    const int s = base + lane;
+    const int seq_len = length(s);
+    long long through = seq_len;  // inclusive prefix within the chunk
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const long long below = __shfl_up_sync(kFullMask, through, offset);
+      if (lane >= offset) through += below;
     }
-    first_slot = next;
+    const long long first = balanced_first_slot(s, before + through - seq_len, total, extra_slots);
+    const long long next = balanced_first_slot(s + 1, before + through, total, extra_slots);
+    const unsigned owner = __ballot_sync(kFullMask, s < p.batch && first <= slot && slot < next);
+    if (owner != 0u) {
+      const int source = __ffs(owner) - 1;
+      const int partition = static_cast<int>(slot - __shfl_sync(kFullMask, first, source));
+      const int count = static_cast<int>(__shfl_sync(kFullMask, next - first, source));
+      return {partition < kMaxPartitions ? base + source : -1, partition, min(count, kMaxPartitions),
+              static_cast<int>(__shfl_sync(kFullMask, first, source)), __shfl_sync(kFullMask, seq_len, source)};
+    }
+    before += __shfl_sync(kFullMask, through, 31);
   }
-  __syncthreads();
-  return dealt;
+  return {-1, 0, 0, 0, 0};  // no tokens at all: the slots past one per sequence are idle
 }
 
 }  // namespace tqdecode::cuda::tensor_core

@@ -191,11 +191,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   // Grid x: the row tiles of partition slot s side by side (cta_rows.cuh), so
   // the CTAs reading the same tokens run together and share them in L2. Slot
   // (z, s) is dealt a sequence and a partition of it by length
-  // (balanced_partitions.cuh); the query rows' area is free until the rotation.
+  // (balanced_partitions.cuh).
   const int grid_partition = blockIdx.x / params.row_tiles;
-  __shared__ SequencePartition dealt;
-  const SequencePartition assigned = deal_partition<Shape::kThreads, Shared::kQueryBytes>(
-      p, static_cast<int>(blockIdx.z), grid_partition, shared + Shared::kQueryOffset, dealt);
+  const SequencePartition assigned = deal_partition(p, static_cast<int>(blockIdx.z), grid_partition);
   if (assigned.idle()) return;  // past its sequence's kMaxPartitions: writes nothing
   const int partition = assigned.partition;
   const int first_head = blockIdx.y * HeadsPerCta;  // the CTA's kv heads: first_head .. + HeadsPerCta - 1
