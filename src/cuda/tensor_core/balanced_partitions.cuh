@@ -40,8 +40,19 @@ __device__ __forceinline__ SequencePartition deal_partition(const PartitionParam
   }
   const int lane = static_cast<int>(threadIdx.x & 31);
   const auto length = [&](int s) { return s < p.batch ? p.covered_length(__ldg(p.seq_lens + s)) : 0; };
+  // Equal lengths get N slots each, the grid's coordinates (balanced_first_slot
+  // is exact there): no scan or division on the way to the first tiles.
+  const int own_length = length(grid_sequence);
   long long total = 0;
-  for (int base = 0; base < p.batch; base += 32) total += length(base + lane);
+  bool equal_lengths = true;
+  for (int base = 0; base < p.batch; base += 32) {
+    const int seq_len = length(base + lane);
+    total += seq_len;
+    equal_lengths &= base + lane >= p.batch || seq_len == own_length;
+  }
+  if (__all_sync(kFullMask, equal_lengths) && own_length > 0) {
+    return {grid_sequence, grid_partition, num_partitions, grid_sequence * num_partitions, own_length};
+  }
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) total += __shfl_xor_sync(kFullMask, total, offset);
   const long long slot = static_cast<long long>(grid_sequence) * num_partitions + grid_partition;
