@@ -85,10 +85,11 @@ struct LaunchPlan {
   /// their first tiles.
   int kv_heads_per_cta = 1;
   /// Hopper path, token_slots caches of 2 or 4 kv heads (tensor-parallel
-  /// shards) up to group 8: one CTA of 16 warps reads the whole token rows
-  /// of every kv head (kv_heads_per_cta = Hk), one bulk copy per tile of
-  /// the tile's contiguous run of rows, where that grid fills the GPU and
-  /// each CTA streams at least 2048 tokens.
+  /// shards; turboquant_k8v4 also of 1) up to group 8: one CTA of 16 warps
+  /// (8 for one kv head) reads the whole token rows of every kv head
+  /// (kv_heads_per_cta = Hk), one bulk copy per tile of the tile's
+  /// contiguous run of rows, where that grid fills the GPU and each CTA
+  /// streams at least 2048 tokens.
   bool token_runs = false;
   /// The generic path's kernel (path cuda_generic only).
   GenericKernel generic_kernel = GenericKernel::scalar;

@@ -110,7 +110,8 @@ struct GridChoice {
 /// aligned loads of rotated data (token_slots_read_rotated), or cp.async
 /// windows repacked into the blocks order's tile arrangement.
 /// Token runs: a CTA of 16 warps reads the whole token rows of every kv head
-/// (Hk = 2 or 4), one bulk copy per tile of its contiguous run of rows.
+/// (Hk = 2 or 4; fp8 keys also Hk = 1, in CTAs of 8 warps), one bulk copy
+/// per tile of its contiguous run of rows.
 enum class SlotRead { none, bulk_copies, rows, runs, in_place, rotated, repacked };
 
 /// N and the Hopper kernel shape for a call: where the 16-warp kernel
@@ -172,10 +173,9 @@ bool token_slots_read_rows(const DecodeArgs& args);
 /// take) of any preset at D = 128 up to group 8, the slots side by side in
 /// dense rows (token stride Hk slot bytes, so a tile's 16 rows are one
 /// contiguous run of a 16-byte multiple), a cache pointer and block stride
-/// of 16-byte multiples and blocks of at least 16 tokens. Not one kv head:
-/// its 16 warps each stream a sixteenth of the CTA's range, and the CTA's
-/// prologue and merge cost more than the copies save (the narrow
-/// configuration's two 8-warp CTAs per SM overlap theirs).
+/// of 16-byte multiples and blocks of at least 16 tokens. One kv head for
+/// fp8 keys only (two 8-warp CTAs per SM): the other presets' narrow
+/// configuration measured as fast (docs/DESIGN.md).
 bool token_slots_read_runs(const DecodeArgs& args);
 
 /// Whole token rows: the kv heads per CTA, 8 where 8 divides Hk, else 4

@@ -71,15 +71,17 @@ std::vector<ShapeCase> shape_cases() {
       {"rows_k3v4_renormalized", Preset::turboquant_k3v4_nc, 8, 8, 64, 4096, 128, false, 8, 2, slots, true},
       {"rows_3bit_two_waves", Preset::turboquant_3bit_nc, 6, 22, 32, 6144, 128, false, 8, 3, slots, true},
       {"slots_k8v4_one_sequence", Preset::turboquant_k8v4, 8, 1, 8, 8192, 128, false, 1, 32, slots},
-      // Tensor-parallel shards (Hk 2, 4) in token runs: every kv head's
-      // rows, one bulk copy per tile of their contiguous run (two waves for
-      // 3bit); the narrow configuration where the grid would not fill the
-      // GPU, and for one kv head.
+      // Tensor-parallel shards (Hk 2, 4; fp8 keys also 1) in token runs:
+      // every kv head's rows, one bulk copy per tile of their contiguous run
+      // (two waves for 3bit; one kv head in two 8-warp CTAs per SM); the
+      // narrow configuration where the grid would not fill the GPU, and for
+      // one kv head of the other presets.
       {"runs_4bit_four_kv_heads", q4, 8, 16, 4, 32768, 128, false, 4, 8, slots, true, true},
       {"runs_4bit_two_kv_heads", q4, 4, 64, 2, 8192, 128, false, 2, 2, slots, false, true},
       {"runs_k8v4_two_kv_heads", Preset::turboquant_k8v4, 4, 32, 2, 8192, 128, false, 2, 4, slots, false, true},
       {"runs_k3v4_four_kv_heads", Preset::turboquant_k3v4_nc, 8, 64, 4, 4096, 128, false, 4, 2, slots, true, true},
       {"runs_3bit_two_waves", Preset::turboquant_3bit_nc, 6, 264, 2, 4096, 128, false, 2, 1, slots, true, true},
+      {"runs_k8v4_one_kv_head", Preset::turboquant_k8v4, 4, 64, 1, 8192, 128, false, 1, 4, slots, false, true},
       {"slots_4bit_one_kv_head", q4, 8, 16, 1, 32768, 128, false, 1, 16, slots, true},
       {"slots_4bit_one_kv_head_one_sequence", q4, 8, 1, 1, 8192, 128, false, 1, 32, slots, true},
   };

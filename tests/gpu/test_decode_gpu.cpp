@@ -304,12 +304,14 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
     // the GPU with long enough partitions (CtaShapes has those grids).
     const bool in_place = layout.head_dim == 128 && layout.block_stride % 16 == 0;
     const bool rotated = in_place && layout.token_stride % 16 == 0 && layout.preset == Preset::turboquant_k8v4;
-    // Token runs: every kv head's rows (Hk = 2 or 4, dense rows) per 16-warp CTA.
+    // Token runs: every kv head's rows (Hk = 2 or 4, dense rows; fp8 keys also 1) per CTA.
     const bool runs = plan.token_runs;
     const bool rows = !bulk && !runs && plan.kv_heads_per_cta > 1;
     if (runs) {
       EXPECT_TRUE(is_available() && in_place && !bulk && plan.kv_heads_per_cta == layout.num_kv_heads &&
-                  (layout.num_kv_heads == 2 || layout.num_kv_heads == 4) && layout.token_stride == layout.num_kv_heads * layout.slot_bytes() &&
+                  (layout.num_kv_heads == 2 || layout.num_kv_heads == 4 ||
+                   (layout.num_kv_heads == 1 && layout.preset == Preset::turboquant_k8v4)) &&
+                  layout.token_stride == layout.num_kv_heads * layout.slot_bytes() &&
                   c.num_q_heads <= 8 * c.num_kv_heads)
           << plan.reason;
     } else if (rows) {

@@ -368,10 +368,12 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 8, kAligned, 0, true), 8)),
             SlotRead::in_place);
   // Token runs: 2 or 4 kv heads of any preset in dense rows (the shards
-  // whose rows the boxes above do not take), up to group 8; not one.
+  // whose rows the boxes above do not take), up to group 8; one for fp8 keys only.
   EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 2, kAligned), 8)), SlotRead::runs);
   EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_4bit_nc, 2, kAligned), 8)), SlotRead::runs);
   EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_4bit_nc, 1, kAligned), 8)), SlotRead::in_place);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_3bit_nc, 1, kAligned), 8)), SlotRead::in_place);
+  EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k8v4, 1, kAligned), 4)), SlotRead::runs);
   EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_k3v4_nc, 4, kAligned), 4)), SlotRead::runs);
   EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_3bit_nc, 2, kAligned), 8)), SlotRead::runs);
   EXPECT_EQ(token_slots_read(with_group(args_of(Preset::turboquant_4bit_nc, 2, kAligned), 16)), SlotRead::in_place);
@@ -392,6 +394,14 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_TRUE(runs_hk4.token_runs);
   EXPECT_EQ(runs_hk4.kv_heads_per_cta, 4);
   EXPECT_EQ(runs_hk4.num_partitions, 2);
+  const GridChoice runs_hk1 =
+      choose_grid(DecodePath::hopper, Preset::turboquant_k8v4, 8, 16, 1, 32768, kH200Sms, 128, SlotRead::runs);
+  EXPECT_TRUE(runs_hk1.token_runs);
+  EXPECT_EQ(runs_hk1.kv_heads_per_cta, 1);
+  EXPECT_EQ(runs_hk1.num_partitions, 16);  // 256 CTAs of 2048 tokens, two 8-warp CTAs per SM
+  EXPECT_FALSE(
+      choose_grid(DecodePath::hopper, Preset::turboquant_k8v4, 8, 1, 1, 32768, kH200Sms, 128, SlotRead::runs)
+          .token_runs);
   const GridChoice runs_b1 =
       choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 1, 2, 32768, kH200Sms, 128, SlotRead::runs);
   EXPECT_FALSE(runs_b1.token_runs);

@@ -57,6 +57,9 @@ KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head
           constexpr tensor_core::SlotAccess kRuns = tensor_core::SlotAccess::runs;
           if (token_runs) {
             if (kv_heads_per_cta == 4) return footprint_of<HeadDim, 1, kFormat, false, 4, kRuns>();
+            if constexpr (kFormat == CacheFormat::fp8) {
+              if (kv_heads_per_cta == 1) return footprint_of<HeadDim, 1, kFormat, false, 1, kRuns>();
+            }
             return footprint_of<HeadDim, 1, kFormat, false, 2, kRuns>();
           }
         }

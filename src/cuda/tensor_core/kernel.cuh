@@ -535,13 +535,13 @@ constexpr bool kBelowSm90 = false;
 #endif
 
 // The wide-table and several-kv-head configurations need sm_90's shared
-// memory per CTA (155 KB and more), and are never launched below it
-// (policy.cpp), so their sm_80 code is a trap.
+// memory per CTA (155 KB and more), the token runs its bulk copies; they are
+// never launched below it (policy.cpp), so their sm_80 code is a trap.
 template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPerCta, SlotAccess Slots>
 __global__ void __launch_bounds__(KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kThreads,
                                   KernelShape<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>::kResidentCtas)
     decode_kernel(const __grid_constant__ FusedDecodeParams params, const __grid_constant__ CacheTensorMaps maps) {
-  if constexpr ((Wide || HeadsPerCta > 1) && kBelowSm90) {
+  if constexpr ((Wide || HeadsPerCta > 1 || Slots == SlotAccess::runs) && kBelowSm90) {
     __trap();
   } else {
     decode_cta<HeadDim, HeadTiles, Format, Wide, HeadsPerCta, Slots>(params, maps);
@@ -587,6 +587,9 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
       if (params.token_runs) {  // every kv head's whole rows (the plan's kv heads per CTA: Hk)
         constexpr SlotAccess kRuns = SlotAccess::runs;
         if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, false, 4, kRuns>(params, stream);
+        if constexpr (Format == CacheFormat::fp8) {  // one kv head: fp8 keys only (token_slots_read_runs)
+          if (params.kv_heads_per_cta == 1) return launch<HeadDim, 1, Format, false, 1, kRuns>(params, stream);
+        }
         return launch<HeadDim, 1, Format, false, 2, kRuns>(params, stream);
       }
       if constexpr (Format == CacheFormat::mse4) {

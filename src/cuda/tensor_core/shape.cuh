@@ -100,7 +100,9 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// Token runs: the whole rows of 2 or 4 kv heads (every kv head of the
 /// cache: tensor-parallel shards, whose rows are not 16-byte multiples) by
 /// one bulk copy per tile of the tile's contiguous run of rows, the same
-/// ring, every preset (SlotReadLayout's Runs).
+/// ring, every preset (SlotReadLayout's Runs); fp8 keys also of one kv head,
+/// in CTAs of 8 warps, two per SM, so one CTA's prologue and merge overlap
+/// the other's stream.
 enum class SlotAccess { none, in_place, rotated, repacked, rows, runs };
 
 /// Shape of a kernel instance. Wide: 4-bit keys, one CTA per SM sharing a
@@ -144,8 +146,9 @@ struct KernelShape {
                 "one (not 4-bit keys, which have the wide shape), with one head tile only");
   static_assert(!kRowCopies || kRuns || (HeadDim == 128 && !Wide && Format != CacheFormat::mse4 && HeadsPerCta >= 4),
                 "whole-row reads: the presets without the wide shape at D = 128, four or eight kv heads per CTA");
-  static_assert(!kRuns || (HeadDim == 128 && !Wide && HeadTiles == 1 && (HeadsPerCta == 2 || HeadsPerCta == 4)),
-                "token runs: every preset at D = 128, one head tile, two or four kv heads per CTA");
+  static_assert(!kRuns || (HeadDim == 128 && !Wide && HeadTiles == 1 &&
+                           (HeadsPerCta == 2 || HeadsPerCta == 4 || (HeadsPerCta == 1 && Format == CacheFormat::fp8))),
+                "token runs: every preset at D = 128, one head tile, two or four kv heads per CTA (fp8 keys: also one)");
   static constexpr bool kSlots = Slots != SlotAccess::none;
   static_assert(!kSlots || Wide || kRowCopies || HeadsPerCta == 1,
                 "token_slots: one kv head per CTA in the narrow configuration");
@@ -164,7 +167,7 @@ struct KernelShape {
   // need the query operand in shared memory and one S^T chain per head tile,
   // which is slower (docs/PERFORMANCE.md).
   static constexpr int kWarps =
-      HeadDim != 128 ? 8 : HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 || kRowCopies ? 16 : 8;
+      HeadDim != 128 ? 8 : HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 ? 16 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
   static constexpr int kThreads = kWarps * 32;
