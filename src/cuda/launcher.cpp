@@ -82,14 +82,16 @@ void log_fallback_once(const std::string& reason) {
   if (logged.insert(reason).second) std::fprintf(stderr, "tqdecode: using the generic CUDA path: %s\n", reason.c_str());
 }
 
-// How the tensor-core kernels read a token_slots cache (tensor_core/slot_tile.cuh).
-std::string token_slots_text(const DecodeArgs& args, bool bulk_copies, bool whole_rows, bool token_runs) {
+// How the tensor-core kernels read a token_slots cache (tensor_core/slot_tile.cuh):
+// `wide_table` 4-bit keys by bulk copies per kv head, or with eight kv heads
+// per CTA in whole rows (as the other presets' `kv_heads_per_cta` > 1).
+std::string token_slots_text(const DecodeArgs& args, bool wide_table, int kv_heads_per_cta, bool token_runs) {
   if (!args.layout.token_slots()) return {};
-  if (bulk_copies) return ", token_slots order (bulk copies, read in place)";
+  if (wide_table && kv_heads_per_cta < 8) return ", token_slots order (bulk copies, read in place)";
   if (token_runs) return ", token_slots order (token runs of every kv head by bulk copies, read in place)";
-  if (whole_rows) {
+  if (kv_heads_per_cta > 1) {
     return std::string(", token_slots order (whole token rows by bulk copies, read in place") +
-           (args.layout.preset == Preset::turboquant_k8v4 ? ", rotated)" : ")");
+           (args.layout.preset == Preset::turboquant_k8v4 || wide_table ? ", rotated)" : ")");
   }
   if (cuda::token_slots_read_rotated(args.layout)) return ", token_slots order (read in place, rotated)";
   return cuda::token_slots_read_in_place(args.layout) ? ", token_slots order (read in place)"
@@ -114,7 +116,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     const std::string reason = (request == PathRequest::hopper ? std::string("requested")
                                                                : std::string(preset_info(args.layout.preset).name) +
                                                                      ", D=" + std::to_string(args.layout.head_dim) + " on sm_90" +
-                                                                     token_slots_text(args, grid.wide_table, grid.kv_heads_per_cta > 1, grid.token_runs)) +
+                                                                     token_slots_text(args, grid.wide_table, grid.kv_heads_per_cta, grid.token_runs)) +
                                row_tiles_text(args);
     LaunchPlan plan{DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
                     grid.kv_heads_per_cta};
@@ -135,7 +137,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
         cuda::narrow_resident_ctas(args.layout.preset, rows_per_head, device, args.layout.head_dim,
                                    args.layout.token_slots()));
     plan.reason = reason + "; the tensor-core kernel (narrow configuration" +
-                  token_slots_text(args, false, false, false) + ")" + row_tiles_text(args);
+                  token_slots_text(args, false, 1, false) + ")" + row_tiles_text(args);
   } else if (args.varlen()) {
     plan.reason = reason + "; the scalar kernel: " + not_tensor_core;
     plan_scalar_query_tiles(args, device, plan);

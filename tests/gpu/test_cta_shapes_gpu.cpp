@@ -71,6 +71,11 @@ std::vector<ShapeCase> shape_cases() {
       {"rows_k3v4_renormalized", Preset::turboquant_k3v4_nc, 8, 8, 64, 4096, 128, false, 8, 2, slots, true},
       {"rows_3bit_two_waves", Preset::turboquant_3bit_nc, 6, 22, 32, 6144, 128, false, 8, 3, slots, true},
       {"slots_k8v4_one_sequence", Preset::turboquant_k8v4, 8, 1, 8, 8192, 128, false, 1, 32, slots},
+      // 4-bit keys in the wide shape: eight kv heads per CTA in whole rows
+      // where one-kv-head CTAs would stream long ranges (two kv head groups
+      // per token row; norm correction).
+      {"rows_4bit_two_head_groups", q4, 5, 4, 16, 20000, 128, true, 8, 16, slots},
+      {"rows_4bit_renormalized", q4, 8, 20, 8, 33024, 128, true, 8, 13, slots, true},
       // Tensor-parallel shards (Hk 2, 4; fp8 keys also 1) in token runs:
       // every kv head's rows, one bulk copy per tile of their contiguous run
       // (two waves for 3bit; one kv head in two 8-warp CTAs per SM); the

@@ -321,7 +321,9 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
     } else if (!bulk) {
       EXPECT_EQ(plan.kv_heads_per_cta, 1);
     }
-    const char* access = bulk       ? "(bulk copies, read in place)"
+    // 4-bit keys in the wide shape: eight kv heads per CTA in whole rows, read rotated.
+    const char* access = bulk && plan.kv_heads_per_cta == 8 ? "(whole token rows by bulk copies, read in place, rotated)"
+                         : bulk     ? "(bulk copies, read in place)"
                          : runs     ? "(token runs of every kv head by bulk copies, read in place)"
                          : rows     ? "(whole token rows by bulk copies, read in place"
                          : rotated  ? "(read in place, rotated)"

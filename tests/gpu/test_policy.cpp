@@ -455,10 +455,11 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_EQ(choose_grid(DecodePath::hopper, Preset::turboquant_k3v4_nc, 8, 16, 8, 32768, kH200Sms).kv_heads_per_cta, 2);
 
   // Footprints (shape.cuh): the wide shape's three-stage rings of 160-byte
-  // rows (token_slots_box_bytes), and the narrow configuration's stages of
-  // 176-byte rows (token_slots_stage_pitch).
+  // rows (token_slots_box_bytes), eight kv heads' four-stage ring of whole
+  // rows of 1120 bytes, and the narrow configuration's stages of 176-byte
+  // rows (token_slots_stage_pitch).
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1, true).shared_bytes, 192032);
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 207488);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 228608);
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1, true).shared_bytes, 194240);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).shared_bytes, 107040);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).planned_ctas_per_sm, 2);

@@ -67,7 +67,7 @@ KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head
           if (wide_table) {
             if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, true, 1, kInPlace>();
             switch (kv_heads_per_cta) {
-              case 8: return footprint_of<HeadDim, 1, kFormat, true, 8, kInPlace>();
+              case 8: return footprint_of<HeadDim, 1, kFormat, true, 8, tensor_core::SlotAccess::rows>();
               case 4: return footprint_of<HeadDim, 1, kFormat, true, 4, kInPlace>();
               case 2: return footprint_of<HeadDim, 1, kFormat, true, 2, kInPlace>();
               default: return footprint_of<HeadDim, 1, kFormat, true, 1, kInPlace>();

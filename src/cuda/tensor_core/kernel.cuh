@@ -19,8 +19,9 @@
 // Grid (partition slot, kv head, sequence slot). Two CTAs of 8 warps per SM, or for
 // 4-bit keys up to group 8 one CTA of 16 warps (the wide table), which on
 // grids of more than two waves serves two, four or eight kv heads, 8, 4 or 2
-// warps each (grid (partition, kv head group, sequence)); for the other
-// presets up to group 8 on grids of at most two waves, one CTA of 16 warps
+// warps each (grid (partition, kv head group, sequence); token_slots: eight
+// from whole token rows, as below); for the other presets up to group 8 on
+// grids of at most two waves, one CTA of 16 warps
 // serving two kv heads, and in the token_slots order on grids that fill the
 // GPU one of 16 warps serving eight (or four) kv heads from whole token rows
 // in a ring its warps share (or every kv head of a shard of two or four,
@@ -595,7 +596,7 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
       if constexpr (Format == CacheFormat::mse4) {
         if (params.wide_table) {
           if (head_tiles == 2) return launch<HeadDim, 2, Format, true, 1, kInPlace>(params, stream);
-          if (params.kv_heads_per_cta == 8) return launch<HeadDim, 1, Format, true, 8, kInPlace>(params, stream);
+          if (params.kv_heads_per_cta == 8) return launch<HeadDim, 1, Format, true, 8, SlotAccess::rows>(params, stream);
           if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, true, 4, kInPlace>(params, stream);
           if (params.kv_heads_per_cta == 2) return launch<HeadDim, 1, Format, true, 2, kInPlace>(params, stream);
           return launch<HeadDim, 1, Format, true, 1, kInPlace>(params, stream);

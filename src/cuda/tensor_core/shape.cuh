@@ -96,7 +96,8 @@ __device__ __forceinline__ int merge_dim(int row, int dim) {
 /// into the blocks order's tile arrangement once landed (SlotTile).
 /// Whole rows: the slots of 4 or 8 kv heads of each token by one bulk copy
 /// per tile into a ring that a CTA's 16 warps share (SlotReadLayout's
-/// RowHeads; fp8 keys read rotated), for the presets without the wide shape.
+/// RowHeads; fp8 keys read rotated), for the presets without the wide shape,
+/// and for 4-bit keys (read rotated) in the wide shape's eight-kv-head CTAs.
 /// Token runs: the whole rows of 2 or 4 kv heads (every kv head of the
 /// cache: tensor-parallel shards, whose rows are not 16-byte multiples) by
 /// one bulk copy per tile of the tile's contiguous run of rows, the same
@@ -125,8 +126,11 @@ enum class SlotAccess { none, in_place, rotated, repacked, rows, runs };
 /// 8 warps at D = 256 (one head tile; its accumulators take as many
 /// registers as two head tiles at D = 128, about 205 a thread).
 /// Slots: the token_slots order (slot_tile.cuh): in the wide shape (4-bit
-/// keys at D = 128 where the token stride is a multiple of 16 bytes, one to
-/// eight kv heads per CTA) by bulk tensor copies, else in the narrow
+/// keys at D = 128 where the token stride is a multiple of 16 bytes) by bulk
+/// tensor copies, per kv head at one, two or four kv heads per CTA, of whole
+/// rows at eight (one box per tile for the CTA: the warps of a token row's
+/// kv heads stay together, so the L2 lines their slots share are fetched
+/// once, and one copy replaces eight), else in the narrow
 /// configuration with one kv head per CTA by cp.async; where the larger
 /// stages would not fit (the wide shape at one head tile, and for two CTAs
 /// per SM the narrow configuration's 4-bit and fp8 keys at D = 128, one
@@ -144,8 +148,10 @@ struct KernelShape {
                                                            : HeadsPerCta == 2 && Format != CacheFormat::mse4)),
                 "two, four or eight kv heads per CTA in the wide shape and the whole-row reads, two in the narrow "
                 "one (not 4-bit keys, which have the wide shape), with one head tile only");
-  static_assert(!kRowCopies || kRuns || (HeadDim == 128 && !Wide && Format != CacheFormat::mse4 && HeadsPerCta >= 4),
-                "whole-row reads: the presets without the wide shape at D = 128, four or eight kv heads per CTA");
+  static_assert(!kRowCopies || kRuns ||
+                    (HeadDim == 128 && HeadsPerCta >= 4 &&
+                     (Wide ? Format == CacheFormat::mse4 && HeadsPerCta == 8 : Format != CacheFormat::mse4)),
+                "whole-row reads at D = 128: four or eight kv heads per CTA, 4-bit keys eight in the wide shape");
   static_assert(!kRuns || (HeadDim == 128 && !Wide && HeadTiles == 1 &&
                            (HeadsPerCta == 2 || HeadsPerCta == 4 || (HeadsPerCta == 1 && Format == CacheFormat::fp8))),
                 "token runs: every preset at D = 128, one head tile, two or four kv heads per CTA (fp8 keys: also one)");

@@ -369,8 +369,8 @@ struct SlotReadLayout {
   static constexpr int kValueWordLoads = 2;                                  // 3-bit values: a lane's 6 bytes
   static constexpr int kValueStart = kKeyBytes + (kFp8 ? 0 : 2);            // after the key norm
 
-  static_assert(!BulkCopies || Runs || (Format == CacheFormat::mse4 ? Rotated && RowHeads == 0 : RowHeads > 0),
-                "bulk copies: 4-bit keys by kv head, rotated; the other presets by whole rows");
+  static_assert(!BulkCopies || Runs || RowHeads > 0 || (Format == CacheFormat::mse4 && Rotated),
+                "bulk copies: whole rows, or 4-bit keys by kv head, rotated");
   static_assert(RowHeads == 0 || Runs || (kPitch >= RowHeads * Slot::kSlotBytes && kPitch % 16 == 0 && kPitch <= 2048),
                 "whole rows: a box of 8-byte elements (at most 256) holding the kv heads' slots");
   static_assert(!Runs || (BulkCopies && !Rotated && RowHeads > 0 && (kTileTokens * kPitch) % 16 == 0),
