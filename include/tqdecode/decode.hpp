@@ -91,6 +91,11 @@ struct LaunchPlan {
   /// contiguous run of rows, where that grid fills the GPU and each CTA
   /// streams at least 2048 tokens.
   bool token_runs = false;
+  /// Hopper path, token_slots, turboquant_4bit_nc with eight kv heads per
+  /// CTA (wide_table): the CTA's token rows by one bulk copy per tile
+  /// rather than a box per kv head and warp; without norm correction, and
+  /// with it where a CTA streams at least 32768 tokens.
+  bool whole_rows = false;
   /// The generic path's kernel (path cuda_generic only).
   GenericKernel generic_kernel = GenericKernel::scalar;
   /// Query tokens of a sequence each CTA of the scalar kernel serves from

@@ -168,6 +168,8 @@ struct FusedDecodeParams {
   /// token_slots: every kv head's whole token rows, one bulk copy per tile
   /// of its contiguous run of rows (LaunchPlan::token_runs).
   bool token_runs;
+  /// token_slots, 4-bit keys at eight kv heads per CTA: whole token rows (LaunchPlan::whole_rows).
+  bool whole_rows;
 };
 
 /// The device-side record behind DeviceCheckReport, one per pool. All zero
@@ -245,7 +247,8 @@ struct KernelFootprint {
   int planned_ctas_per_sm;
 };
 KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head_dim, bool wide_table,
-                                      int kv_heads_per_cta, bool token_slots = false, bool token_runs = false);
+                                      int kv_heads_per_cta, bool token_slots = false, bool token_runs = false,
+                                      bool whole_rows = false);
 /// The narrow configuration's footprint (one kv head per CTA).
 inline KernelFootprint narrow_footprint(Preset preset, int rows_per_head, int head_dim = 128, bool token_slots = false) {
   return tensor_core_footprint(preset, rows_per_head, head_dim, false, 1, token_slots);

@@ -83,15 +83,15 @@ void log_fallback_once(const std::string& reason) {
 }
 
 // How the tensor-core kernels read a token_slots cache (tensor_core/slot_tile.cuh):
-// `wide_table` 4-bit keys by bulk copies per kv head, or with eight kv heads
-// per CTA in whole rows (as the other presets' `kv_heads_per_cta` > 1).
-std::string token_slots_text(const DecodeArgs& args, bool wide_table, int kv_heads_per_cta, bool token_runs) {
+// the wide shape's 4-bit keys by bulk copies per kv head or in whole rows,
+// the other presets' CTAs of several kv heads in whole rows or token runs.
+std::string token_slots_text(const DecodeArgs& args, const cuda::GridChoice& grid) {
   if (!args.layout.token_slots()) return {};
-  if (wide_table && kv_heads_per_cta < 8) return ", token_slots order (bulk copies, read in place)";
-  if (token_runs) return ", token_slots order (token runs of every kv head by bulk copies, read in place)";
-  if (kv_heads_per_cta > 1) {
+  if (grid.wide_table && !grid.whole_rows) return ", token_slots order (bulk copies, read in place)";
+  if (grid.token_runs) return ", token_slots order (token runs of every kv head by bulk copies, read in place)";
+  if (grid.kv_heads_per_cta > 1) {
     return std::string(", token_slots order (whole token rows by bulk copies, read in place") +
-           (args.layout.preset == Preset::turboquant_k8v4 || wide_table ? ", rotated)" : ")");
+           (args.layout.preset == Preset::turboquant_k8v4 || grid.wide_table ? ", rotated)" : ")");
   }
   if (cuda::token_slots_read_rotated(args.layout)) return ", token_slots order (read in place, rotated)";
   return cuda::token_slots_read_in_place(args.layout) ? ", token_slots order (read in place)"
@@ -116,11 +116,12 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     const std::string reason = (request == PathRequest::hopper ? std::string("requested")
                                                                : std::string(preset_info(args.layout.preset).name) +
                                                                      ", D=" + std::to_string(args.layout.head_dim) + " on sm_90" +
-                                                                     token_slots_text(args, grid.wide_table, grid.kv_heads_per_cta, grid.token_runs)) +
+                                                                     token_slots_text(args, grid)) +
                                row_tiles_text(args);
     LaunchPlan plan{DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
                     grid.kv_heads_per_cta};
     plan.token_runs = grid.token_runs;
+    plan.whole_rows = grid.whole_rows;
     return plan;
   }
   // The generic path: the tensor-core kernel's narrow configuration where it
@@ -137,7 +138,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
         cuda::narrow_resident_ctas(args.layout.preset, rows_per_head, device, args.layout.head_dim,
                                    args.layout.token_slots()));
     plan.reason = reason + "; the tensor-core kernel (narrow configuration" +
-                  token_slots_text(args, false, 1, false) + ")" + row_tiles_text(args);
+                  token_slots_text(args, cuda::GridChoice{}) + ")" + row_tiles_text(args);
   } else if (args.varlen()) {
     plan.reason = reason + "; the scalar kernel: " + not_tensor_core;
     plan_scalar_query_tiles(args, device, plan);
@@ -254,7 +255,7 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
     cuda::launch_decode_tensor_core({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta,
                                      programmatic, call.scale * cuda::kLog2e, rows,
                                      cuda::tensor_core_row_tiles(cuda::tensor_core_rows_per_head(call), call.layout.head_dim),
-                                     plan.token_runs},
+                                     plan.token_runs, plan.whole_rows},
                                     stream);
   } else {
     const cuda::QueryRows rows{call.query_start_loc, call.query_rows(), call.query_tokens_bound(),

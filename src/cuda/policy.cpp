@@ -138,11 +138,16 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
         for (int i = static_cast<int>(std::size(kWideKvHeadsPerCta)) - 1; i >= 0; --i) {
           const int heads_per_cta = kWideKvHeadsPerCta[i];
           if (num_kv_heads % heads_per_cta != 0) continue;
-          return {choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
+          best = {choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
                                         resident(true, heads_per_cta)),
                   true, heads_per_cta};
+          break;
         }
       }
+      // Eight kv heads: whole rows (one copy per tile for the CTA) but with
+      // the norm correction on shorter streams.
+      best.whole_rows = slots == SlotRead::bulk_copies && best.kv_heads_per_cta == 8 &&
+                        (!renormalized_keys || max_context_tokens / best.num_partitions >= kSlotsLongStreamTokens);
       return best;
     }
   }

@@ -82,9 +82,12 @@ inline constexpr int kWideTableMaxWaves = 2;
 /// kv heads per CTA of the 16-warp kernel besides one.
 inline constexpr int kWideKvHeadsPerCta[] = {2, 4, 8};
 /// token_slots bulk copies: a CTA streaming more tokens than this takes
-/// whole token rows (the most kv heads per CTA, choose_grid); without norm
-/// correction, whose shorter loop lets the one-kv-head CTAs drift apart
-/// sooner, more than kSlotsLongStreamTokensUnnormalized.
+/// the most kv heads per CTA (choose_grid); without norm correction, whose
+/// shorter loop lets the one-kv-head CTAs drift apart sooner, more than
+/// kSlotsLongStreamTokensUnnormalized. Eight kv heads read whole token rows
+/// without norm correction, and with it where a CTA streams at least
+/// kSlotsLongStreamTokens (shorter ranges measured slower in whole rows at
+/// the norm correction's longer loop: docs/PERFORMANCE.md).
 inline constexpr int kSlotsLongStreamTokens = 32768;
 inline constexpr int kSlotsLongStreamTokensUnnormalized = 8192;
 
@@ -101,6 +104,11 @@ struct GridChoice {
   bool wide_table;
   int kv_heads_per_cta = 1;
   bool token_runs = false;  ///< every kv head's whole token rows per CTA (SlotRead::runs)
+  /// token_slots, 4-bit keys in the wide shape at eight kv heads per CTA:
+  /// whole token rows, one bulk copy per tile for the CTA, instead of a box
+  /// per kv head and warp (the other presets' CTAs of several kv heads
+  /// always read whole rows).
+  bool whole_rows = false;
 };
 
 /// How the tensor-core kernels read a token_slots cache (none: the blocks

@@ -37,6 +37,7 @@ struct ShapeCase {
   CacheOrder order = CacheOrder::blocks;
   bool renormalize = false;  ///< token_slots: decode-time norm correction
   bool token_runs = false;   ///< token_slots: every kv head's whole rows per CTA
+  bool whole_rows = false;   ///< token_slots, 4-bit keys at eight kv heads per CTA: whole rows
 };
 
 std::vector<ShapeCase> shape_cases() {
@@ -71,11 +72,13 @@ std::vector<ShapeCase> shape_cases() {
       {"rows_k3v4_renormalized", Preset::turboquant_k3v4_nc, 8, 8, 64, 4096, 128, false, 8, 2, slots, true},
       {"rows_3bit_two_waves", Preset::turboquant_3bit_nc, 6, 22, 32, 6144, 128, false, 8, 3, slots, true},
       {"slots_k8v4_one_sequence", Preset::turboquant_k8v4, 8, 1, 8, 8192, 128, false, 1, 32, slots},
-      // 4-bit keys in the wide shape: eight kv heads per CTA in whole rows
-      // where one-kv-head CTAs would stream long ranges (two kv head groups
-      // per token row; norm correction).
-      {"rows_4bit_two_head_groups", q4, 5, 4, 16, 20000, 128, true, 8, 16, slots},
-      {"rows_4bit_renormalized", q4, 8, 20, 8, 33024, 128, true, 8, 13, slots, true},
+      // 4-bit keys in the wide shape at eight kv heads per CTA, where
+      // one-kv-head CTAs would stream long ranges: whole rows without norm
+      // correction (two kv head groups per token row) and with it on long
+      // streams (N = 1), else a box per kv head.
+      {"rows_4bit_two_head_groups", q4, 5, 4, 16, 20000, 128, true, 8, 16, slots, false, false, true},
+      {"rows_4bit_renormalized", q4, 8, 132, 8, 33024, 128, true, 8, 1, slots, true, false, true},
+      {"wide_4bit_eight_kv_heads_renormalized", q4, 8, 20, 8, 33024, 128, true, 8, 13, slots, true},
       // Tensor-parallel shards (Hk 2, 4; fp8 keys also 1) in token runs:
       // every kv head's rows, one bulk copy per tile of their contiguous run
       // (two waves for 3bit; one kv head in two 8-warp CTAs per SM); the
@@ -130,6 +133,7 @@ TEST_P(CtaShapes, SplitGridMatchesTheReference) {
     EXPECT_EQ(plan.kv_heads_per_cta, c.kv_heads_per_cta) << c.name;
     EXPECT_EQ(plan.num_partitions, c.num_partitions) << c.name;
     EXPECT_EQ(plan.token_runs, c.token_runs) << c.name;
+    EXPECT_EQ(plan.whole_rows, c.whole_rows) << c.name;
   }
   for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
     const LaunchPlan used = plan_decode(device.args(), request);

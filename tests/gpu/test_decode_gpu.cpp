@@ -321,8 +321,8 @@ TEST_P(DecodeGpu, MatchesCpuReferenceOnSameCacheBytes) {
     } else if (!bulk) {
       EXPECT_EQ(plan.kv_heads_per_cta, 1);
     }
-    // 4-bit keys in the wide shape: eight kv heads per CTA in whole rows, read rotated.
-    const char* access = bulk && plan.kv_heads_per_cta == 8 ? "(whole token rows by bulk copies, read in place, rotated)"
+    // 4-bit keys in the wide shape: eight kv heads per CTA in whole rows (LaunchPlan::whole_rows), read rotated.
+    const char* access = bulk && plan.whole_rows ? "(whole token rows by bulk copies, read in place, rotated)"
                          : bulk     ? "(bulk copies, read in place)"
                          : runs     ? "(token runs of every kv head by bulk copies, read in place)"
                          : rows     ? "(whole token rows by bulk copies, read in place"

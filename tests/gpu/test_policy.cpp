@@ -428,6 +428,8 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   const GridChoice unnormalized = grid(16, true, false);  // one kv head per CTA: 32768 tokens each
   EXPECT_EQ(unnormalized.kv_heads_per_cta, 8);
   EXPECT_EQ(unnormalized.num_partitions, 8);  // 128 CTAs of 4096 tokens
+  EXPECT_TRUE(unnormalized.whole_rows);       // without norm correction: whole rows on any stream
+  EXPECT_FALSE(one_wave.whole_rows);
   EXPECT_EQ(grid(8, true, false).kv_heads_per_cta, 8);  // 16384 tokens each
   EXPECT_EQ(grid(4, true, false).kv_heads_per_cta, 1);  // 8192 tokens each
   const auto b64_l8192 = [](bool renormalized) {
@@ -441,6 +443,14 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
                                            128, SlotRead::bulk_copies);
   EXPECT_EQ(long_rows.kv_heads_per_cta, 8);
   EXPECT_EQ(long_rows.num_partitions, 4);  // 128 CTAs
+  EXPECT_TRUE(long_rows.whole_rows);       // of 32768 tokens: whole rows
+  // With norm correction, eight kv heads on shorter streams keep a box per
+  // kv head: 131072-token tables at 16 sequences (N = 8, 16384 tokens a CTA).
+  const GridChoice shorter_rows = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 16, 8, 131072,
+                                              kH200Sms, 128, SlotRead::bulk_copies);
+  EXPECT_EQ(shorter_rows.kv_heads_per_cta, 8);
+  EXPECT_EQ(shorter_rows.num_partitions, 8);
+  EXPECT_FALSE(shorter_rows.whole_rows);
   const GridChoice blocks = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 32, 8, 131072, kH200Sms);
   EXPECT_EQ(blocks.kv_heads_per_cta, 2);  // the blocks order: the fewest waves
   const GridChoice narrow = grid(64, false);
@@ -459,7 +469,8 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   // rows of 1120 bytes, and the narrow configuration's stages of 176-byte
   // rows (token_slots_stage_pitch).
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1, true).shared_bytes, 192032);
-  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 228608);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 207488);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true, false, true).shared_bytes, 228608);
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1, true).shared_bytes, 194240);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).shared_bytes, 107040);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).planned_ctas_per_sm, 2);

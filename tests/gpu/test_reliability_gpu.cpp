@@ -406,7 +406,7 @@ std::vector<DecodeArgs> planning_shapes(const DecodeArgs& base) {
 bool same_plan(const LaunchPlan& a, const LaunchPlan& b) {
   return a.path == b.path && a.reason == b.reason && a.num_partitions == b.num_partitions &&
          a.partition_align == b.partition_align && a.wide_table == b.wide_table && a.kv_heads_per_cta == b.kv_heads_per_cta &&
-         a.token_runs == b.token_runs && a.generic_kernel == b.generic_kernel;
+         a.token_runs == b.token_runs && a.whole_rows == b.whole_rows && a.generic_kernel == b.generic_kernel;
 }
 
 TEST(ReliabilityGpuConcurrency, ConcurrentPlanningGivesConsistentAnswers) {

@@ -45,7 +45,7 @@ void launch_decode_tensor_core(const FusedDecodeParams& params, CUstream_st* str
 }
 
 KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head_dim, bool wide_table,
-                                      int kv_heads_per_cta, bool token_slots, bool token_runs) {
+                                      int kv_heads_per_cta, bool token_slots, bool token_runs, bool whole_rows) {
   using tensor_core::CacheFormat;
   return visit_preset(preset, [&]<Preset P>() -> KernelFootprint {
     constexpr CacheFormat kFormat = tensor_core::cache_format(P);
@@ -67,7 +67,9 @@ KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head
           if (wide_table) {
             if (head_tiles == 2) return footprint_of<HeadDim, 2, kFormat, true, 1, kInPlace>();
             switch (kv_heads_per_cta) {
-              case 8: return footprint_of<HeadDim, 1, kFormat, true, 8, tensor_core::SlotAccess::rows>();
+              case 8:
+                if (whole_rows) return footprint_of<HeadDim, 1, kFormat, true, 8, tensor_core::SlotAccess::rows>();
+                return footprint_of<HeadDim, 1, kFormat, true, 8, kInPlace>();
               case 4: return footprint_of<HeadDim, 1, kFormat, true, 4, kInPlace>();
               case 2: return footprint_of<HeadDim, 1, kFormat, true, 2, kInPlace>();
               default: return footprint_of<HeadDim, 1, kFormat, true, 1, kInPlace>();

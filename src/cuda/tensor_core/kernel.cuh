@@ -596,7 +596,10 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
       if constexpr (Format == CacheFormat::mse4) {
         if (params.wide_table) {
           if (head_tiles == 2) return launch<HeadDim, 2, Format, true, 1, kInPlace>(params, stream);
-          if (params.kv_heads_per_cta == 8) return launch<HeadDim, 1, Format, true, 8, SlotAccess::rows>(params, stream);
+          if (params.kv_heads_per_cta == 8) {
+            if (params.whole_rows) return launch<HeadDim, 1, Format, true, 8, SlotAccess::rows>(params, stream);
+            return launch<HeadDim, 1, Format, true, 8, kInPlace>(params, stream);
+          }
           if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, true, 4, kInPlace>(params, stream);
           if (params.kv_heads_per_cta == 2) return launch<HeadDim, 1, Format, true, 2, kInPlace>(params, stream);
           return launch<HeadDim, 1, Format, true, 1, kInPlace>(params, stream);
