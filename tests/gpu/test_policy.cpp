@@ -440,14 +440,14 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   // Streams past kSlotsLongStreamTokens: every kv head of a token row in one
   // CTA (the L2 lines the heads' boxes share fetched once), partitions filling the GPU.
   const GridChoice long_rows = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 32, 8, 131072, kH200Sms,
-                                           128, SlotRead::bulk_copies);
+                                           128, SlotRead::bulk_copies, true);
   EXPECT_EQ(long_rows.kv_heads_per_cta, 8);
   EXPECT_EQ(long_rows.num_partitions, 4);  // 128 CTAs
-  EXPECT_TRUE(long_rows.whole_rows);       // of 32768 tokens: whole rows
+  EXPECT_TRUE(long_rows.whole_rows);       // of 32768 tokens: whole rows, with norm correction too
   // With norm correction, eight kv heads on shorter streams keep a box per
   // kv head: 131072-token tables at 16 sequences (N = 8, 16384 tokens a CTA).
   const GridChoice shorter_rows = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 16, 8, 131072,
-                                              kH200Sms, 128, SlotRead::bulk_copies);
+                                              kH200Sms, 128, SlotRead::bulk_copies, true);
   EXPECT_EQ(shorter_rows.kv_heads_per_cta, 8);
   EXPECT_EQ(shorter_rows.num_partitions, 8);
   EXPECT_FALSE(shorter_rows.whole_rows);
