@@ -439,7 +439,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       const bool key_wraps = (lane_lut & 0xcu) == 0u;
       const auto scores = [&]<bool SquareSums>() {
         key_scores<Shape, Layout, Format, SquareSums>(data, operands.key_offset, operands.key_word,
-                                                      operands.key_low_selector, operands.key_high_selector, key_wraps,
+                                                      operands.key_low_selector, operands.key_high_selector,
+                                                      operands.key_skew, key_wraps,
                                                       operands.key_mask, qb, lane_lut, lut, score, score_odd, square);
       };
       if (kRenormalizes && renormalize) {
@@ -494,7 +495,8 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       std::uint32_t pb[HeadTiles][2];
       softmax.probabilities(d, value_scale, value_zero, pb);
       accumulate_values<Shape, Layout, Format>(data, operands.value_offset, operands.value_word, operands.low_selector,
-                                               operands.high_selector, operands.value_wraps, operands.value_mask, pb,
+                                               operands.high_selector, operands.value_skew, operands.value_wraps,
+                                               operands.value_mask, pb,
                                                softmax.acc);
       softmax.add_probability_sums(pb);
       __syncwarp();  // the warp's own ring: the stage is refilled by the next iteration's issue

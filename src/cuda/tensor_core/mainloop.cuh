@@ -16,11 +16,12 @@
 namespace tqdecode::cuda::tensor_core {
 
 /// 16 key bytes of a lane from a stage: token_slots read in place
-/// (SlotReadLayout) only 2-byte aligned, else one aligned load.
+/// (SlotReadLayout) only 2-byte aligned, `skew` bytes past the 8-byte
+/// boundary `address`, else one aligned load.
 template <class Layout>
-__device__ __forceinline__ uint4 load_key_chunk(const std::uint8_t* address) {
+__device__ __forceinline__ uint4 load_key_chunk(const std::uint8_t* address, int skew) {
   if constexpr (kReadsSlots<Layout>) {
-    return load_shared_unaligned_16(address);
+    return load_shared_unaligned_16(address, skew);
   } else {
     return load_shared<uint4>(address);
   }
@@ -48,10 +49,21 @@ struct LaneOperands {
   // 3-bit keys: the lane's key loads of token g (token g + 8's are
   // Layout::kOffset8Tokens further).
   int key_word[kKeyWordLoads];
-  std::uint32_t low_selector, high_selector, key_low_selector, key_high_selector;
+  std::uint32_t low_selector = 0, high_selector = 0, key_low_selector = 0, key_high_selector = 0;
   // token_slots read in place (SlotReadLayout): where token g's slot starts
   // (token g + 8's is Layout::kOffset8Tokens further), for its fields.
   int slot_row;
+  // token_slots read in place, not rotated: the bytes past the aligned
+  // offsets above (load_shared_unaligned*) of the keys (8-byte boundaries
+  // for 16-byte chunks, words for 3-bit keys) and, where kValueSkews, of
+  // the values of tokens 2c + j (words; the same for 2c + j + 8,
+  // Layout::kOffset8Tokens further). The cp.async shapes take the values'
+  // skews from their addresses each tile: held from before the loop there,
+  // they make the compiler keep the shared window's base in a vector
+  // register and add it to every table lookup.
+  static constexpr bool kValueSkews = kBulkCopy;
+  int key_skew = 0;
+  int value_skew[2] = {0, 0};
   // Rotated slot reads (kReadsRotatedSlots): the bytes of the first key
   // chunk (lane quad 0) and of the value words (lane g = 0) taken from past
   // the key and value data (load_rotated).
@@ -101,22 +113,27 @@ struct LaneOperands {
 #pragma unroll
       for (int w = 0; w < 2; ++w) value_mask[w] = prefix_mask(g == 0 ? value_rotation : 0, w);
     } else {
+      // Offsets from a stage's start, which lies on a 16-byte boundary, so
+      // their skews hold for every stage. Token g + 8's slot lies
+      // Layout::kOffset8Tokens (a multiple of 8) past token g's.
+      const int key_start = slot_row + Layout::key_byte(c, 0);
+      key_skew = key_start & (three_bit_keys(Format) ? 3 : 7);
 #pragma unroll
       for (int part = 0; part < Layout::kKeyLoads; ++part) {
-        key_offset[0][part] = slot_row + Layout::key_byte(c, part);
+        key_offset[0][part] = slot_row + Layout::key_byte(c, part) - key_skew;
         key_offset[1][part] = key_offset[0][part] + Layout::kOffset8Tokens;
       }
-      key_word[0] = slot_row + Layout::key_byte(c, 0);  // 3-bit keys: one unaligned load of 12 bytes
+      key_word[0] = key_start - key_skew;  // 3-bit keys: 12 bytes from 4 words
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        // 4-bit values: tokens 2c + j and 2c + j + 8; 3-bit values: one unaligned load of 6 bytes each.
-        value_offset[j] = row(2 * c + j) + Layout::value_byte(g);
+        // 4-bit values: 8 bytes of tokens 2c + j and 2c + j + 8 from 3
+        // words; 3-bit values: 6 bytes from 2 words (skew 0 or 2).
+        const int start = row(2 * c + j) + Layout::value_byte(g);
+        value_skew[j] = kValueSkews ? start & 3 : 0;
+        value_offset[j] = start - value_skew[j];
         value_offset[j + 2] = value_offset[j] + Layout::kOffset8Tokens;
         value_word[j][0] = value_offset[j];
       }
-      // 3-bit values: the 6 bytes from the load's first byte.
-      low_selector = 0x3210u;
-      high_selector = 0x5432u;
     }
   }
 
@@ -184,7 +201,7 @@ struct LaneOperands {
 template <class Shape, class Layout, CacheFormat Format, bool SquareSums, int KeyWordLoads>
 __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int (&key_offset)[2][Layout::kKeyLoads],
                                            const int (&key_word)[KeyWordLoads], std::uint32_t key_low_selector,
-                                           std::uint32_t key_high_selector, bool key_wraps,
+                                           std::uint32_t key_high_selector, int key_skew, bool key_wraps,
                                            const std::uint32_t (&key_mask)[4],
                                            const std::uint32_t (&qb)[Shape::kHeadTiles][Shape::kDimTiles][2],
                                            std::uint32_t lane_lut, const std::uint8_t* lut,
@@ -220,7 +237,7 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
             chunk = load_shared<uint4>(stage + key_offset[j][part]);
           }
         } else {
-          chunk = load_key_chunk<Layout>(stage + key_offset[j][part]);
+          chunk = load_key_chunk<Layout>(stage + key_offset[j][part], key_skew);
         }
         words[j][4 * part + 0] = chunk.x;
         words[j][4 * part + 1] = chunk.y;
@@ -250,7 +267,7 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       if constexpr (kReadsSlots<Layout>) {  // token_slots read in place: 12 bytes at once
-        load_shared_unaligned<kKeyWords + 1>(stage + key_word[0] + j * Layout::kOffset8Tokens, words[j]);
+        load_shared_unaligned<kKeyWords + 1>(stage + key_word[0] + j * Layout::kOffset8Tokens, key_skew, words[j]);
       } else {
 #pragma unroll
         for (int w = 0; w < KeyWordLoads; ++w) {
@@ -305,8 +322,8 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
       } else {
 #pragma unroll
         for (int part = 0; part < kKeyLoads; ++part) {
-          const uint4 key_g = load_key_chunk<Layout>(stage + key_offset[0][part]);
-          const uint4 key_g8 = load_key_chunk<Layout>(stage + key_offset[0][part] + Layout::kOffset8Tokens);
+          const uint4 key_g = load_key_chunk<Layout>(stage + key_offset[0][part], key_skew);
+          const uint4 key_g8 = load_key_chunk<Layout>(stage + key_offset[0][part] + Layout::kOffset8Tokens, key_skew);
           words_g[4 * part] = key_g.x, words_g[4 * part + 1] = key_g.y, words_g[4 * part + 2] = key_g.z,
           words_g[4 * part + 3] = key_g.w;
           words_g8[4 * part] = key_g8.x, words_g8[4 * part + 1] = key_g8.y, words_g8[4 * part + 2] = key_g8.z,
@@ -348,7 +365,8 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
 template <class Shape, class Layout, CacheFormat Format, int ValueWordLoads>
 __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, const int (&value_offset)[4],
                                                   const int (&value_word)[2][ValueWordLoads], std::uint32_t low_selector,
-                                                  std::uint32_t high_selector, bool value_wraps,
+                                                  std::uint32_t high_selector, const int (&value_skew)[2],
+                                                  bool value_wraps,
                                                   const std::uint32_t (&value_mask)[2],
                                                   const std::uint32_t (&pb)[Shape::kHeadTiles][2],
                                                   float (&acc)[Shape::kHeadTiles][Shape::kDimTiles][4]) {
@@ -359,6 +377,17 @@ __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, con
   // and 16g + 2m + 1 (row g + 8) of the tokens 2c, 2c + 1 (a0, a1) and
   // 2c + 8, 2c + 9 (a2, a3), each pair of tokens in the two fp16 halves
   // of a window (value_code_position).
+  // token_slots read in place: the word at or below the value bytes at
+  // `offset` and their skew past it (LaneOperands::kValueSkews).
+  const auto value_source = [&](int offset, int j, int& skew) {
+    const std::uint8_t* address = stage + offset;
+    if constexpr (LaneOperands<Shape, Layout, Format>::kValueSkews) {
+      skew = value_skew[j];
+      return address;
+    }
+    skew = static_cast<int>(reinterpret_cast<std::uintptr_t>(address) & 3);
+    return address - skew;
+  };
   const auto mma_values = [&](int m, const std::uint32_t (&a)[4]) {
 #pragma unroll
     for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(acc[nt][m], a, pb[nt][0], pb[nt][1]);
@@ -378,7 +407,9 @@ __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, con
       if constexpr (kReadsRotatedSlots<Layout>) {
         load_rotated<value_bits(Format) * HeadDim / 8>(stage + value_offset[k], value_wraps, value_mask, v[k]);
       } else if constexpr (kReadsSlots<Layout>) {  // token_slots read in place (SlotReadLayout)
-        const uint2 words = load_shared_unaligned_8(stage + value_offset[k]);
+        int skew;
+        const std::uint8_t* word = value_source(value_offset[k], k & 1, skew);
+        const uint2 words = load_shared_unaligned_8(word, skew);
         v[k][0] = words.x, v[k][1] = words.y;
       } else if constexpr (kValueWords == 1) {
         v[k][0] = load_shared<std::uint32_t>(stage + value_offset[k]);
@@ -411,24 +442,29 @@ __device__ __forceinline__ void accumulate_values(const std::uint8_t* stage, con
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int token_offset = (k >> 1) * Layout::kOffset8Tokens;
-      std::uint32_t w0, w1;
-      if constexpr (kReadsSlots<Layout>) {  // token_slots read in place: 6 bytes at once
-        std::uint32_t words[2];
-        load_shared_unaligned<3>(stage + value_word[k & 1][0] + token_offset, words);
-        w0 = words[0], w1 = words[1];
+      if constexpr (kReadsSlots<Layout>) {
+        // token_slots read in place (D = 128): the 6 bytes value_skew (0 or
+        // 2) into two words; bytes 0..3 and 2..5 by funnel shifts (the
+        // clamped one of 32 bits is the second word).
+        int skew;
+        const std::uint8_t* word = value_source(value_word[k & 1][0] + token_offset, k & 1, skew);
+        const std::uint32_t w0 = load_shared<std::uint32_t>(word), w1 = load_shared<std::uint32_t>(word + 4);
+        const int shift = 8 * skew;
+        low[0][k] = __funnelshift_r(w0, w1, shift);
+        high[0][k] = __funnelshift_rc(w0, w1, shift + 16);
       } else {
-        w0 = load_shared<std::uint32_t>(stage + value_word[k & 1][0] + token_offset);
-        w1 = load_shared<std::uint32_t>(stage + value_word[k & 1][1] + token_offset);
-      }
-      if constexpr (HeadDim == 256) {
-        const std::uint32_t w2 = load_shared<std::uint32_t>(stage + value_word[k & 1][2] + token_offset);
-        low[0][k] = w0;
-        high[0][k] = __byte_perm(w0, w1, 0x5432u);
-        low[1][k] = __byte_perm(w1, w2, 0x5432u);
-        high[1][k] = w2;
-      } else {
-        low[0][k] = __byte_perm(w0, w1, low_selector);
-        if constexpr (HeadDim == 128) high[0][k] = __byte_perm(w0, w1, high_selector);
+        const std::uint32_t w0 = load_shared<std::uint32_t>(stage + value_word[k & 1][0] + token_offset);
+        const std::uint32_t w1 = load_shared<std::uint32_t>(stage + value_word[k & 1][1] + token_offset);
+        if constexpr (HeadDim == 256) {
+          const std::uint32_t w2 = load_shared<std::uint32_t>(stage + value_word[k & 1][2] + token_offset);
+          low[0][k] = w0;
+          high[0][k] = __byte_perm(w0, w1, 0x5432u);
+          low[1][k] = __byte_perm(w1, w2, 0x5432u);
+          high[1][k] = w2;
+        } else {
+          low[0][k] = __byte_perm(w0, w1, low_selector);
+          if constexpr (HeadDim == 128) high[0][k] = __byte_perm(w0, w1, high_selector);
+        }
       }
     }
     // Window b of a token pair: bytes b, b + 1 of the first token, then

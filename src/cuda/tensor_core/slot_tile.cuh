@@ -253,12 +253,15 @@ struct SlotTile {
   }
 };
 
-/// Words 0 .. N - 2 of the bytes at a shared-memory address that is only
-/// 2-byte aligned: N words from the word at or below it, funnel-shifted.
+// The unaligned reads below take the bytes' aligned base and their skew
+// past it, both loop invariants of a lane (LaneOperands::in_slots: the
+// stages start on 16-byte boundaries), so the main loop does no address
+// arithmetic for them.
+
+/// Words 0 .. N - 2 of the bytes `skew` (0 to 3) past the aligned word at
+/// `word`: N words, funnel-shifted.
 template <int N>
-__device__ __forceinline__ void load_shared_unaligned(const std::uint8_t* address, std::uint32_t (&out)[N - 1]) {
-  const int skew = static_cast<int>(reinterpret_cast<std::uintptr_t>(address) & 3);
-  const std::uint8_t* word = address - skew;
+__device__ __forceinline__ void load_shared_unaligned(const std::uint8_t* word, int skew, std::uint32_t (&out)[N - 1]) {
   std::uint32_t x[N];
 #pragma unroll
   for (int i = 0; i < N; ++i) x[i] = load_shared<std::uint32_t>(word + 4 * i);
@@ -266,32 +269,30 @@ __device__ __forceinline__ void load_shared_unaligned(const std::uint8_t* addres
   for (int i = 0; i + 1 < N; ++i) out[i] = __funnelshift_r(x[i], x[i + 1], 8 * skew);
 }
 
-/// 16 bytes from a shared-memory address that is only 2-byte aligned: three
-/// 8-byte loads from the 8-byte boundary at or below it, then the five
-/// words from the address's word funnel-shifted. A warp's lanes reading
-/// chunks 16 bytes apart in rows of 16-byte units conflict at most 2 or 3
-/// ways so (half warps of 8-byte pairs), where 4-byte loads conflict 4.
-__device__ __forceinline__ uint4 load_shared_unaligned_16(const std::uint8_t* address) {
-  const auto at = static_cast<int>(reinterpret_cast<std::uintptr_t>(address) & 7);
-  const std::uint8_t* pairs = address - at;
+/// 16 bytes `skew` (0 to 7) past the 8-byte boundary `pairs`: three 8-byte
+/// loads, then the five words from the bytes' word funnel-shifted. A warp's
+/// lanes reading chunks 16 bytes apart in rows of 16-byte units conflict at
+/// most 2 or 3 ways so (half warps of 8-byte pairs), where 4-byte loads
+/// conflict 4.
+__device__ __forceinline__ uint4 load_shared_unaligned_16(const std::uint8_t* pairs, int skew) {
   std::uint32_t x[6];
 #pragma unroll
   for (int i = 0; i < 3; ++i) {
     const uint2 pair = load_shared<uint2>(pairs + 8 * i);
     x[2 * i] = pair.x, x[2 * i + 1] = pair.y;
   }
-  const bool second_word = at & 4;
+  const bool second_word = skew & 4;
   std::uint32_t z[5];
 #pragma unroll
   for (int i = 0; i < 5; ++i) z[i] = second_word ? x[i + 1] : x[i];
-  const int shift = 8 * (at & 3);
+  const int shift = 8 * (skew & 3);
   return make_uint4(__funnelshift_r(z[0], z[1], shift), __funnelshift_r(z[1], z[2], shift),
                     __funnelshift_r(z[2], z[3], shift), __funnelshift_r(z[3], z[4], shift));
 }
-/// 8 bytes from a shared-memory address that is only 2-byte aligned.
-__device__ __forceinline__ uint2 load_shared_unaligned_8(const std::uint8_t* address) {
+/// 8 bytes `skew` (0 to 3) past the aligned word at `word`.
+__device__ __forceinline__ uint2 load_shared_unaligned_8(const std::uint8_t* word, int skew) {
   std::uint32_t w[2];
-  load_shared_unaligned<3>(address, w);
+  load_shared_unaligned<3>(word, skew, w);
   return make_uint2(w[0], w[1]);
 }
 
