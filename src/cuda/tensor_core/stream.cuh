@@ -31,12 +31,16 @@ template <class Shape, class Shared>
 struct TileRing {
   using Layout = typename Shared::Layout;
   static constexpr bool kBulkCopy = Shape::kBulkCopy;
-  // Whole rows: one ring for the CTA (SharedLayout), filled by warp 0, each
-  // stage the tiles of one round of the kv heads' warps; the refill of a
-  // stage waits until every thread has released it (an empty barrier per
-  // stage), two rounds behind the issue so the issuing warp rarely waits.
+  // Whole rows: one ring for the CTA (SharedLayout), each stage the tiles of
+  // one round of the kv heads' warps; the refill of a stage waits until every
+  // thread has released it (an empty barrier per stage), two rounds behind
+  // the issue so the issuing warp rarely waits. Warp 0 issues every round
+  // of the rows; in the token runs the kv heads' first warps (head_warp 0,
+  // every round's tile) take turns, so no one warp carries every issue and
+  // its waits (the rows of eight kv heads measured slower so).
   static constexpr bool kRowCopies = Shape::kRowCopies;
   static constexpr int kWarpsPerHead = Shape::kWarpsPerHead;
+  static constexpr int kIssuers = Shape::kRuns ? Shape::kHeadsPerCta : 1;  // whole rows: the warps taking turns to issue
   static constexpr int kStages = Shape::kStages;
   using IssuePlan = typename Shared::IssuePlan;
 
@@ -64,7 +68,7 @@ struct TileRing {
   int box_column, slot_lead;
   // Whole rows: the CTA's first tile and end, and whether this warp fills the ring.
   int cta_first_tile, end_tile;
-  bool fills_ring;
+  bool fills_ring, warp_issues_first;
   std::uint32_t records_address;
   // Physical blocks of the warp's tiles, 32 at a time: lane j of `blocks`
   // holds the block of the warp's tile i + j for the window i (a multiple of
@@ -110,7 +114,8 @@ struct TileRing {
     // One plan per kv head of the CTA, published by the __syncthreads before the main loop.
     plan = kBulkCopy ? IssuePlan{} : Shared::make_plan(p, head, lane);
     plans = reinterpret_cast<IssuePlan*>(shared + Shared::kPlanOffset) + 32 * head_slot;
-    fills_ring = !kRowCopies || warp == 0;
+    fills_ring = !kRowCopies || (kIssuers > 1 ? head_warp == 0 : warp == 0);
+    warp_issues_first = warp == 0;
     if constexpr (kRowCopies) {
       // Full barriers at barrier_address + 8 s, empty ones kStages further.
       barrier_address = shared_address + Shared::kBarrierOffset;
@@ -158,7 +163,7 @@ struct TileRing {
   }
 
   /// Whole rows: round `round`'s tiles (the CTA's tiles kWarpsPerHead round
-  /// .., one per warp of a kv head) into stage `stage`, by warp 0; `blocks`
+  /// .., one per warp of a kv head) into stage `stage`; `blocks`
   /// holds the window of 32 tiles with them (kWarpsPerHead divides 32).
   __device__ __forceinline__ void issue_round(int round, int stage) const {
     const int round_tile = kWarpsPerHead * round;
@@ -213,7 +218,8 @@ struct TileRing {
         blocks = load_blocks(0);
 #pragma unroll
         for (int s = 0; s < kStages - 2; ++s) {
-          if (s < count) issue_round(s, s);
+          // By warp 0, which initialised the barriers: the others use them after the prologue's barrier.
+          if (s < count && warp_issues_first) issue_round(s, s);
         }
       }
       return;
@@ -245,18 +251,23 @@ struct TileRing {
   template <class StageIndex>
   __device__ __forceinline__ void advance(int k, StageIndex stage_index, unsigned phase) {
     if constexpr (kRowCopies) {
-      // Warp 0 (the most tiles: its count is the rounds) issues round
-      // k + kStages - 2 into the stage of round k - 2 once every warp has
-      // released that.
+      // The issuing warp (a kv head's first: its count is the rounds) issues
+      // round k + kStages - 2, where it is its turn, into the stage of round
+      // k - 2 once every warp has released that; each keeps the window of
+      // blocks.
       const int ahead = k + kStages - 2;
       if (fills_ring && ahead < count) {
         if (((kWarpsPerHead * ahead) & 31) == 0) {
           blocks = blocks_next;
           blocks_next = load_blocks(kWarpsPerHead * ahead + 32);
         }
-        const int ahead_stage = (static_cast<int>(stage_index) + kStages - 2) % kStages;
-        if (k >= 2) mbarrier_wait_parity(barrier_address + 8 * (kStages + ahead_stage), ((k - 2) / kStages) & 1);
-        issue_round(ahead, ahead_stage);
+        // Its turn: rounds equal to its kv head's slot modulo kIssuers (from
+        // the thread index: a register held across the loop spilled).
+        if (kIssuers == 1 || ahead % kIssuers == Shape::head_slot(static_cast<int>(threadIdx.x >> 5))) {
+          const int ahead_stage = (static_cast<int>(stage_index) + kStages - 2) % kStages;
+          if (k >= 2) mbarrier_wait_parity(barrier_address + 8 * (kStages + ahead_stage), ((k - 2) / kStages) & 1);
+          issue_round(ahead, ahead_stage);
+        }
       }
       mbarrier_wait_parity(barrier_address + 8 * static_cast<int>(stage_index), phase);
     } else {
