@@ -66,7 +66,10 @@ struct TileRing {
   // copies: the box's first byte in a token's row) and the lead past it of
   // a tile's first slot (SlotReadLayout::slot_row).
   int box_column, slot_lead;
-  // Whole rows: the CTA's first tile and end, and whether this warp fills the ring.
+  // Whole rows: the CTA's first tile and end, whether this warp fills the
+  // ring, and whether it is warp 0 (kept from the broadcast warp index, which
+  // the compiler knows is warp-uniform: told from the thread index, the
+  // first rounds' issue gets divergent-path code).
   int cta_first_tile, end_tile;
   bool fills_ring, warp_issues_first;
   std::uint32_t records_address;
