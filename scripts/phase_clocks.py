@@ -6,9 +6,10 @@ thread 0 of every CTA records clock64 at eleven points of the kernel
 (entry, after the wait for the previous kernel, first tiles issued,
 rotation done, its own main loop done, all warps done, the merge's partials
 stored, its rows' statistics done, partition written, arrival known,
-reduction done) and the globaltimer at entry and exit; tqdecode_bench then
-prints, after each automatic record, the spread of each phase over the CTAs
-of the last call. The library itself is never built this way.
+reduction done), the SM it ran on, and the globaltimer at entry and exit;
+tqdecode_bench then prints, after each automatic record, the spread of each
+phase over the CTAs of the last call and each CTA's loop by SM. The library
+itself is never built this way.
 
     python3 scripts/phase_clocks.py /tmp/phase
     cmake -S /tmp/phase -B /tmp/phase/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -67,7 +68,7 @@ open(p, 'w').write(s)
 p = kernel_dir + '/kernel.cuh'
 s = open(p).read()
 rep("  extern __shared__ __align__(128) std::uint8_t shared[];\n",
-    "  extern __shared__ __align__(128) std::uint8_t shared[];\n  if (threadIdx.x == 0 && tq_cta() < 4096) { tq_phase[tq_cta()][10] = tq_globaltimer(); tq_phase[tq_cta()][9] = 0; tq_phase[tq_cta()][7] = 0; tq_phase[tq_cta()][8] = 0; }\n  TQ_MARK(0);\n")
+    "  extern __shared__ __align__(128) std::uint8_t shared[];\n  if (threadIdx.x == 0 && tq_cta() < 4096) { tq_phase[tq_cta()][10] = tq_globaltimer(); tq_phase[tq_cta()][9] = 0; tq_phase[tq_cta()][7] = 0; tq_phase[tq_cta()][8] = 0; unsigned sm; asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(sm)); tq_phase[tq_cta()][14] = sm; }\n  TQ_MARK(0);\n")
 rep("  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up\n#endif\n",
     "  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's CTAs may take SMs as this grid's free up\n#endif\n  TQ_MARK(1);\n")
 # after the loop issuing the ring's first tiles
@@ -118,6 +119,14 @@ void dump_phase_times(int ctas) {
   std::sort(starts.begin(), starts.end()); std::sort(ends.begin(), ends.end());
   std::printf("  start (us after first): min %.2f median %.2f max %.2f; end: min %.2f median %.2f max %.2f\n", starts.front(),
               starts[starts.size() / 2], starts.back(), ends.front(), ends[ends.size() / 2], ends.back());
+  // Each CTA's own loop (mark 3 to 4) in kilocycles, by the SM it ran on: the
+  // same SMs slow in every shape point at the SM's place on the chip, not its work.
+  std::vector<std::pair<long long, double>> by_sm;
+  for (int c = 0; c < ctas; ++c) by_sm.emplace_back(h[c * 16 + 14], (h[c * 16 + 4] - h[c * 16 + 3]) / 1e3);
+  std::sort(by_sm.begin(), by_sm.end());
+  std::printf("  own loop by SM (smid:kcycles):");
+  for (std::size_t i = 0; i < by_sm.size(); ++i) std::printf("%s%lld:%.0f", i % 16 ? " " : "\n   ", by_sm[i].first, by_sm[i].second);
+  std::printf("\n");
   double cyc = 0, ns = 0;
   for (int c = 0; c < ctas; ++c) { const long long* r = &h[c * 16]; long long last = r[9] == 1 ? r[8] : r[7] != 0 ? r[7] : r[6]; cyc += last - r[0]; ns += r[11] - r[10]; }
   std::printf("  clock: %.3f cycles per ns (CTA clocks over globaltimer)\n", cyc / ns);
