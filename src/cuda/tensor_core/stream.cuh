@@ -40,7 +40,7 @@ struct TileRing {
   // its waits (the rows of eight kv heads measured slower so).
   static constexpr bool kRowCopies = Shape::kRowCopies;
   static constexpr int kWarpsPerHead = Shape::kWarpsPerHead;
-  static constexpr int kIssuers = Shape::kRuns ? Shape::kHeadsPerCta : 1;  // whole rows: the warps taking turns to issue
+  static constexpr int kIssuers = Shape::kRuns ? Shape::kHeadsPerCta : 1;  // warps taking turns to issue (token runs; whole rows: warp 0)
   static constexpr int kStages = Shape::kStages;
   using IssuePlan = typename Shared::IssuePlan;
 
