@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -92,6 +93,14 @@ class DeviceBuffer {
   T* data_ = nullptr;
   std::size_t count_ = 0;
 };
+
+/// Number of elements whose bit patterns differ (a NaN equals only the same NaN).
+inline std::size_t bitwise_mismatches(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return std::max(a.size(), b.size());
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) mismatches += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return mismatches;
+}
 
 /// Why a GPU output is not close enough to the CPU reference on the same
 /// cache bytes, or empty when it is. GPU and reference differ by bf16 operand

@@ -561,6 +561,70 @@ TEST(DecodeGpuPath, TokenSlotsCachesTakeTheTensorCoreKernelsNamingTheOrder) {
   EXPECT_NE(plan_decode(slots_device.args()).reason.find("token_slots"), std::string::npos);
 }
 
+// The query is read through its strides: rows and heads padded apart, on
+// and off 16-byte boundaries (the kernels load 16-byte chunks of a row where
+// pointer and strides allow, else element by element), give the dense
+// query's output bit for bit on every kernel that serves the case.
+TEST(DecodeGpuQuery, StridedQueriesOnAndOffSixteenByteBoundariesMatchTheDenseQuery) {
+  TQ_SKIP_WITHOUT_GPU();
+  const Preset p4 = Preset::turboquant_4bit_nc;
+  std::vector<DecodeCase> cases = {
+      {"q4_blocks", p4, 64, 8, 128, 16, {1000, 37, 0, 2500}},
+      {"q4_d64_g4", p4, 16, 4, 64, 16, {700, 9}},
+      {"q4_d256_g8_f16", p4, 32, 4, 256, 16, {900, 1}, 0, false, DType::f16},
+      {"q4_slots_nc", p4, 64, 8, 128, 16, {1000, 37, 0, 2500}},
+      {"k8v4_slots", Preset::turboquant_k8v4, 64, 8, 128, 16, random_lengths(16, 4000, 21)},
+      {"3bit_slots_nc", Preset::turboquant_3bit_nc, 64, 8, 128, 16, random_lengths(16, 4000, 22)},
+      {"k3v4_slots_nc_sinks", Preset::turboquant_k3v4_nc, 16, 2, 128, 16, {3000, 5}, 0, true},
+  };
+  for (DecodeCase& c : cases) {
+    if (c.name.find("slots") != std::string::npos) c.order = CacheOrder::token_slots;
+    c.renormalize = c.name.find("_nc") != std::string::npos;
+  }
+  struct QueryLayout {
+    const char* name;
+    std::int64_t offset;       ///< elements before the first row
+    std::int64_t head_pad;     ///< elements between heads past head_dim
+    std::int64_t batch_extra;  ///< elements between rows past the padded heads
+  };
+  const QueryLayout layouts[] = {{"aligned, padded", 8, 8, 16}, {"2-byte offset, odd strides", 1, 1, 3}};
+  for (const DecodeCase& c : cases) {
+    const Scenario scenario = build(c);
+    DeviceScenario device(scenario);
+    DecodeWorkspace workspace;
+    const int rows = scenario.query_rows();
+    const int heads = c.num_q_heads;
+    const int dims = c.head_dim;
+    for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
+      device.poison_output();
+      decode(device.args(), workspace, nullptr, request);
+      const std::vector<float> dense = device.output();
+      expect_close(dense, scenario.reference_output(), c.name + " dense query");
+      for (const QueryLayout& q : layouts) {
+        const std::int64_t stride_head = dims + q.head_pad;
+        const std::int64_t stride_batch = heads * stride_head + q.batch_extra;
+        std::vector<std::uint16_t> padded(q.offset + rows * stride_batch, 0xffff);  // NaN where no element is
+        for (int r = 0; r < rows; ++r) {
+          for (int h = 0; h < heads; ++h) {
+            std::copy_n(scenario.query_bits.begin() + (std::int64_t(r) * heads + h) * dims, dims,
+                        padded.begin() + q.offset + r * stride_batch + h * stride_head);
+          }
+        }
+        const test::DeviceBuffer<std::uint16_t> query(padded);
+        DecodeArgs args = device.args();
+        args.query = query.get() + q.offset;
+        args.query_stride_batch = stride_batch;
+        args.query_stride_head = stride_head;
+        device.poison_output();
+        decode(args, workspace, nullptr, request);
+        const std::string what = c.name + " " + (request == PathRequest::automatic ? "automatic" : "cuda_generic") +
+                                 ", query " + q.name;
+        EXPECT_EQ(test::bitwise_mismatches(device.output(), dense), 0u) << what;
+      }
+    }
+  }
+}
+
 // A pool sized for one bucket serves every batch up to it from the same pointers.
 TEST(DecodeGpuPool, PointersStableAcrossBatchSizes) {
   TQ_SKIP_WITHOUT_GPU();

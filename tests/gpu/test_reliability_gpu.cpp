@@ -34,6 +34,7 @@ namespace {
 
 using test::check_cuda;
 using test::closeness_failure;
+using test::bitwise_mismatches;
 using test::DeviceBuffer;
 using test::expect_close;
 
@@ -50,14 +51,6 @@ std::vector<float> reference_output(const Scenario& scenario, const std::vector<
 
 std::vector<float> reference_output(const Scenario& scenario) {
   return reference_output(scenario, scenario.seq_lens, scenario.block_table);
-}
-
-/// Number of elements whose bit patterns differ (a NaN equals only the same NaN).
-std::size_t bitwise_mismatches(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return std::max(a.size(), b.size());
-  std::size_t mismatches = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) mismatches += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-  return mismatches;
 }
 
 // ---------------------------------------------------------------------------

@@ -224,8 +224,18 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   auto& row_table = *reinterpret_cast<RowTable<kCtaRows>*>(shared + Shared::kRowTableOffset);
   const ReduceParams& r = params.reduce;
   const bool has_sink = r.sinks != nullptr;
-  constexpr int kRowsPerThread = Shape::kRowsPerThread;
-  std::uint16_t query_values[kRowsPerThread];
+  // The query tile in chunks of 8 dims (16 bytes) of one row: chunk c is row
+  // c / kRowChunks, dims 8 (c % kRowChunks) on, thread t holds chunks t,
+  // t + kThreads, ... (two at 64 rows): one address computation a chunk,
+  // where an element a row and thread took 16 in the eight-kv-head CTAs.
+  constexpr int kRowChunks = HeadDim / 8;
+  constexpr int kQueryChunks = (kCtaRows * kRowChunks + Shape::kThreads - 1) / Shape::kThreads;
+  uint4 query_chunks[kQueryChunks];
+  // Element k of a chunk (query bits).
+  const auto chunk_element = [](const uint4& chunk, int k) {
+    const unsigned word = k < 2 ? chunk.x : k < 4 ? chunk.y : k < 6 ? chunk.z : chunk.w;
+    return static_cast<std::uint16_t>(k % 2 ? word >> 16 : word & 0xffffu);
+  };
   float sink = -INFINITY;  // of row threadIdx.x, stored once its load has landed
   TokenRange range;
   {
@@ -273,16 +283,30 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       row_table.element[row] = element;
       row_table.output[row] = output;
     }
-    // The query first (one element per row and thread, as bits): under a
-    // saturated memory system its load waits behind the cache tiles if
-    // issued after them. An empty partition reads nothing.
+    // The query first (as bits): under a saturated memory system its load
+    // waits behind the cache tiles if issued after them. A chunk in one
+    // 16-byte load where the pointer and strides keep it aligned, else
+    // element by element. An empty partition reads nothing.
+    const auto* query = static_cast<const std::uint16_t*>(rq.query);
+    const bool aligned_chunks =
+        (reinterpret_cast<std::uintptr_t>(query) | static_cast<std::uintptr_t>(rq.query_stride_batch | rq.query_stride_head) * 2) %
+            16 == 0;
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int row = first_row + kRowStep * i;
-      query_values[i] = 0;
+    for (int v = 0; v < kQueryChunks; ++v) {
+      const int chunk = static_cast<int>(threadIdx.x) + Shape::kThreads * v;
+      const int row = chunk / kRowChunks;
+      query_chunks[v] = make_uint4(0u, 0u, 0u, 0u);
       if (range.begin < range.end && row < kCtaRows && rows.valid(row)) {
-        query_values[i] = __ldg(static_cast<const std::uint16_t*>(rq.query) + rows.output_row(row) * rq.query_stride_batch +
-                                rows.query_head(row) * rq.query_stride_head + dim);
+        const std::uint16_t* source = query + rows.output_row(row) * rq.query_stride_batch +
+                                      rows.query_head(row) * rq.query_stride_head + 8 * (chunk % kRowChunks);
+        if (aligned_chunks) {
+          query_chunks[v] = __ldg(reinterpret_cast<const uint4*>(source));
+        } else {
+          unsigned words[4];
+#pragma unroll
+          for (int w = 0; w < 4; ++w) words[w] = __ldg(source + 2 * w) | static_cast<unsigned>(__ldg(source + 2 * w + 1)) << 16;
+          query_chunks[v] = make_uint4(words[0], words[1], words[2], words[3]);
+        }
       }
     }
   }
@@ -326,11 +350,15 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       // fp8 keys: the query as it is, in fp16 (exact for fp16 queries and
       // for bf16 values of magnitude 2^-14 to 65504).
 #pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i) {
-        const int row = first_row + kRowStep * i;
+      for (int v = 0; v < kQueryChunks; ++v) {
+        const int chunk = static_cast<int>(threadIdx.x) + Shape::kThreads * v;
+        const int row = chunk / kRowChunks;
         if (row < kCtaRows) {
-          query_rows[query_slot<HeadDim>(row, dim)] =
-              __half_as_ushort(__float2half_rn(query_bits_to_float(rq.query_dtype == DType::f16, query_values[i])));
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            query_rows[query_slot<HeadDim>(row, 8 * (chunk % kRowChunks) + k)] = __half_as_ushort(
+                __float2half_rn(query_bits_to_float(rq.query_dtype == DType::f16, chunk_element(query_chunks[v], k))));
+          }
         }
       }
     } else {
@@ -340,11 +368,14 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
           shared + (Shared::kQueryBitsInRings ? ring.records_offset + (kStages - 1) * Shared::kStageStride
                                               : Shared::kQueryOffset + Shared::kQueryBytes));
 #pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i) {
-        const int row = first_row + kRowStep * i;
+      for (int v = 0; v < kQueryChunks; ++v) {
+        const int chunk = static_cast<int>(threadIdx.x) + Shape::kThreads * v;
+        const int row = chunk / kRowChunks;
         if (row < kCtaRows) {
-          query_bits[(row / kHeadsPerTile) * Shared::kQueryBitsTileStride + (row % kHeadsPerTile) * Shared::kQueryBitsStride + dim] =
-              query_values[i];
+          std::uint16_t* destination = query_bits + (row / kHeadsPerTile) * Shared::kQueryBitsTileStride +
+                                       (row % kHeadsPerTile) * Shared::kQueryBitsStride + 8 * (chunk % kRowChunks);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) destination[k] = chunk_element(query_chunks[v], k);
         }
       }
       if (!Shape::kPiTBeforeWait && !kRotationLoads && rotates) load_rotation_operands<HeadDim>(rotation, rq.PiT, warp, lane);
