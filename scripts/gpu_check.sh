@@ -30,7 +30,7 @@ status=0
 # 8-warp CTAs (D = 256, 32 rows), replay.
 # Racecheck leaves out the cases whose scalar-kernel merge (16 and 32 rows)
 # draws its false report (docs/RELIABILITY.md, resolved findings).
-small='Split/CtaShapes.*:DecodeGpuArguments.LengthsPast*:Grid/DecodeGpu.*/q4_d64:DecodeGpuGraph.*:StoreGpu*'
+small='DecodeGpuQuery.*:Split/CtaShapes.*:DecodeGpuArguments.LengthsPast*:Grid/DecodeGpu.*/q4_d64:DecodeGpuGraph.*:StoreGpu*'
 small+=':Grid/DecodeGpu.*/q4_d256_g16_row_tiles:Grid/VarlenGpu.*/q4_d128_g8_spec4:VarlenGpuGraph.*'
 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests \
   --gtest_filter="$small:VarlenGpuArguments.*:Grid/VarlenGpu.*/k3v4_nc_d256_g16" >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
