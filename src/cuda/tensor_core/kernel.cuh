@@ -231,6 +231,9 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   constexpr int kRowChunks = HeadDim / 8;
   constexpr int kQueryChunks = (kCtaRows * kRowChunks + Shape::kThreads - 1) / Shape::kThreads;
   uint4 query_chunks[kQueryChunks];
+  // The row of the thread's chunk v, and the chunk's first dim.
+  const auto chunk_row = [](int v) { return (static_cast<int>(threadIdx.x) + Shape::kThreads * v) / kRowChunks; };
+  const auto chunk_dim = [](int v) { return 8 * ((static_cast<int>(threadIdx.x) + Shape::kThreads * v) % kRowChunks); };
   // Element k of a chunk (query bits).
   const auto chunk_element = [](const uint4& chunk, int k) {
     const unsigned word = k < 2 ? chunk.x : k < 4 ? chunk.y : k < 6 ? chunk.z : chunk.w;
@@ -293,12 +296,11 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
             16 == 0;
 #pragma unroll
     for (int v = 0; v < kQueryChunks; ++v) {
-      const int chunk = static_cast<int>(threadIdx.x) + Shape::kThreads * v;
-      const int row = chunk / kRowChunks;
+      const int row = chunk_row(v);
       query_chunks[v] = make_uint4(0u, 0u, 0u, 0u);
       if (range.begin < range.end && row < kCtaRows && rows.valid(row)) {
         const std::uint16_t* source = query + rows.output_row(row) * rq.query_stride_batch +
-                                      rows.query_head(row) * rq.query_stride_head + 8 * (chunk % kRowChunks);
+                                      rows.query_head(row) * rq.query_stride_head + chunk_dim(v);
         if (aligned_chunks) {
           query_chunks[v] = __ldg(reinterpret_cast<const uint4*>(source));
         } else {
@@ -351,12 +353,11 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       // for bf16 values of magnitude 2^-14 to 65504).
 #pragma unroll
       for (int v = 0; v < kQueryChunks; ++v) {
-        const int chunk = static_cast<int>(threadIdx.x) + Shape::kThreads * v;
-        const int row = chunk / kRowChunks;
+        const int row = chunk_row(v);
         if (row < kCtaRows) {
 #pragma unroll
           for (int k = 0; k < 8; ++k) {
-            query_rows[query_slot<HeadDim>(row, 8 * (chunk % kRowChunks) + k)] = __half_as_ushort(
+            query_rows[query_slot<HeadDim>(row, chunk_dim(v) + k)] = __half_as_ushort(
                 __float2half_rn(query_bits_to_float(rq.query_dtype == DType::f16, chunk_element(query_chunks[v], k))));
           }
         }
@@ -369,11 +370,10 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
                                               : Shared::kQueryOffset + Shared::kQueryBytes));
 #pragma unroll
       for (int v = 0; v < kQueryChunks; ++v) {
-        const int chunk = static_cast<int>(threadIdx.x) + Shape::kThreads * v;
-        const int row = chunk / kRowChunks;
+        const int row = chunk_row(v);
         if (row < kCtaRows) {
           std::uint16_t* destination = query_bits + (row / kHeadsPerTile) * Shared::kQueryBitsTileStride +
-                                       (row % kHeadsPerTile) * Shared::kQueryBitsStride + 8 * (chunk % kRowChunks);
+                                       (row % kHeadsPerTile) * Shared::kQueryBitsStride + chunk_dim(v);
 #pragma unroll
           for (int k = 0; k < 8; ++k) destination[k] = chunk_element(query_chunks[v], k);
         }
