@@ -27,13 +27,15 @@ status=0
 # graph replay, the stores; query rows in row tiles (group 16 at D = 256);
 # several query tokens per sequence: inconsistent offsets, 32 rows (two row
 # tiles of the tensor-core kernel, one query tile of the scalar kernel),
-# 8-warp CTAs (D = 256, 32 rows), replay.
+# 8-warp CTAs (D = 256, 32 rows), replay (four head tiles on the Hopper
+# path); memcheck also four head tiles at group 1.
 # Racecheck leaves out the cases whose scalar-kernel merge (16 and 32 rows)
 # draws its false report (docs/RELIABILITY.md, resolved findings).
 small='DecodeGpuQuery.*:Split/CtaShapes.*:DecodeGpuArguments.LengthsPast*:Grid/DecodeGpu.*/q4_d64:DecodeGpuGraph.*:StoreGpu*'
 small+=':Grid/DecodeGpu.*/q4_d256_g16_row_tiles:Grid/VarlenGpu.*/q4_d128_g8_spec4:VarlenGpuGraph.*'
+memcheck_only=':VarlenGpuArguments.*:Grid/VarlenGpu.*/k3v4_nc_d256_g16:Grid/VarlenGpu.*/q4_d128_g1_hk8_four_head_tiles'
 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests \
-  --gtest_filter="$small:VarlenGpuArguments.*:Grid/VarlenGpu.*/k3v4_nc_d256_g16" >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
+  --gtest_filter="$small$memcheck_only" >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \
   >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
 if [ "$python_flag" = -DTQDECODE_PYTHON=ON ]; then

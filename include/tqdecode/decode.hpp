@@ -96,6 +96,14 @@ struct LaunchPlan {
   /// rather than a box per kv head and warp; without norm correction, and
   /// with it where a CTA streams at least 32768 tokens.
   bool whole_rows = false;
+  /// The tensor-core kernels (Hopper path, and the generic path's
+  /// tensor-core kernel): query rows per kv head and sequence (the group x
+  /// the most query tokens of a sequence) a CTA serves, in head tiles of 8:
+  /// 1, 2 for more rows (their other rows in further row tiles of the grid,
+  /// which read the same tokens), or on the Hopper path 4 for more than 16
+  /// rows of turboquant_4bit_nc in the blocks order at D = 128 where those
+  /// CTAs fill a wave without partitions (one CTA of 8 warps per SM).
+  int head_tiles = 1;
   /// The generic path's kernel (path cuda_generic only).
   GenericKernel generic_kernel = GenericKernel::scalar;
   /// Query tokens of a sequence each CTA of the scalar kernel serves from

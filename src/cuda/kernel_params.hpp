@@ -158,7 +158,7 @@ struct FusedDecodeParams {
   /// stay where they were.
   float scale_log2;
   /// The sequences' query tokens (tokens_per_cta unused): group x q_len
-  /// query rows per kv head and sequence, served in row tiles of one or two
+  /// query rows per kv head and sequence, served in row tiles of one, two or four
   /// head tiles (tensor_core/cta_rows.cuh).
   QueryRows rows;
   /// Row tiles per (sequence, kv head): tensor_core_row_tiles; the grid is
@@ -170,6 +170,8 @@ struct FusedDecodeParams {
   bool token_runs;
   /// token_slots, 4-bit keys at eight kv heads per CTA: whole token rows (LaunchPlan::whole_rows).
   bool whole_rows;
+  /// Head tiles of a CTA (LaunchPlan::head_tiles): 1, 2 or 4.
+  int head_tiles;
 };
 
 /// The device-side record behind DeviceCheckReport, one per pool. All zero

@@ -66,9 +66,9 @@ void plan_scalar_query_tiles(const DecodeArgs& args, const cuda::DeviceInfo& dev
 
 // The tensor-core kernel's row tiles, where there are several or the call
 // has several query tokens per sequence.
-std::string row_tiles_text(const DecodeArgs& args) {
+std::string row_tiles_text(const DecodeArgs& args, int head_tiles) {
   const int rows = cuda::tensor_core_rows_per_head(args);
-  const int tiles = cuda::tensor_core_row_tiles(rows, args.layout.head_dim);
+  const int tiles = cuda::tensor_core_row_tiles(rows, head_tiles);
   if (!args.varlen() && tiles == 1) return {};
   return "; " + std::to_string(rows) + " query rows per kv head" +
          (args.varlen() ? " (max_query_len " + std::to_string(args.max_query_len) + ")" : std::string()) + " in " +
@@ -104,12 +104,16 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   // The tensor-core kernel's grid: row tiles of each (sequence, kv head)'s
   // query rows (tensor_core/cta_rows.cuh) take the place of sequences.
   const int rows_per_head = cuda::tensor_core_rows_per_head(args);
-  const int row_tile_batch = args.batch * cuda::tensor_core_row_tiles(rows_per_head, args.layout.head_dim);
+  const int head_dim = args.layout.head_dim;
   if (request == PathRequest::hopper) {
     TQ_REQUIRE(not_hopper.empty(), "path", "the Hopper kernel cannot serve this call: " + not_hopper);
   }
   if (request == PathRequest::hopper || (request == PathRequest::automatic && not_hopper.empty())) {
-    const cuda::GridChoice grid = cuda::choose_grid(DecodePath::hopper, args.layout.preset, rows_per_head, row_tile_batch,
+    const int head_tiles = cuda::tensor_core_head_tiles(
+        rows_per_head, head_dim,
+        cuda::tensor_core_four_head_tiles(DecodePath::hopper, args.layout, rows_per_head, args.batch, device.sm_count));
+    const cuda::GridChoice grid = cuda::choose_grid(DecodePath::hopper, args.layout.preset, rows_per_head,
+                                                    args.batch * cuda::tensor_core_row_tiles(rows_per_head, head_tiles),
                                                     args.layout.num_kv_heads, max_context, device.sm_count,
                                                     args.layout.head_dim, cuda::token_slots_read(args),
                                                     args.layout.renormalize_keys);
@@ -117,9 +121,10 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
                                                                : std::string(preset_info(args.layout.preset).name) +
                                                                      ", D=" + std::to_string(args.layout.head_dim) + " on sm_90" +
                                                                      token_slots_text(args, grid)) +
-                               row_tiles_text(args);
+                               row_tiles_text(args, head_tiles);
     LaunchPlan plan{DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
                     grid.kv_heads_per_cta};
+    plan.head_tiles = head_tiles;
     plan.token_runs = grid.token_runs;
     plan.whole_rows = grid.whole_rows;
     return plan;
@@ -133,12 +138,15 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   LaunchPlan plan{DecodePath::cuda_generic, {}, 0, cuda::kPartitionAlign};
   if (not_tensor_core.empty()) {
     plan.generic_kernel = GenericKernel::tensor_core;
+    plan.head_tiles = cuda::tensor_core_head_tiles(rows_per_head, head_dim, false);
     plan.num_partitions = cuda::choose_num_partitions(
-        row_tile_batch, args.layout.num_kv_heads, max_context, device.sm_count,
+        args.batch * cuda::tensor_core_row_tiles(rows_per_head, plan.head_tiles), args.layout.num_kv_heads, max_context,
+        device.sm_count,
         cuda::narrow_resident_ctas(args.layout.preset, rows_per_head, device, args.layout.head_dim,
                                    args.layout.token_slots()));
     plan.reason = reason + "; the tensor-core kernel (narrow configuration" +
-                  token_slots_text(args, cuda::GridChoice{}) + ")" + row_tiles_text(args);
+                  token_slots_text(args, cuda::GridChoice{}) + ")" +
+                  row_tiles_text(args, plan.head_tiles);
   } else if (args.varlen()) {
     plan.reason = reason + "; the scalar kernel: " + not_tensor_core;
     plan_scalar_query_tiles(args, device, plan);
@@ -254,8 +262,8 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
     const cuda::QueryRows rows{call.query_start_loc, call.query_rows(), call.query_tokens_bound(), 1};
     cuda::launch_decode_tensor_core({partitions, rotate, reduce, buffers.arrivals, plan.wide_table, plan.kv_heads_per_cta,
                                      programmatic, call.scale * cuda::kLog2e, rows,
-                                     cuda::tensor_core_row_tiles(cuda::tensor_core_rows_per_head(call), call.layout.head_dim),
-                                     plan.token_runs, plan.whole_rows},
+                                     cuda::tensor_core_row_tiles(cuda::tensor_core_rows_per_head(call), plan.head_tiles),
+                                     plan.token_runs, plan.whole_rows, plan.head_tiles},
                                     stream);
   } else {
     const cuda::QueryRows rows{call.query_start_loc, call.query_rows(), call.query_tokens_bound(),

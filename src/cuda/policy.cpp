@@ -53,6 +53,17 @@ int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, i
 
 bool wide_table_kernel(Preset preset, int head_dim) { return preset == Preset::turboquant_4bit_nc && head_dim == 128; }
 
+bool tensor_core_four_head_tiles(DecodePath path, const CacheLayout& layout, int rows_per_head, int batch,
+                                 int sm_count) {
+  if (path != DecodePath::hopper || !wide_table_kernel(layout.preset, layout.head_dim) || layout.token_slots() ||
+      rows_per_head <= 2 * kHeadsPerTile) {
+    return false;
+  }
+  const long long ctas = static_cast<long long>(batch) * layout.num_kv_heads *
+                         tensor_core_row_tiles(rows_per_head, tensor_core_head_tiles(rows_per_head, layout.head_dim, true));
+  return ctas >= kGoodWaveUtilization * sm_count;
+}
+
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table, int head_dim) {
   if (path != DecodePath::hopper) return 2;
   // The kernel's shape table (tensor_core/shape.cuh, KernelShape): one CTA

@@ -57,21 +57,36 @@ inline constexpr int kHeadsPerTile = 8;
 /// Head tiles of the tensor-core kernel's CTA for `rows_per_head` query
 /// rows per kv head and sequence (the group x the query tokens of a
 /// sequence): two for more than one tile's rows, except at D = 256 (its
-/// accumulators take a tile's registers twice over).
-constexpr int tensor_core_head_tiles(int rows_per_head, int head_dim) {
-  return rows_per_head > kHeadsPerTile && head_dim != 256 ? 2 : 1;
+/// accumulators take a tile's registers twice over); four for more than two
+/// tiles' rows where `four_head_tiles` (tensor_core_four_head_tiles).
+constexpr int tensor_core_head_tiles(int rows_per_head, int head_dim, bool four_head_tiles) {
+  if (rows_per_head <= kHeadsPerTile || head_dim == 256) return 1;
+  return four_head_tiles && rows_per_head > 2 * kHeadsPerTile ? 4 : 2;
 }
+
+/// Row tiles per (sequence, kv head) of the tensor-core kernel's grid: CTAs
+/// of `head_tiles` head tiles each (tensor_core_head_tiles), reading the same tokens.
+constexpr int tensor_core_row_tiles(int rows_per_head, int head_tiles) {
+  const int cta_rows = kHeadsPerTile * head_tiles;
+  return (rows_per_head + cta_rows - 1) / cta_rows;
+}
+
+/// Whether the Hopper kernel serves a call's rows per kv head in CTAs of
+/// four head tiles (32 rows; tensor_core/shape.cuh: 8 warps that hold every
+/// row's accumulators and read the query operand from shared memory) rather
+/// than in row tiles of two: 4-bit keys in the blocks order at D = 128 with
+/// more than two tiles' rows, where those CTAs (B Hk row tiles) fill a wave
+/// without partitions. Such a CTA issues about 28 % fewer instructions per
+/// token than two of two head tiles but at 2 warps per scheduler, not 3;
+/// where the grid needs partitions to fill the GPU, the two-head-tile grid's
+/// fewer partitions are faster (docs/PERFORMANCE.md).
+bool tensor_core_four_head_tiles(DecodePath path, const CacheLayout& layout, int rows_per_head, int batch,
+                                 int sm_count);
 
 /// A call's query rows per kv head and sequence: the group x the most query
 /// tokens of a sequence (1 without query_start_loc).
 inline int tensor_core_rows_per_head(const DecodeArgs& args) { return args.group_size() * args.query_tokens_bound(); }
 
-/// Row tiles per (sequence, kv head) of the tensor-core kernel's grid: CTAs
-/// of tensor_core_head_tiles head tiles each, reading the same tokens.
-constexpr int tensor_core_row_tiles(int rows_per_head, int head_dim) {
-  const int cta_rows = kHeadsPerTile * tensor_core_head_tiles(rows_per_head, head_dim);
-  return (rows_per_head + cta_rows - 1) / cta_rows;
-}
 
 /// Grids of the 16-warp Hopper kernel with one kv head per CTA up to this
 /// many waves may use it; larger grids use several kv heads per CTA, or two

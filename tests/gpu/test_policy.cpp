@@ -193,20 +193,45 @@ TEST(PartitionPolicy, ShapeTableGivesEveryInstancesFootprint) {
 }
 
 // The tensor-core kernel's query rows per kv head (the group x the query
-// tokens of a sequence) in row tiles of one or two head tiles (one at D = 256).
-TEST(PartitionPolicy, QueryRowsFoldIntoRowTilesOfOneOrTwoHeadTiles) {
-  EXPECT_EQ(tensor_core_head_tiles(8, 128), 1);
-  EXPECT_EQ(tensor_core_head_tiles(9, 128), 2);
-  EXPECT_EQ(tensor_core_head_tiles(16, 64), 2);
-  EXPECT_EQ(tensor_core_head_tiles(16, 256), 1);
-  EXPECT_EQ(tensor_core_row_tiles(8, 128), 1);   // group 8, one token
-  EXPECT_EQ(tensor_core_row_tiles(16, 128), 1);  // group 8, two tokens (or group 16)
-  EXPECT_EQ(tensor_core_row_tiles(32, 128), 2);  // group 8, four tokens
-  EXPECT_EQ(tensor_core_row_tiles(1024, 128), 64);
-  EXPECT_EQ(tensor_core_row_tiles(15, 64), 1);  // group 5, three tokens
-  EXPECT_EQ(tensor_core_row_tiles(16, 256), 2);  // group 16 at D = 256
-  EXPECT_EQ(tensor_core_row_tiles(12, 256), 2);
-  EXPECT_EQ(tensor_core_row_tiles(3, 256), 1);
+// tokens of a sequence) in row tiles of one or two head tiles (one at D = 256),
+// or four on the Hopper kernel's 4-bit blocks order at D = 128 where those
+// CTAs fill a wave.
+TEST(PartitionPolicy, QueryRowsFoldIntoRowTilesOfOneTwoOrFourHeadTiles) {
+  for (const bool four : {false, true}) {
+    EXPECT_EQ(tensor_core_head_tiles(8, 128, four), 1);
+    EXPECT_EQ(tensor_core_head_tiles(9, 128, four), 2);
+    EXPECT_EQ(tensor_core_head_tiles(16, 128, four), 2);
+    EXPECT_EQ(tensor_core_head_tiles(16, 64, four), 2);
+    EXPECT_EQ(tensor_core_head_tiles(16, 256, four), 1);
+    EXPECT_EQ(tensor_core_head_tiles(40, 256, four), 1);
+  }
+  EXPECT_EQ(tensor_core_head_tiles(17, 128, false), 2);
+  EXPECT_EQ(tensor_core_head_tiles(17, 128, true), 4);
+  EXPECT_EQ(tensor_core_row_tiles(8, 1), 1);    // group 8, one token
+  EXPECT_EQ(tensor_core_row_tiles(16, 2), 1);   // group 8, two tokens (or group 16)
+  EXPECT_EQ(tensor_core_row_tiles(32, 2), 2);   // group 8, four tokens
+  EXPECT_EQ(tensor_core_row_tiles(32, 4), 1);
+  EXPECT_EQ(tensor_core_row_tiles(24, 4), 1);   // group 8, three tokens
+  EXPECT_EQ(tensor_core_row_tiles(1024, 2), 64);
+  EXPECT_EQ(tensor_core_row_tiles(1024, 4), 32);
+  EXPECT_EQ(tensor_core_row_tiles(15, 2), 1);   // group 5, three tokens
+  EXPECT_EQ(tensor_core_row_tiles(16, 1), 2);   // group 16 at D = 256
+  EXPECT_EQ(tensor_core_row_tiles(3, 1), 1);
+
+  // Four head tiles: the 4-bit blocks order at D = 128 on the Hopper path, more
+  // than 16 rows, and B Hk row tiles filling a wave of 132 SMs.
+  const CacheLayout blocks = make_layout(Preset::turboquant_4bit_nc, 128, 16, 8);
+  EXPECT_TRUE(tensor_core_four_head_tiles(DecodePath::hopper, blocks, 32, 16, 132));    // (16, L), q_len 4
+  EXPECT_TRUE(tensor_core_four_head_tiles(DecodePath::hopper, blocks, 1024, 1, 132));   // 128-token chunk
+  EXPECT_FALSE(tensor_core_four_head_tiles(DecodePath::hopper, blocks, 32, 1, 132));    // (1, L): partitions
+  EXPECT_FALSE(tensor_core_four_head_tiles(DecodePath::hopper, blocks, 16, 64, 132));   // two head tiles' rows
+  EXPECT_FALSE(tensor_core_four_head_tiles(DecodePath::cuda_generic, blocks, 32, 16, 132));
+  EXPECT_FALSE(tensor_core_four_head_tiles(DecodePath::hopper, make_layout(Preset::turboquant_k8v4, 128, 16, 8), 32,
+                                           16, 132));
+  EXPECT_FALSE(tensor_core_four_head_tiles(DecodePath::hopper, make_layout(Preset::turboquant_4bit_nc, 64, 16, 8), 32,
+                                           16, 132));
+  EXPECT_FALSE(tensor_core_four_head_tiles(
+      DecodePath::hopper, make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 8, true), 32, 16, 132));
 }
 
 // The benchmark shapes (Hq 64, Hk 8 unless stated): the wide shape with one

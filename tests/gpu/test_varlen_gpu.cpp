@@ -107,6 +107,9 @@ std::vector<VarlenCase> varlen_cases() {
        0, 8},
       {"k8v4_d256_g3_spec3", Preset::turboquant_k8v4, 6, 2, 256, 16, 7, 700, 11, true, DType::bf16, CacheOrder::blocks,
        0, 3},
+      // Enough CTAs for the Hopper kernel's four head tiles (32 rows of up to 32 query tokens at group 1).
+      {"q4_d128_g1_hk8_four_head_tiles", p4, 8, 8, 128, 16, 6, 800, 13},
+      {"q4_d128_g3_hk16_four_head_tiles", p4, 48, 16, 128, 32, 4, 600, 14, true, DType::f16},
   };
   // Every preset at every head dim, with groups 1 to 16 spread over them.
   const int groups[] = {1, 2, 4, 6, 8, 16, 3, 5, 7, 9, 12, 16};
@@ -143,6 +146,7 @@ TEST_P(VarlenGpu, MatchesCpuReferenceOnSameCacheBytes) {
   EXPECT_EQ(plan.path, one_token_plan.path) << plan.reason;
   EXPECT_EQ(plan.generic_kernel, one_token_plan.generic_kernel) << plan.reason;
   if (c.name.ends_with("_rows") && plan.path == DecodePath::hopper) EXPECT_EQ(plan.kv_heads_per_cta, 8) << plan.reason;
+  if (c.name.ends_with("_four_head_tiles") && plan.path == DecodePath::hopper) EXPECT_EQ(plan.head_tiles, 4) << plan.reason;
   std::vector<PathRequest> requests = {PathRequest::automatic, PathRequest::cuda_generic,
                                        PathRequest::cuda_generic_scalar};
   if (plan.path == DecodePath::hopper) requests.push_back(PathRequest::hopper);

@@ -50,7 +50,8 @@ KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head
   return visit_preset(preset, [&]<Preset P>() -> KernelFootprint {
     constexpr CacheFormat kFormat = tensor_core::cache_format(P);
     return visit_head_dim(head_dim, [&]<int HeadDim>() -> KernelFootprint {
-      const int head_tiles = tensor_core_head_tiles(rows_per_head, HeadDim);
+      // The four-head-tile CTA (the launcher's choice) plans one CTA per SM, as two head tiles do.
+      const int head_tiles = tensor_core_head_tiles(rows_per_head, HeadDim, false);
       if (token_slots) {  // one kv head per CTA but in the wide shape (launch_for_group)
         constexpr tensor_core::SlotAccess kInPlace = tensor_core::SlotAccess::in_place;
         if constexpr (HeadDim == 128) {  // every kv head's token runs

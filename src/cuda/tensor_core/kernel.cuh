@@ -105,6 +105,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
 
 #include "../cuda_check.hpp"
@@ -213,14 +214,14 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
   // their positions with, in shared memory rather than registers across the
   // main loop (the two-head-tile loops hold 168 a thread); visible from the
   // next barrier on. Lane quad c's rows 2c + e of head tile nt are query
-  // token first + delta, delta in bits 4 (2 nt + e) of row_deltas[c]
+  // token first + delta, delta in bits kDeltaBits (2 nt + e) of row_deltas[c]
   // (the same for every kv head of the CTA); position first_limit + delta on
   // is masked for such a row.
   __shared__ CtaRows<kRows> cta_rows;
   __shared__ TokenRange cta_range;
   __shared__ int cta_mask_from;  // the first masked position of any row: the range's end or the first row's limit
   __shared__ int cta_first_limit;
-  __shared__ unsigned row_deltas[4];
+  __shared__ typename Shape::RowDeltas row_deltas[4];
   auto& row_table = *reinterpret_cast<RowTable<kCtaRows>*>(shared + Shared::kRowTableOffset);
   const ReduceParams& r = params.reduce;
   const bool has_sink = r.sinks != nullptr;
@@ -262,11 +263,12 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
       cta_first_limit = rows.first_limit();
     }
     if (threadIdx.x < 4) {
-      unsigned deltas = 0;
+      typename Shape::RowDeltas deltas = 0;
       for (int nt = 0; nt < HeadTiles; ++nt) {
         for (int e = 0; e < 2; ++e) {
           const int row = kHeadsPerTile * nt + 2 * threadIdx.x + e;
-          deltas |= static_cast<unsigned>(rows.token(row) - rows.token(0)) << (4 * (2 * nt + e));
+          deltas |= static_cast<typename Shape::RowDeltas>(rows.token(row) - rows.token(0))
+                    << (Shape::kDeltaBits * (2 * nt + e));
         }
       }
       row_deltas[threadIdx.x] = deltas;
@@ -397,25 +399,51 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
     // Query operand (B of S^T = K Q^T), permuted: k-step ks, lane (g, c)
     // holds head g of the tile, dims (D/4)c + 4ks + {0, 1} and {2, 3}
     // (rotated slot reads: those of its key bytes, SlotReadLayout::query_dims).
-    std::uint32_t qb[HeadTiles][kDimTiles][2];
-#pragma unroll
-    for (int nt = 0; nt < HeadTiles; ++nt) {
+    // Four head tiles: the query operand read from shared memory at each use
+    // (held in registers, its 64 a thread spill the loop); else held in registers.
+    struct RegisterQuery {
+      std::uint32_t qb[HeadTiles][kDimTiles][2];
+      __device__ __forceinline__ uint2 operator()(int nt, int ks) const {
+        return make_uint2(qb[nt][ks][0], qb[nt][ks][1]);
+      }
+    };
+    struct SharedQuery {
+      const std::uint8_t* base;
+      int offset[kDimTiles];
+      __device__ __forceinline__ uint2 operator()(int nt, int ks) const {
+        return load_shared<uint2>(base + offset[ks] + nt * kHeadsPerTile * HeadDim * 2);
+      }
+    };
+    constexpr bool kQueryInShared = HeadTiles == 4;
+    std::conditional_t<kQueryInShared, SharedQuery, RegisterQuery> query;
+    if constexpr (kQueryInShared) {
+      static_assert(!kReadsRotatedSlots<Layout>);
+      query.base = reinterpret_cast<const std::uint8_t*>(query_rows);
 #pragma unroll
       for (int ks = 0; ks < kDimTiles; ++ks) {
-        const int row = kRows * head_slot + kHeadsPerTile * nt + g;
-        // fp16: against fp8 keys (exact: e4m3 values are fp16 values) and against the table's scaled centroids.
-        if constexpr (kReadsRotatedSlots<Layout>) {
-          const int dims = Layout::query_dims(c, ks, ring.slot_lead);
-          const auto pair = [&](int first) {
-            return *reinterpret_cast<const std::uint32_t*>(query_rows + query_slot<HeadDim>(row, first));
-          };
-          qb[nt][ks][0] = pair(dims);
-          qb[nt][ks][1] = pair((dims + 2) & (HeadDim - 1));
-        } else {
-          const int dims = HeadDim / 4 * c + 4 * ks;
-          const uint2 q = *reinterpret_cast<const uint2*>(query_rows + query_slot<HeadDim>(row, dims));
-          qb[nt][ks][0] = q.x;
-          qb[nt][ks][1] = q.y;
+        const int row = kRows * head_slot + g;
+        query.offset[ks] = static_cast<int>(opaque(2 * query_slot<HeadDim>(row, HeadDim / 4 * c + 4 * ks)));
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < HeadTiles; ++nt) {
+#pragma unroll
+        for (int ks = 0; ks < kDimTiles; ++ks) {
+          const int row = kRows * head_slot + kHeadsPerTile * nt + g;
+          // fp16: against fp8 keys (exact: e4m3 values are fp16 values) and against the table's scaled centroids.
+          if constexpr (kReadsRotatedSlots<Layout>) {
+            const int dims = Layout::query_dims(c, ks, ring.slot_lead);
+            const auto pair = [&](int first) {
+              return *reinterpret_cast<const std::uint32_t*>(query_rows + query_slot<HeadDim>(row, first));
+            };
+            query.qb[nt][ks][0] = pair(dims);
+            query.qb[nt][ks][1] = pair((dims + 2) & (HeadDim - 1));
+          } else {
+            const int dims = HeadDim / 4 * c + 4 * ks;
+            const uint2 q = *reinterpret_cast<const uint2*>(query_rows + query_slot<HeadDim>(row, dims));
+            query.qb[nt][ks][0] = q.x;
+            query.qb[nt][ks][1] = q.y;
+          }
         }
       }
     }
@@ -472,7 +500,7 @@ __device__ __forceinline__ void decode_cta(const FusedDecodeParams& params, cons
         key_scores<Shape, Layout, Format, SquareSums>(data, operands.key_offset, operands.key_word,
                                                       operands.key_low_selector, operands.key_high_selector,
                                                       operands.key_skew, key_wraps,
-                                                      operands.key_mask, qb, lane_lut, lut, score, score_odd, square);
+                                                      operands.key_mask, query, lane_lut, lut, score, score_odd, square);
       };
       if (kRenormalizes && renormalize) {
         scores.template operator()<kRenormalizes>();
@@ -612,8 +640,11 @@ void launch(const FusedDecodeParams& params, CUstream_st* stream) {
 // per CTA): launch.hpp declares it, instances/ define one per file.
 template <int HeadDim, CacheFormat Format>
 void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
-  const int group = params.partitions.num_q_heads / params.partitions.layout.num_kv_heads;
-  const int head_tiles = tensor_core_head_tiles(group * params.rows.max_query_len, HeadDim);
+  const int head_tiles = params.head_tiles;
+  if (head_tiles == 4 && (Format != CacheFormat::mse4 || HeadDim != 128 || !params.wide_table ||
+                          params.partitions.layout.token_slots())) {
+    throw std::logic_error("tqdecode: four head tiles outside the wide shape's 4-bit blocks order");
+  }
   if (params.partitions.layout.token_slots()) {  // one kv head per CTA but in the wide shape
     constexpr SlotAccess kInPlace = SlotAccess::in_place, kRotated = SlotAccess::rotated,
                          kRepacked = SlotAccess::repacked;
@@ -667,9 +698,12 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
     }
     return launch<HeadDim, 1, Format>(params, stream);
   } else {
-    if (head_tiles == 2) {
+    if (head_tiles >= 2) {
       if constexpr (Format == CacheFormat::mse4) {
-        if (params.wide_table) return launch<HeadDim, 2, Format, true>(params, stream);
+        if (params.wide_table) {
+          if (head_tiles == 4) return launch<HeadDim, 4, Format, true>(params, stream);
+          return launch<HeadDim, 2, Format, true>(params, stream);
+        }
       }
       return launch<HeadDim, 2, Format>(params, stream);
     }

@@ -194,20 +194,25 @@ struct LaneOperands {
 // k-steps): rows are tokens g and g + 8, columns heads 2c, 2c + 1. `lut` and
 // `lane_lut` are the key lookup table and the lane's byte offset in a row
 // (MSE keys); the offsets and the key selectors (3-bit keys at D = 64) are
-// the lane's, from the stage (kernel.cuh). SquareSums (token_slots keys
+// the lane's, from the stage (kernel.cuh); query(nt, ks) is the B operand of
+// head tile nt and k-step ks (kernel.cuh). SquareSums (token_slots keys
 // renormalized at decode, MSE keys): `square` also gets the sums of the
 // squared table values of tokens g (elements 0, 1) and g + 8 (2, 3), by one
 // more mma per k-step against ones, in fp32.
-template <class Shape, class Layout, CacheFormat Format, bool SquareSums, int KeyWordLoads>
+template <class Shape, class Layout, CacheFormat Format, bool SquareSums, int KeyWordLoads, class Query>
 __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int (&key_offset)[2][Layout::kKeyLoads],
                                            const int (&key_word)[KeyWordLoads], std::uint32_t key_low_selector,
                                            std::uint32_t key_high_selector, int key_skew, bool key_wraps,
-                                           const std::uint32_t (&key_mask)[4],
-                                           const std::uint32_t (&qb)[Shape::kHeadTiles][Shape::kDimTiles][2],
+                                           const std::uint32_t (&key_mask)[4], const Query& query,
                                            std::uint32_t lane_lut, const std::uint8_t* lut,
                                            float (&score)[Shape::kHeadTiles][4], float (&score_odd)[Shape::kHeadTiles][4],
                                            float (&square)[4]) {
   static_assert(!SquareSums || Format != CacheFormat::fp8, "fp8 keys are not renormalized");
+  // k-step ks of head tile nt into `chain`.
+  const auto product = [&](float (&chain)[4], const std::uint32_t (&a)[4], int nt, int ks) {
+    const uint2 q = query(nt, ks);
+    mma_f16(chain, a, q.x, q.y);
+  };
   const auto add_squares = [&](const std::uint32_t (&a)[4]) {
     if constexpr (SquareSums) {
       const std::uint32_t squares[4] = {square_f16x2(a[0]), square_f16x2(a[1]), square_f16x2(a[2]), square_f16x2(a[3])};
@@ -255,7 +260,7 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
       const std::uint32_t a[4] = {fp8_pair_to_f16<0>(words[0][ks]), fp8_pair_to_f16<0>(words[1][ks]),
                                   high_pair(words[0][ks]), high_pair(words[1][ks])};
 #pragma unroll
-      for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
+      for (int nt = 0; nt < HeadTiles; ++nt) product(ks % 2 ? score_odd[nt] : score[nt], a, nt, ks);
     }
   } else if constexpr (three_bit_keys(Format)) {
     // The lane's 3D/4 key bits: code pair p (dims (D/4)c + 2p, + 1) is
@@ -303,7 +308,7 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
       const std::uint32_t a[4] = {lookup(words[0], 12 * ks), lookup(words[1], 12 * ks), lookup(words[0], 12 * ks + 6),
                                   lookup(words[1], 12 * ks + 6)};
 #pragma unroll
-      for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(ks % 2 ? score_odd[nt] : score[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
+      for (int nt = 0; nt < HeadTiles; ++nt) product(ks % 2 ? score_odd[nt] : score[nt], a, nt, ks);
       add_squares(a);
     }
   } else {
@@ -348,12 +353,12 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
       const std::uint32_t even[4] = {lookup(words_g[w], 0), lookup(words_g8[w], 0), lookup(words_g[w], 1),
                                      lookup(words_g8[w], 1)};
 #pragma unroll
-      for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(score[nt], even, qb[nt][2 * w][0], qb[nt][2 * w][1]);
+      for (int nt = 0; nt < HeadTiles; ++nt) product(score[nt], even, nt, 2 * w);
       add_squares(even);
       const std::uint32_t odd[4] = {lookup(words_g[w], 2), lookup(words_g8[w], 2), lookup(words_g[w], 3),
                                     lookup(words_g8[w], 3)};
 #pragma unroll
-      for (int nt = 0; nt < HeadTiles; ++nt) mma_f16(score_odd[nt], odd, qb[nt][2 * w + 1][0], qb[nt][2 * w + 1][1]);
+      for (int nt = 0; nt < HeadTiles; ++nt) product(score_odd[nt], odd, nt, 2 * w + 1);
       add_squares(odd);
     }
   }

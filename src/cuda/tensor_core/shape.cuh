@@ -109,7 +109,10 @@ enum class SlotAccess { none, in_place, rotated, repacked, rows, runs };
 /// Shape of a kernel instance. Wide: 4-bit keys, one CTA per SM sharing a
 /// 64 KB lookup table whose 256-byte rows make each lookup's address one
 /// byte permute (entry byte in bits 8..15, lane in bits 2..6). At two head
-/// tiles (groups over 8) always, 12 warps; at one, 16 warps, chosen for
+/// tiles (groups over 8) always, 12 warps; at four (the blocks order's
+/// query rows of several tokens, policy.hpp's tensor_core_four_head_tiles),
+/// 8 warps at up to 255 registers holding every row's accumulators, the
+/// query operand read from shared memory at each use; at one, 16 warps, chosen for
 /// grids of few waves (policy.cpp, choose_grid), and with two, four or eight
 /// kv heads per CTA for larger grids: kv heads hy .. hy + h - 1 of one
 /// sequence, 16 / h warps each, sharing the table, the block table and the
@@ -140,6 +143,8 @@ template <int HeadDim, int HeadTiles, CacheFormat Format, bool Wide, int HeadsPe
 struct KernelShape {
   static_assert(HeadDim == 128 || (!Wide && HeadsPerCta == 1 && (HeadDim == 64 || HeadTiles == 1)),
                 "D = 64: the narrow configuration; D = 256: also one head tile");
+  static_assert(HeadTiles != 4 || (Wide && HeadsPerCta == 1 && Slots == SlotAccess::none),
+                "four head tiles: the wide shape in the blocks order, one kv head per CTA");
   static_assert(!Wide || Format == CacheFormat::mse4, "the wide table serves 4-bit keys");
   static constexpr bool kRuns = Slots == SlotAccess::runs;
   static constexpr bool kRowCopies = Slots == SlotAccess::rows || kRuns;
@@ -171,13 +176,14 @@ struct KernelShape {
   // warps fill the register file (8 leave a third of it idle, and two warps
   // per scheduler to cover the loop's latencies); 16 warps at 128 registers
   // need the query operand in shared memory and one S^T chain per head tile,
-  // which is slower (docs/PERFORMANCE.md).
+  // which is slower (docs/PERFORMANCE.md). Four head tiles take 254
+  // registers: 8 warps, one CTA per SM.
   static constexpr int kWarps =
-      HeadDim != 128 ? 8 : HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 ? 16 : 8;
+      HeadDim != 128 ? 8 : HeadTiles == 4 ? 8 : HeadTiles == 2 ? 12 : kWideTable || HeadsPerCta > 1 ? 16 : 8;
   static constexpr int kHeadsPerCta = HeadsPerCta;
   static constexpr int kWarpsPerHead = kWarps / HeadsPerCta;  // the warps streaming one kv head
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kResidentCtas = kWarps > 8 || HeadDim == 256 ? 1 : 2;
+  static constexpr int kResidentCtas = kWarps > 8 || HeadDim == 256 || HeadTiles == 4 ? 1 : 2;
   static constexpr int kStages =
       kSlots && !kRowCopies && HeadDim == 128 && HeadTiles == 1 &&
               (Wide || Format == CacheFormat::mse4 || Format == CacheFormat::fp8)
@@ -209,13 +215,18 @@ struct KernelShape {
   // token rows, whose loops are bound by their instruction count; the
   // rescale, which then recovers the scores, costs more, so the other
   // shapes are slower with it.
-  static constexpr bool kScoresLessMax = kBulkCopy && (HeadTiles == 2 || Slots == SlotAccess::rows);
+  static constexpr bool kScoresLessMax = kBulkCopy && (HeadTiles >= 2 || Slots == SlotAccess::rows);
   // P' = fp16(p) x value scale, one HMUL2 per token and head pair, instead of
   // two FMULs and a pack. In the bulk-copy shapes only, like the fields'
   // one-offset addressing and the host's score scale: in the narrow 3-bit
   // loops the compiler schedules them worse at the same instruction count.
   static constexpr bool kHalfScaledProbabilities = kWideTable;
   static constexpr int kRows = HeadTiles * kHeadsPerTile;  // query rows per kv head
+  // Each lane quad's rows' query-token offsets from the CTA's first row
+  // (kernel.cuh's row_deltas), kDeltaBits each for its 2 kHeadTiles rows: up
+  // to kRows - 1 at group 1.
+  static constexpr int kDeltaBits = kRows > 16 ? 8 : 4;
+  using RowDeltas = std::conditional_t<(kRows > 16), unsigned long long, unsigned>;
   static constexpr int kCtaRows = kRows * HeadsPerCta;     // of the CTA: row r is row r % kRows of kv head r / kRows
   // Rotation and merge: one head dim per thread, rows first_row + kRowStep r.
   static constexpr int kRowStep = kThreads / HeadDim;

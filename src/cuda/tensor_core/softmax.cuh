@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <bit>
 #include <cstdint>
 #include <type_traits>
 
@@ -74,11 +75,11 @@ struct OnlineSoftmax {
   /// be NaN or inf), excluded by selection, never by arithmetic (score -inf,
   /// value fields 0); a position at or past a row's causal limit scores
   /// kMaskedScore for that row. Lane quad c's rows 2c + e of head tile nt
-  /// see positions below first_limit + bits 4 (2 nt + e) of `deltas`;
+  /// see positions below first_limit + bits kDeltaBits (2 nt + e) of `deltas`;
   /// position(j) is token g + 8 j's.
   template <class Position>
   __device__ __forceinline__ void mask_tile(Scores& d, ValueScale (&value_scale)[2], float (&value_zero)[2], int end,
-                                            int first_limit, unsigned deltas, const Position& position) const {
+                                            int first_limit, typename Shape::RowDeltas deltas, const Position& position) const {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int at = position(j);
@@ -93,7 +94,10 @@ struct OnlineSoftmax {
         for (int nt = 0; nt < kHeadTiles; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            if (past >= ((deltas >> (4 * (2 * nt + e))) & 15u)) d[nt][e][j] = kMaskedScore;
+            constexpr unsigned kDeltaMask = (1u << Shape::kDeltaBits) - 1;
+            if (past >= (static_cast<unsigned>(deltas >> (Shape::kDeltaBits * (2 * nt + e))) & kDeltaMask)) {
+              d[nt][e][j] = kMaskedScore;
+            }
           }
         }
       }
@@ -121,11 +125,11 @@ struct OnlineSoftmax {
       float largest[kScores];
 #pragma unroll
       for (int i = 0; i < kScores; ++i) largest[i] = d[i / 4][(i / 2) % 2][i % 2];
+      static_for<std::bit_width(static_cast<unsigned>(kScores)) - 1>([&]<int Level>() {
+        constexpr int kWidth = kScores >> (Level + 1);
 #pragma unroll
-      for (int width = kScores / 2; width > 0; width /= 2) {
-#pragma unroll
-        for (int i = 0; i < width; ++i) largest[i] = fmaxf(largest[i], largest[i + width]);
-      }
+        for (int i = 0; i < kWidth; ++i) largest[i] = fmaxf(largest[i], largest[i + kWidth]);
+      });
       grows |= largest[0] > kLazyRescaleLog2;
     } else {
 #pragma unroll
