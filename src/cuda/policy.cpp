@@ -59,8 +59,7 @@ bool tensor_core_four_head_tiles(DecodePath path, const CacheLayout& layout, int
       rows_per_head <= 2 * kHeadsPerTile) {
     return false;
   }
-  const long long ctas = static_cast<long long>(batch) * layout.num_kv_heads *
-                         tensor_core_row_tiles(rows_per_head, tensor_core_head_tiles(rows_per_head, layout.head_dim, true));
+  const long long ctas = static_cast<long long>(batch) * layout.num_kv_heads * tensor_core_row_tiles(rows_per_head, 4);
   return ctas >= kGoodWaveUtilization * sm_count;
 }
 

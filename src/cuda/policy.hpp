@@ -87,7 +87,6 @@ bool tensor_core_four_head_tiles(DecodePath path, const CacheLayout& layout, int
 /// tokens of a sequence (1 without query_start_loc).
 inline int tensor_core_rows_per_head(const DecodeArgs& args) { return args.group_size() * args.query_tokens_bound(); }
 
-
 /// Grids of the 16-warp Hopper kernel with one kv head per CTA up to this
 /// many waves may use it; larger grids use several kv heads per CTA, or two
 /// CTAs of 8 warps per SM (docs/PERFORMANCE.md). The other presets'
