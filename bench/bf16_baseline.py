@@ -12,6 +12,10 @@ sequence against bf16 K/V with grouped-query attention.
   offsets, the kernel behind torch.nn.attention.varlen) on packed k/v
   [tokens, Hk, D]: the bf16 attention in PyTorch that takes ragged lengths
   without padding.
+- Several query tokens per sequence (q_len > 1, speculative decoding): the
+  same varlen kernel with q_len query rows per sequence and its causal mask,
+  which FlashAttention 2 aligns to the end of the keys (token j of q sees the
+  first L - q + j + 1 positions), as engines call it for draft verification.
 The inputs are N(0, 1); the backends' work does not depend on the scores.
 Block-table width (max_model_len) and score distribution have no bf16
 counterpart, so shapes that differ only in those share one measurement.
@@ -56,6 +60,10 @@ BACK_TO_BACK_WARMUPS = 2
 BACK_TO_BACK_REPLAYS = 30
 ENGINE_REPLAYS = 30
 MIN_FLUSH_BYTES = 256 << 20
+# An implementation whose output strays further from the fp32 reference is not counted: bf16 rounding of
+# N(0, 1) inputs stays under 1e-3 at every shape measured, and a wrong mask (a causal one aligned to the
+# start instead of the end) moves outputs by a tenth or more.
+MAX_ABS_DIFF = 1e-2
 
 SDPA_BACKENDS = {
     "sdpa_flash": SDPBackend.FLASH_ATTENTION,
@@ -77,14 +85,16 @@ def make_layer(shape, lengths, generator):
         return torch.randn(*size, generator=generator, device="cuda", dtype=torch.bfloat16)
 
     batch, num_q_heads, num_kv_heads, head_dim = shape["B"], shape["Hq"], shape["Hk"], shape["D"]
-    if shape["lengths"] == "uniform":
+    q_len = shape["q_len"]
+    if shape["lengths"] == "uniform" and q_len == 1:
         return {"q": randn(batch, num_q_heads, 1, head_dim), "k": randn(batch, num_kv_heads, shape["L"], head_dim),
                 "v": randn(batch, num_kv_heads, shape["L"], head_dim)}
     tokens = sum(lengths)
     offsets = torch.tensor([0] + list(_cumulative(lengths)), dtype=torch.int32, device="cuda")
-    return {"q": randn(batch, num_q_heads, head_dim), "k": randn(tokens, num_kv_heads, head_dim),
+    return {"q": randn(batch * q_len, num_q_heads, head_dim), "k": randn(tokens, num_kv_heads, head_dim),
             "v": randn(tokens, num_kv_heads, head_dim), "cu_k": offsets,
-            "cu_q": torch.arange(batch + 1, dtype=torch.int32, device="cuda"), "max_k": max(lengths)}
+            "cu_q": torch.arange(0, batch * q_len + 1, q_len, dtype=torch.int32, device="cuda"),
+            "max_q": q_len, "max_k": max(lengths)}
 
 
 def _cumulative(values):
@@ -106,36 +116,45 @@ def sdpa_call(backend):
 
 
 def flash_varlen(layer):
+    """Causal where a sequence has several query rows (one row: the mask would allow every position anyway)."""
     q = layer["q"]
     output = torch.ops.aten._flash_attention_forward(
-        q, layer["k"], layer["v"], layer["cu_q"], layer["cu_k"], 1, layer["max_k"], 0.0, False, False,
-        scale=1.0 / math.sqrt(q.shape[-1]))
+        q, layer["k"], layer["v"], layer["cu_q"], layer["cu_k"], layer["max_q"], layer["max_k"], 0.0,
+        layer["max_q"] > 1, False, scale=1.0 / math.sqrt(q.shape[-1]))
     return output[0]
 
 
 def reference(layer, shape, lengths):
-    """fp32 matmul + softmax, one sequence at a time for ragged lengths: the output the others are checked against."""
+    """fp32 matmul + softmax, one sequence at a time for packed layers: the output the others are checked against.
+    Query row j of a sequence's q rows sees its first n - q + j + 1 positions."""
     group = shape["Hq"] // shape["Hk"]
     scale = 1.0 / math.sqrt(shape["D"])
+    q_len = shape["q_len"]
 
-    def attend(q, k, v):  # q [Hq, D], k/v [Hk, n, D]
-        qg = q.float().view(shape["Hk"], group, shape["D"])
-        probs = torch.softmax(torch.matmul(qg, k.float().transpose(-1, -2)) * scale, dim=-1)
-        return torch.matmul(probs, v.float()).view(shape["Hq"], shape["D"])
+    def attend(q, k, v):  # q [q_len, Hq, D], k/v [Hk, n, D] -> [q_len, Hq, D]
+        n = k.shape[1]
+        qg = q.float().permute(1, 0, 2).reshape(shape["Hk"], group * q_len, shape["D"])  # rows (head, token)
+        scores = torch.matmul(qg, k.float().transpose(-1, -2)) * scale
+        row_token = torch.arange(group * q_len, device=q.device) % q_len
+        seen = torch.arange(n, device=q.device)[None, :] <= (n - q_len + row_token)[:, None]
+        probs = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+        out = torch.matmul(probs, v.float()).view(shape["Hq"], q_len, shape["D"])
+        return out.permute(1, 0, 2)
 
-    if shape["lengths"] == "uniform":
-        return torch.stack([attend(layer["q"][b, :, 0], layer["k"][b], layer["v"][b]) for b in range(shape["B"])])
+    if shape["lengths"] == "uniform" and q_len == 1:
+        return torch.stack([attend(layer["q"][b, :, 0][None], layer["k"][b], layer["v"][b])[0]
+                            for b in range(shape["B"])])
     rows, start = [], 0
     for b, n in enumerate(lengths):
         k = layer["k"][start:start + n].transpose(0, 1)
         v = layer["v"][start:start + n].transpose(0, 1)
-        rows.append(attend(layer["q"][b], k, v))
+        rows.append(attend(layer["q"][b * q_len:(b + 1) * q_len], k, v))
         start += n
-    return torch.stack(rows)
+    return torch.cat(rows)
 
 
 def implementations(shape, with_math):
-    if shape["lengths"] == "ragged":
+    if shape["lengths"] == "ragged" or shape["q_len"] > 1:
         return {"flash_varlen": flash_varlen}
     return {name: sdpa_call(backend) for name, backend in SDPA_BACKENDS.items() if with_math or name != "sdpa_math"}
 
@@ -303,6 +322,8 @@ def measure_problem(shape, needs_back_to_back, needs_engine, flush, gemms, with_
                 output = fn(layers[0])
                 torch.cuda.synchronize()
             diff = (output.float().reshape(expected.shape) - expected).abs().max().item()
+            if not diff <= MAX_ABS_DIFF:  # NaN too
+                raise RuntimeError(f"output differs from the fp32 reference by {diff:.3g} (more than {MAX_ABS_DIFF})")
             result = {"single": single_steps(fn, layers[:plan["layers"]], flush, pool), "max_abs_diff_vs_reference": diff}
             result["us"] = result["single"]["median_us"]
             print(f"    {name:16s} single step {result['us']:10.2f} us  max|diff| {diff:.3g}", flush=True)
@@ -394,11 +415,7 @@ def main():
         base = {"name": shape["name"], "B": shape["B"], "L": shape["L"], "Hq": shape["Hq"], "Hk": shape["Hk"],
                 "D": shape["D"], "lengths": shape["lengths"], "q_len": shape["q_len"], "tokens": plan["tokens"],
                 "max_len": plan["max_len"], "bytes": plan["bytes"]}
-        if shape["q_len"] > 1:
-            print(f"  {shape['name']}: not supported yet (q_len {shape['q_len']}: no bf16 baseline with several query "
-                  "tokens per sequence yet; tqdecode_bench measures its varlen entry and the rows pattern)", flush=True)
-            document["records"].append({**base, "status": "not supported yet", "same_as": None})
-        elif key in measured:
+        if key in measured:
             first, first_plan, record = measured[key]
             print(f"  {shape['name']}: same bf16 problem as {first}", flush=True)
             document["records"].append({**base, **first_plan, **record, "same_as": first})

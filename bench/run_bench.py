@@ -373,13 +373,15 @@ def query_tokens_lines(records):
     lines = ["## Several query tokens per sequence (single step)", "",
              "Each sequence has q_len new tokens. varlen: one call of the varlen entry; rows: the same tokens as rows "
              "of the one-token entry (a row per token over its own prefix), as engines send them without it; q_len 1: "
-             "the one-token step of the same problem (automatic path, and the scalar kernel). bf16: no bf16 decode "
-             "with a causal mask aligned to the end runs here, so the time the same work's bf16 K/V, query and output "
-             "bytes take at the measured read ceiling (a lower bound for any bf16 kernel). TFLOP/s: the QK^T and PV "
-             "products of the call (4 Hq D per query token and position it sees) per second.", "",
+             "the one-token step of the same problem (automatic path, and the scalar kernel). bf16: FlashAttention's "
+             "varlen kernel on the same logical bf16 K/V with q_len query rows per sequence and its causal mask aligned "
+             "to the end (bf16_baseline.py), measured the same way; bf16 bytes at the read ceiling: the time the same "
+             "work's bf16 K/V, query and output bytes take at the measured read ceiling (a lower bound for any bf16 "
+             "kernel; the comparison where the bf16 kernel did not run). TFLOP/s: the QK^T and PV products of the call "
+             "(4 Hq D per query token and position it sees) per second.", "",
              "| shape | q_len | varlen | path | % read | rows | rows / varlen | q_len 1 step | varlen / q_len 1 | "
-             "q_len 1, scalar kernel | varlen / scalar q_len 1 | bf16 at the read ceiling | bf16 / varlen | "
-             "TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "q_len 1, scalar kernel | varlen / scalar q_len 1 | bf16 | bf16 / varlen | bf16 bytes at the read "
+             "ceiling | that / varlen | TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ratio(a, b):
         return fmt(a / b if a and b else None, ".2f", "x")
@@ -405,6 +407,7 @@ def query_tokens_lines(records):
                      f"{' '.join(filter(None, (r['path'], r['kernel'])))} | {percent(r['frac_of_read'])} | "
                      f"{fmt(rows_us, '.1f', ' us')} | {ratio(rows_us, r['tq_us'])} | {fmt(single_us, '.1f', ' us')} | "
                      f"{ratio(r['tq_us'], single_us)} | {fmt(scalar_us, '.1f', ' us')} | {ratio(r['tq_us'], scalar_us)} | "
+                     f"{fmt(r['bf16_us'], '.1f', ' us')} | {ratio(r['bf16_us'], r['tq_us'])} | "
                      f"{fmt(bf16_floor_us(r), '.1f', ' us')} | {ratio(bf16_floor_us(r), r['tq_us'])} | "
                      f"{fmt(tflops(r), '.1f')} |")
     return lines + [""]
@@ -619,7 +622,7 @@ def estimate_seconds(shape, tq, bf16, flush_bytes=256 << 20):
         tq_s += 0.2 + 93 * (flush_us + step) * 1e-6
     bf16_s = 0.0
     if bf16 is not None:
-        impls = 1 if shape["lengths"] == "ragged" else 3
+        impls = 1 if shape["lengths"] == "ragged" or shape["q_len"] > 1 else 3
         t = call_us(bf16["bytes"], 0.9)
         # Each capture synchronises and collects garbage (torch.cuda.graph): ~30 ms.
         bf16_s = 0.5 + bf16["instance_bytes"] * bf16["instances"] / 2e11 + impls * (
@@ -666,7 +669,7 @@ def dry_run(args, shapes):
         tq = shape_plan.tq_plan(shape)
         plans.append(tq)
         key = shape_plan.bf16_key(shape)
-        bf16 = None if key in seen or shape["q_len"] > 1 else shape_plan.bf16_plan(
+        bf16 = None if key in seen else shape_plan.bf16_plan(
             {**shape, "back_to_back": any(s["back_to_back"] for s in shapes if shape_plan.bf16_key(s) == key),
              "engine": any(s["engine"] for s in shapes if shape_plan.bf16_key(s) == key)})
         seen.add(key)
@@ -681,7 +684,7 @@ def dry_run(args, shapes):
         options += ["requests " + "/".join(shape["requests"])] if len(shape["requests"]) > 1 else []
         bf16_text = (f"{bf16['bytes'] / 1e6:9.1f} {bf16['layers']:3d} {bf16['back_to_back_instances']:4d} "
                      f"{bf16['instance_bytes'] * bf16['instances'] / 1e9:7.2f}") if bf16 else \
-            f"{'(none)' if shape['q_len'] > 1 else '(shared)':>9s} {'':3s} {'':4s} {'':7s}"
+            f"{'(shared)':>9s} {'':3s} {'':4s} {'':7s}"
         print(f"{shape['name']:52s} {tq['tokens']:8d} {tq['table_width']:6d} {tq['bytes'] / 1e6:9.1f} {tq['layers']:2d} "
               f"{tq['back_to_back_instances']:4d} {tq['engine_layers']:3d} {tq['instance_bytes'] * tq['instances'] / 1e9:6.2f} "
               f"{bf16_text} {tq_s:5.1f} {bf16_s:6.1f}  {', '.join(options)}")

@@ -194,7 +194,7 @@ def bf16_key(shape):
 def bf16_plan(shape):
     """bf16 K/V of the same logical problem (contiguous, no pages): bytes and instance counts."""
     lengths = sequence_lengths(shape)
-    query = shape["B"] * shape["Hq"] * shape["D"]
+    query = shape["B"] * shape["q_len"] * shape["Hq"] * shape["D"]
     kv = 2 * sum(lengths) * shape["Hk"] * shape["D"] * 2
     total = kv + 2 * query * 2
     return {"tokens": sum(lengths), "max_len": max(lengths), "bytes": total, "instance_bytes": total,
