@@ -189,8 +189,29 @@ struct DecodeInputs {
   int64_t max_query_len = 0;
 };
 
+// The library's arguments of one call, and the tensors they point into where
+// those are copies (alive for the call).
+struct DecodeCall {
+  tqdecode::DecodeArgs args;
+  Tensor query;
+  Tensor block_table;
+};
+
+// `tensor`, or a contiguous copy where rows repeat: a stride of 0 on a
+// dimension of several elements (an expanded view, as vLLM's block table for
+// a continuation chunk), which the library's element strides cannot express
+// (there 0 means contiguous). The last dimension is contiguous already.
+Tensor without_repeated_rows(const Tensor& tensor) {
+  for (int64_t dim = 0; dim + 1 < tensor.dim(); ++dim) {
+    if (tensor.stride(dim) == 0 && tensor.size(dim) > 1) return tensor.contiguous();
+  }
+  return tensor;
+}
+
 // Checks the tensors and builds the library's arguments; output left unset.
-tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
+DecodeCall decode_call(const DecodeInputs& in) {
+  DecodeCall call;
+  tqdecode::DecodeArgs& args = call.args;
   const Tensor& query = in.query;
   const at::Device device = query.device();
   const bool varlen = in.query_start_loc != nullptr;
@@ -232,8 +253,9 @@ tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
   check_size(in.seq_lens, "seq_lens", 0, batch, batch_source);
   check_contiguous(in.seq_lens, "seq_lens");
 
-  tqdecode::DecodeArgs args;
-  args.query = query.data_ptr();
+  call.query = without_repeated_rows(query);
+  call.block_table = without_repeated_rows(in.block_table);
+  args.query = call.query.data_ptr();
   args.query_dtype = query.scalar_type() == at::kBFloat16 ? tqdecode::DType::bf16 : tqdecode::DType::f16;
   args.batch = static_cast<int>(batch);
   if (varlen) {
@@ -242,14 +264,14 @@ tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
     args.max_query_len = static_cast<int>(in.max_query_len);
   }
   args.num_q_heads = static_cast<int>(query.size(1));
-  args.query_stride_batch = query.stride(0);
-  args.query_stride_head = query.stride(1);
+  args.query_stride_batch = call.query.stride(0);
+  args.query_stride_head = call.query.stride(1);
   args.layout = layout;
   args.num_blocks = in.kv_cache.size(0);
   args.cache = in.kv_cache.data_ptr<uint8_t>();
-  args.block_table = in.block_table.data_ptr<int32_t>();
-  args.max_blocks_per_seq = static_cast<int>(in.block_table.size(1));
-  args.block_table_stride = in.block_table.stride(0);
+  args.block_table = call.block_table.data_ptr<int32_t>();
+  args.max_blocks_per_seq = static_cast<int>(call.block_table.size(1));
+  args.block_table_stride = call.block_table.stride(0);
   args.seq_lens = in.seq_lens.data_ptr<int32_t>();
   args.scale = static_cast<float>(in.scale);
   if (!layout.key_fp8()) {  // fp8 keys are neither rotated nor codebook-quantized: both are ignored
@@ -270,7 +292,7 @@ tqdecode::DecodeArgs decode_args(const DecodeInputs& in) {
     args.sinks = in.sinks->data_ptr<float>();
   }
   args.constants_stable = in.constants_stable;
-  return args;
+  return call;
 }
 
 void set_output(tqdecode::DecodeArgs& args, const Tensor& out, const Tensor& query) {
@@ -280,6 +302,8 @@ void set_output(tqdecode::DecodeArgs& args, const Tensor& out, const Tensor& que
     fail("out", "shape " + shape_text(out.sizes()) + " does not match the query shape " + shape_text(query.sizes()));
   }
   TQ_REQUIRE(out.stride(2) == 1, "out", "the head_dim dimension must have stride 1");
+  TQ_REQUIRE((out.stride(0) != 0 || out.size(0) <= 1) && (out.stride(1) != 0 || out.size(1) <= 1), "out",
+             "rows overlap (a stride of 0 on a dimension of several elements); accepted: distinct rows and heads");
   args.output = out.data_ptr();
   args.output_stride_batch = out.stride(0);
   args.output_stride_head = out.stride(1);
@@ -305,9 +329,9 @@ void* const kPlanningOutput = reinterpret_cast<void*>(std::uintptr_t{1});
 
 void decode_into_cpu(const DecodeInputs& in, Tensor& out) {
   translating_errors([&] {
-    tqdecode::DecodeArgs args = decode_args(in);
-    set_output(args, out, in.query);
-    tqdecode::decode_cpu(args);  // validates seq_lens, block_table and query_start_loc contents first
+    DecodeCall call = decode_call(in);
+    set_output(call.args, out, in.query);
+    tqdecode::decode_cpu(call.args);  // validates seq_lens, block_table and query_start_loc contents first
   });
 }
 
@@ -321,9 +345,9 @@ Tensor decode_cpu(TQ_DECODE_PARAMS) {
 
 std::tuple<std::string, std::string> decode_path_cpu(TQ_DECODE_PARAMS) {
   return translating_errors([&] {
-    tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
-    args.output = kPlanningOutput;
-    tqdecode::validate_decode_shapes(args);
+    DecodeCall call = decode_call(TQ_DECODE_INPUTS);
+    call.args.output = kPlanningOutput;
+    tqdecode::validate_decode_shapes(call.args);
     return std::tuple<std::string, std::string>{tqdecode::decode_path_name(tqdecode::DecodePath::cpu_reference),
                                                 "the tensors are in host memory"};
   });
@@ -553,10 +577,10 @@ CUstream_st* current_stream(const at::Device& device) {
 void decode_into_cuda(const DecodeInputs& in, Tensor& out) {
   translating_errors([&] {
     const c10::cuda::CUDAGuard guard(in.query.device());
-    tqdecode::DecodeArgs args = decode_args(in);
-    set_output(args, out, in.query);
+    DecodeCall call = decode_call(in);
+    set_output(call.args, out, in.query);
     const auto workspace = workspaces().for_device(in.query.device().index());
-    tqdecode::decode(args, *workspace, current_stream(in.query.device()));
+    tqdecode::decode(call.args, *workspace, current_stream(in.query.device()));
   });
 }
 
@@ -574,9 +598,9 @@ Tensor decode_cuda(TQ_DECODE_PARAMS) {
 std::tuple<std::string, std::string> decode_path_cuda(TQ_DECODE_PARAMS) {
   return translating_errors([&] {
     const c10::cuda::CUDAGuard guard(query.device());
-    tqdecode::DecodeArgs args = decode_args(TQ_DECODE_INPUTS);
-    args.output = kPlanningOutput;
-    tqdecode::PathChoice choice = tqdecode::choose_decode_path(args);
+    DecodeCall call = decode_call(TQ_DECODE_INPUTS);
+    call.args.output = kPlanningOutput;
+    tqdecode::PathChoice choice = tqdecode::choose_decode_path(call.args);
     return std::tuple<std::string, std::string>{tqdecode::decode_path_name(choice.path), std::move(choice.reason)};
   });
 }

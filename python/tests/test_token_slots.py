@@ -208,6 +208,57 @@ class TokenSlotsTest(unittest.TestCase):
         self.assertTrue(torch.equal(tqdecode.token_slots_decode_attention(*args, **kwargs, output_buf=other_dtype),
                                     expected))
 
+    @staticmethod
+    def continuation(device, rows=40, lengths=None):
+        """A request's chunk as vLLM sends it: `rows` rows with seq_lens rising by one to the request's 200 tokens,
+        over its block-table row expanded with stride 0."""
+        case = Case("turboquant_4bit_nc", seq_lens=(200,), seed=5)
+        args, kwargs = case.args(device)
+        g = torch.Generator().manual_seed(7)
+        query = torch.randn(rows, case.num_q_heads, case.head_dim, generator=g).to(case.dtype).to(device)
+        if lengths is None:
+            lengths = torch.arange(201 - rows, 201, dtype=torch.int32)
+        call = (query, args[1], args[2][:1].expand(rows, -1), lengths.to(device), *args[4:])
+        return call, {**kwargs, "norm_correction": True}
+
+    def check_continuation(self, device):
+        call, kwargs = self.continuation(device)
+        self.assertTrue(tqdecode._continuation_chunk(call[0], call[2], call[3]))
+        as_rows = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
+        got = tqdecode.token_slots_decode_attention(*call, **kwargs)
+        cosine, relative = errors(got, as_rows)
+        print(f"continuation chunk {device}: one varlen call against rows: cosine {cosine:.8f}, relative L2 {relative:.2e}")
+        self.assertGreater(cosine, 0.99999)
+        self.assertLess(relative, 2e-3)
+        rows, heads, dim = call[0].shape
+        output_buf = torch.full((rows + 2, heads, dim), float("nan"), dtype=call[0].dtype, device=device)
+        returned = tqdecode.token_slots_decode_attention(*call, **kwargs, output_buf=output_buf)
+        self.assertEqual(returned.data_ptr(), output_buf.data_ptr())
+        self.assertTrue(torch.equal(returned, got))
+        self.assertTrue(bool(torch.isnan(output_buf[rows:]).all()))
+        return got
+
+    def test_continuation_chunk_runs_as_one_varlen_call_cpu(self):
+        self.check_continuation("cpu")
+
+    def test_rows_that_are_not_a_continuation_stay_rows_cpu(self):
+        gap = torch.arange(161, 201, dtype=torch.int32)
+        gap[10], gap[11] = gap[11].item(), gap[10].item()  # not rising by one
+        from_zero = torch.arange(0, 40, dtype=torch.int32)  # a row of no position
+        for rows, lengths in ((40, gap), (40, from_zero), (tqdecode.CONTINUATION_MIN_ROWS - 1, None)):
+            call, kwargs = self.continuation("cpu", rows, lengths)
+            self.assertFalse(tqdecode._continuation_chunk(call[0], call[2], call[3]))
+            expected = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
+            self.assertTrue(torch.equal(tqdecode.token_slots_decode_attention(*call, **kwargs), expected))
+
+    @requires_cuda
+    def test_continuation_chunk_runs_as_one_varlen_call_cuda(self):
+        got = self.check_continuation("cuda")
+        call, kwargs = self.continuation("cpu")
+        cosine, relative = errors(got, tqdecode.token_slots_decode_attention(*call, **kwargs))
+        self.assertGreater(cosine, 0.9999)
+        self.assertLess(relative, 1e-2)
+
     def test_bad_input_names_the_argument(self):
         case = Case("turboquant_4bit_nc")
         args, kwargs = case.args()

@@ -701,6 +701,18 @@ class SeedCallsTest(unittest.TestCase):
         tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=view)
         self.assertTrue(torch.equal(view[:batch].reshape(expected.shape), expected))
         self.assertTrue(bool(torch.isnan(whole[:2]).all()) and bool(torch.isnan(whole[:, heads * head_dim:]).all()))
+        # Expanded views (vLLM's continuation rows share one block-table row): repeated rows read as the rows
+        # they repeat; an output whose rows overlap is refused.
+        first = lambda t: t[:1].repeat(batch, *([1] * (t.dim() - 1)))  # noqa: E731
+        repeated = tqdecode.turboquant_decode_attention(first(args[0]), args[1], first(args[2]), first(args[3]),
+                                                        *args[4:], **kwargs)
+        expanded = tqdecode.turboquant_decode_attention(args[0][:1].expand(batch, -1, -1), args[1],
+                                                        args[2][:1].expand(batch, -1), first(args[3]), *args[4:],
+                                                        **kwargs)
+        self.assertTrue(torch.equal(expanded, repeated), device)
+        with self.assertRaisesRegex(ValueError, "tqdecode: output_buf: rows overlap"):
+            tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=torch.empty(
+                1, heads, head_dim, dtype=case.query.dtype, device=device).expand(batch, -1, -1))
         with self.assertRaisesRegex(ValueError, r"tqdecode: output_buf: .*accepted: \[N, 8, 128\] or \[N, 1024\]"):
             tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=torch.empty(
                 batch - 1, heads, head_dim, dtype=case.query.dtype, device=device))

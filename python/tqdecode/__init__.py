@@ -262,6 +262,27 @@ def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cent
     return rows
 
 
+# vLLM sends a request's continuation chunk of q tokens as q rows with seq_lens
+# s, s + 1, ..., s + q - 1 and the request's block-table row expanded to q
+# rows (stride 0). Rows read the cache once each; one varlen call reads it
+# once for all of them (docs/VLLM.md). The stride marks the pattern; the
+# lengths are read to confirm it, a device synchronisation, so only outside
+# CUDA-graph capture and torch.compile, and only where the chunk saves more
+# than the wait costs.
+CONTINUATION_MIN_ROWS = 32
+
+
+def _continuation_chunk(query, block_table, seq_lens) -> bool:
+    """Whether these rows are one request's consecutive positions over one block-table row (a varlen call)."""
+    rows = query.shape[0]
+    if rows < CONTINUATION_MIN_ROWS or block_table.dim() != 2 or block_table.stride(0) != 0:
+        return False
+    if torch.compiler.is_compiling() or (query.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    steps = seq_lens[1:] - seq_lens[:-1]
+    return bool(((steps == 1).all() & (seq_lens[0] >= 1)).item())
+
+
 def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits,
                                  key_packed_size, value_quant_bits, key_fp8=False, norm_correction=False, PiT=None,
                                  mid_o_buf=None, output_buf=None, lse_buf=None, buf_holder=None,
@@ -275,8 +296,12 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
     as the engine hands it over (any order of tokens and heads, padded pages
     and slots); ``norm_correction`` True renormalises each token's centroid
     vector at decode time, as vLLM's decode does. Continuation chunks come as
-    rows with per-token ``seq_lens`` and an expanded block table, like any
-    batch. ``output_buf`` is written when it is a 3-D tensor of the query's
+    rows with per-token ``seq_lens`` and an expanded block table; from
+    ``CONTINUATION_MIN_ROWS`` rows (the table's row expanded with stride 0,
+    ``seq_lens`` rising by one from at least 1), outside CUDA-graph capture,
+    they run as one :func:`varlen_decode_attention` call: the same function,
+    the cache read once instead of once per row, after one synchronisation
+    that confirms the lengths. ``output_buf`` is written when it is a 3-D tensor of the query's
     dtype with at least ``[B, Hq, D]``, and ``output_buf[:B, :Hq, :D]`` is
     returned; otherwise, as vLLM's launcher does, a new tensor is. The other
     engine arguments (``key_packed_size``, ``mid_o_buf``, ``lse_buf``,
@@ -287,13 +312,20 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
     args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8,
                     PiT, buf_holder, None, cache_order="token_slots", norm_correction=norm_correction)
     batch, heads, head_dim = query.shape
+    decode, decode_out = ops.decode, ops.decode_out
+    if _continuation_chunk(query, block_table, seq_lens):
+        # One sequence of seq_lens[-1] positions whose last `batch` are the rows' tokens.
+        starts = torch.arange(0, 2 * batch, batch, dtype=torch.int32, device=query.device)
+        args = (query, kv_cache, block_table[:1], seq_lens[-1:], starts, batch, *args[4:])
+        decode, decode_out = ops.varlen_decode, ops.varlen_decode_out
     if (isinstance(output_buf, torch.Tensor) and output_buf.dim() == 3 and output_buf.dtype == query.dtype
             and output_buf.device == query.device and output_buf.shape[0] >= batch and output_buf.shape[1] >= heads
-            and output_buf.shape[2] >= head_dim and output_buf.stride(2) == 1):
+            and output_buf.shape[2] >= head_dim and output_buf.stride(2) == 1
+            and all(output_buf.stride(dim) != 0 or n <= 1 for dim, n in ((0, batch), (1, heads)))):
         out = output_buf[:batch, :heads, :head_dim]
-        ops.decode_out(*args, out=out)
+        decode_out(*args, out=out)
         return out
-    return ops.decode(*args)
+    return decode(*args)
 
 
 def varlen_decode_attention(query, kv_cache, block_table, seq_lens, query_start_loc, Pi, centroids, scale, mse_bits,

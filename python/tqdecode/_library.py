@@ -81,6 +81,9 @@ def check_output(out, query, argument) -> None:
     _check_tensor(out, argument, (query.dtype,), 3, "[batch, num_q_heads, head_dim]", query.device)
     if out.shape != query.shape:
         fail(argument, f"shape {list(out.shape)} does not match the query shape {list(query.shape)}")
+    if any(out.stride(dim) == 0 and out.shape[dim] > 1 for dim in range(2)):
+        fail(argument, "rows overlap (a stride of 0 on a dimension of several elements); accepted: distinct rows and "
+                       "heads")
 
 
 def output_rows(output_buf, query, argument):
