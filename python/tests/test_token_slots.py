@@ -293,10 +293,24 @@ class VllmPluginTest(unittest.TestCase):
             sys.path.insert(0, root)
             try:
                 backend = importlib.import_module("vllm.v1.attention.backend_stub")
-                self.assertTrue(vllm_plugin.register())
                 source = importlib.import_module(vllm_plugin.SOURCE_MODULE)
-                self.assertIs(source.triton_turboquant_decode_attention, tqdecode.token_slots_decode_attention)
-                self.assertIs(backend.triton_turboquant_decode_attention, tqdecode.token_slots_decode_attention)
+                original = source.triton_turboquant_decode_attention
+                self.assertTrue(vllm_plugin.register())
+                routed = source.triton_turboquant_decode_attention
+                self.assertIsNot(routed, original)
+                self.assertIs(backend.triton_turboquant_decode_attention, routed)
+                # The engine's call (keywords, as vLLM's backend passes them) gives tqdecode's result; later vLLM
+                # revisions' mask arguments pass when None and send the call to vLLM's function when set.
+                case = Case("turboquant_4bit_nc")
+                args, kwargs = case.args()
+                names = ("query", "kv_cache", "block_table", "seq_lens", "Pi", "centroids", "scale", "mse_bits",
+                         "key_packed_size", "value_quant_bits")
+                call = {**dict(zip(names, args)), **kwargs, "norm_correction": True}
+                expected = tqdecode.token_slots_decode_attention(**call)
+                self.assertTrue(torch.equal(routed(**call), expected))
+                self.assertTrue(torch.equal(routed(**call, sliding_window=None, mm_prefix_range=None), expected))
+                self.assertEqual(routed(**call, sliding_window=1024), "triton")
+                self.assertEqual(routed(**call, mm_prefix_range=torch.zeros(1, 2)), "triton")
             finally:
                 sys.path.remove(root)
                 for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:

@@ -3,18 +3,23 @@
 vLLM's TurboQuant backend decodes its token-interleaved cache with
 ``triton_turboquant_decode_attention`` from
 ``vllm.v1.attention.ops.triton_turboquant_decode``, once per layer and step.
-:func:`register` replaces that function with
+:func:`register` replaces that function with one that calls
 :func:`tqdecode.token_slots_decode_attention`, which takes the same
-arguments, reads the same cache bytes and computes the same function. It is
-vLLM's general-plugin hook (the ``vllm.general_plugins`` entry point of
-``python/pyproject.toml``), which vLLM calls in every process it starts.
-Importing this module does not import vLLM.
+arguments, reads the same cache bytes and computes the same function. A call
+with an argument that function does not take set (some vLLM revisions add
+masks, ``sliding_window`` and ``mm_prefix_range``) goes to vLLM's own
+function instead. It is vLLM's general-plugin hook (the
+``vllm.general_plugins`` entry point of ``python/pyproject.toml``), which
+vLLM calls in every process it starts. Importing this module does not import
+vLLM.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import inspect
 import sys
 
 SOURCE_MODULE = "vllm.v1.attention.ops.triton_turboquant_decode"
@@ -38,9 +43,30 @@ def register() -> bool:
     replaced = getattr(source, FUNCTION, None)
     if replaced is None:
         return False
-    from . import token_slots_decode_attention
-
+    routed = route(replaced)
     for module in list(sys.modules.values()):
         if module is not None and getattr(module, FUNCTION, None) is replaced:
-            setattr(module, FUNCTION, token_slots_decode_attention)
+            setattr(module, FUNCTION, routed)
     return True
+
+
+def route(original):
+    """``original`` (vLLM's decode function) as tqdecode serves it: a call
+    :func:`tqdecode.token_slots_decode_attention` can name goes there, with
+    any argument it does not take dropped when None; a call that sets such an
+    argument, or passes more positional arguments than it takes, goes to
+    ``original``."""
+    from . import token_slots_decode_attention
+
+    taken = tuple(inspect.signature(token_slots_decode_attention).parameters)
+
+    @functools.wraps(original)
+    def decode_attention(*args, **kwargs):
+        others = [name for name in kwargs if name not in taken]
+        if len(args) > len(taken) or any(kwargs[name] is not None for name in others):
+            return original(*args, **kwargs)
+        for name in others:
+            del kwargs[name]
+        return token_slots_decode_attention(*args, **kwargs)
+
+    return decode_attention
