@@ -301,9 +301,10 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
     ``seq_lens`` rising by one from at least 1), outside CUDA-graph capture,
     they run as one :func:`varlen_decode_attention` call: the same function,
     the cache read once instead of once per row, after one synchronisation
-    that confirms the lengths. ``output_buf`` is written when it is a 3-D tensor of the query's
-    dtype with at least ``[B, Hq, D]``, and ``output_buf[:B, :Hq, :D]`` is
-    returned; otherwise, as vLLM's launcher does, a new tensor is. The other
+    that confirms the lengths. ``output_buf`` is written when it is a 3-D
+    tensor of the query's dtype with at least ``[B, Hq, D]`` and distinct
+    rows, and ``output_buf[:B, :Hq, :D]`` is returned; otherwise, as vLLM's
+    launcher does, a new tensor is. The other
     engine arguments (``key_packed_size``, ``mid_o_buf``, ``lse_buf``,
     ``max_num_kv_splits``) are accepted and ignored. Arguments are checked
     before any work: ValueError names the argument.
@@ -316,7 +317,7 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
     if _continuation_chunk(query, block_table, seq_lens):
         # One sequence of seq_lens[-1] positions whose last `batch` are the rows' tokens.
         starts = torch.arange(0, 2 * batch, batch, dtype=torch.int32, device=query.device)
-        args = (query, kv_cache, block_table[:1], seq_lens[-1:], starts, batch, *args[4:])
+        args = (*args[:2], block_table[:1], seq_lens[-1:], starts, batch, *args[4:])
         decode, decode_out = ops.varlen_decode, ops.varlen_decode_out
     if (isinstance(output_buf, torch.Tensor) and output_buf.dim() == 3 and output_buf.dtype == query.dtype
             and output_buf.device == query.device and output_buf.shape[0] >= batch and output_buf.shape[1] >= heads
