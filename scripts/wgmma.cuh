@@ -1,5 +1,5 @@
 // Warpgroup MMA (wgmma, sm_90a) for the measurement scripts
-// (mma_throughput.cu, wgmma_decode_loop.cu): m64nNk16 with fp16 operands and
+// (mma_throughput.cu, wgmma_decode_loop.cu, wgmma_specialized_loop.cu): m64nNk16 with fp16 operands and
 // fp32 accumulators, A from registers (warp w of the warpgroup holds rows
 // 16w..16w+15 in mma.sync's m16n8k16 A fragment layout), B from shared
 // memory K-major in 128-byte-swizzled rows; the accumulators' layout is N/8

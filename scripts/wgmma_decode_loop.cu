@@ -30,26 +30,13 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "decode_loop_tile.cuh"
 #include "wgmma.cuh"
 
 namespace {
 
-constexpr int kTileTokens = 64;   // per warpgroup tile: 16 per warp
-constexpr int kSlotBytes = 144;   // a token's staged record: 64 key bytes, norm, scale, zero, 64 value bytes
-constexpr int kValueOffset = 80;
 constexpr int kStageBytes = 16 * kSlotBytes;  // a warp's 16 tokens
-// The wide table, as the 16-warp decode shapes read 4-bit keys: 256 rows of
-// 256 bytes (32 lanes' fp16 centroid pairs and padding), so a lookup's
-// address is one byte permute: the key byte in bits 8..15, the lane in 2..6.
-constexpr int kLutBytes = 256 * 256;
-constexpr float kLazyRescaleLog2 = 4.0f;
 
-// 2^x by the SFU alone (as the decode kernels take it), without exp2f's range handling.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 __device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
   std::uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -65,10 +52,6 @@ __device__ __forceinline__ bool barrier_any(int id, bool predicate) {
       : "r"(static_cast<std::uint32_t>(predicate)), "r"(id)
       : "memory");
   return any != 0;
-}
-__device__ __forceinline__ std::uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&h);
 }
 
 template <int N>
@@ -292,15 +275,13 @@ __global__ void __launch_bounds__(256, 1) decode_loop(int tiles, float* sink) {
 // 0-127 the dims (code x scale: an fp16 FMA of (2^p + code 2^(p-10)) x scale
 // - 2^p x scale, exact before its one rounding), 128 the zero and 129 ones,
 // so one m64n136k16 chain also sums p x zero and p.
-constexpr int kValueRows = 136;
-
 __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
   extern __shared__ __align__(1024) std::uint8_t shared[];
   constexpr int kKeyTile = kTileTokens * 128 * 2;           // 16 KB
   constexpr int kValueTile = kValueRows * kTileTokens * 2;  // 17 KB
   constexpr int kTiles0 = kLutBytes;                          // per warpgroup: K, V'^T
   constexpr int kStages0 = kTiles0 + 2 * (kKeyTile + kValueTile);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = warp / 4, wg_warp = warp % 4;
   for (int i = threadIdx.x; i < (kStages0 + 8 * 2 * kStageBytes) / 4; i += blockDim.x) {
     std::uint32_t x = (i * 2654435761u) >> 7;
@@ -308,7 +289,6 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
   }
   __syncthreads();
   const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
-  const std::uint32_t lane_lut = lane << 2;
   std::uint8_t* const keys = shared + kTiles0 + group * (kKeyTile + kValueTile);
   std::uint8_t* const values = keys + kKeyTile;
   const std::uint32_t keys_address = base + kTiles0 + group * (kKeyTile + kValueTile);
@@ -324,6 +304,8 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
   for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
     for (int j = 0; j < 4; ++j) query[ks][j] = ((lane * 977u + ks * 131u + j * 37u) & 0x01ff01ffu) | 0x2c002c00u;
+  // Held in registers, as loaded ones would be (recomputed beside the products, ptxas put arrives between them).
+  keep_words(query);
   float acc_o[kValueRows / 2] = {};
   float reference[2] = {-8.0f, -8.0f};  // rows g and g + 8; the first tile moves them
   std::uint32_t probability[4][4];
@@ -333,76 +315,8 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
   for (int tile = 0; tile < tiles; ++tile) {
     const std::uint8_t* stage = shared + kStages0 + (warp * 2 + (tile & 1)) * kStageBytes;
     const int first = 16 * wg_warp;  // the warp's tokens in the tile
-    // Keys of tokens g and g + 8, bytes 16c ..: centroid pairs x norm into K [token][dim].
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int token = g + 8 * j;
-      const uint4 bytes = *reinterpret_cast<const uint4*>(stage + token * kSlotBytes + 16 * c);
-      const std::uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
-      const __half norm = *reinterpret_cast<const __half*>(stage + token * kSlotBytes + 64);
-      const __half2 norm2 = __half2half2(norm);
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        std::uint32_t pairs[4];
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const std::uint32_t offset = __byte_perm(words[w], lane_lut, 0x5504u | (b << 4));
-          __half2 pair = *reinterpret_cast<const __half2*>(shared + offset);
-          pair = __hmul2(pair, norm2);
-          pairs[b] = *reinterpret_cast<std::uint32_t*>(&pair);
-        }
-        *reinterpret_cast<uint4*>(keys + swizzled_offset(kTileTokens, first + token, 32 * c + 8 * w)) =
-            make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
-      }
-    }
-    // Values: lane l takes dims 4l .. 4l + 3 (value bytes 2l, 2l + 1) of the warp's two halves of 8 tokens.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      std::uint32_t code[8];
-      std::uint32_t scale_pair[4], offset_low[4], offset_high[4];
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        code[t] = *reinterpret_cast<const std::uint16_t*>(stage + (8 * half + t) * kSlotBytes + kValueOffset + 2 * lane);
-      }
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const __half2 scale = __halves2half2(*reinterpret_cast<const __half*>(stage + (8 * half + 2 * p) * kSlotBytes + 66),
-                                             *reinterpret_cast<const __half*>(stage + (8 * half + 2 * p + 1) * kSlotBytes + 66));
-        const __half2 low = __hmul2(scale, __float2half2_rn(-1024.0f)), high = __hmul2(scale, __float2half2_rn(-64.0f));
-        scale_pair[p] = *reinterpret_cast<const std::uint32_t*>(&scale);
-        offset_low[p] = *reinterpret_cast<const std::uint32_t*>(&low);
-        offset_high[p] = *reinterpret_cast<const std::uint32_t*>(&high);
-      }
-#pragma unroll
-      for (int step = 0; step < 4; ++step) {
-        // Dim 4 lane + k, nibble k % 2 of byte k / 2; k rotated by the lane pair so a store's 32 rows
-        // cover every residue mod 8 (the swizzle's 16-byte chunks spread over all banks).
-        const int k = (step + (lane >> 1)) & 3;
-        const std::uint32_t selector = k & 2 ? 0x7571u : 0x7470u;
-        const std::uint32_t mask = k & 1 ? 0x00f000f0u : 0x000f000fu, exponent = k & 1 ? 0x54005400u : 0x64006400u;
-        std::uint32_t row[4];
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const std::uint32_t x = (__byte_perm(code[2 * p], code[2 * p + 1], selector) & mask) | exponent;
-          const std::uint32_t offset = k & 1 ? offset_high[p] : offset_low[p];
-          __half2 v = __hfma2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&scale_pair[p]),
-                              *reinterpret_cast<const __half2*>(&offset));
-          row[p] = *reinterpret_cast<std::uint32_t*>(&v);
-        }
-        *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, 4 * lane + k, first + 8 * half)) =
-            make_uint4(row[0], row[1], row[2], row[3]);
-      }
-      if (lane == 0) {  // row 128: the zeros of the 8 tokens
-        std::uint32_t zero[4];
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const __half2 z = __halves2half2(*reinterpret_cast<const __half*>(stage + (8 * half + 2 * p) * kSlotBytes + 68),
-                                           *reinterpret_cast<const __half*>(stage + (8 * half + 2 * p + 1) * kSlotBytes + 68));
-          zero[p] = *reinterpret_cast<const std::uint32_t*>(&z);
-        }
-        *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, 128, first + 8 * half)) = make_uint4(zero[0], zero[1], zero[2], zero[3]);
-      }
-    }
+    write_keys<true>(shared, stage, keys, first, lane);  // centroid pairs x norm
+    write_values<false>(stage, values, first, lane);
     fence_proxy_async();
     named_barrier(1 + group);
     // S = Q K^T: rows 16 w + g (+ 8), tokens 8i + 2c (+ 1).
@@ -457,12 +371,7 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
     keep(acc_o);
     keep_words(probability);
   }
-  wgmma_wait_all();
-  keep(acc_o);
-  float total = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kValueRows / 2; ++i) total += acc_o[i];
-  if (total == 1.2345f) sink[threadIdx.x] = total;  // keeps the loop; never true for these data
+  sink_accumulators(acc_o, sink);
 }
 
 // An SM's time per 64-token tile with every resident CTA of two warpgroups
@@ -493,11 +402,8 @@ void measure(Kernel kernel, int bytes, const char* label, int sms, float* sink) 
 }  // namespace
 
 int main() {
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  float* sink = nullptr;
-  cudaMalloc(&sink, 1024 * sizeof(float));
+  int sms = 0;
+  float* const sink = prototype_device(sms);
   measure(decode_loop<8, false>, Layout<8>::kBytes, "tokens form, N =  8, O^T wait at once  ", sms, sink);
   measure(decode_loop<8, true>, Layout<8>::kBytes, "tokens form, N =  8, O^T wait deferred", sms, sink);
   measure(decode_loop<32, false>, Layout<32>::kBytes, "tokens form, N = 32, O^T wait at once  ", sms, sink);

@@ -1,0 +1,158 @@
+// The synthetic tiles the wgmma decode-loop prototypes read
+// (wgmma_decode_loop.cu, wgmma_specialized_loop.cu) and the rows form's
+// dequantization of a warp's 16 tokens into the products' shared-memory
+// operands. A token's staged record: 64 key bytes (4-bit codes, two a
+// byte), its norm at byte 64, value scale at 66, zero at 68, and 64 value
+// bytes at 80.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "wgmma.cuh"
+
+constexpr int kTileTokens = 64;  // per warpgroup tile: 16 per warp
+constexpr int kSlotBytes = 144;
+constexpr int kValueOffset = 80;
+// The wide table, as the 16-warp decode shapes read 4-bit keys: 256 rows of
+// 256 bytes (32 lanes' fp16 centroid pairs and padding), so a lookup's
+// address is one byte permute: the key byte in bits 8..15, the lane in 2..6.
+constexpr int kLutBytes = 256 * 256;
+constexpr float kLazyRescaleLog2 = 4.0f;
+// V'^T's rows in the rows form (the B operand of O = P V'): the 128 dims,
+// then the zeros' and ones' rows, padded to N = 136.
+constexpr int kValueRows = 136;
+
+// 2^x by the SFU alone (as the decode kernels take it), without exp2f's range handling.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ std::uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&h);
+}
+
+/// K [token][dim] (swizzled_offset, 64 token rows) of a warp's 16 tokens,
+/// tile rows first .. first + 15, from their records at `records`: lane
+/// (g, c) takes key bytes 16c .. of tokens g and g + 8 through the table at
+/// `lut`. NormInKeys: centroids x norm in fp16, else the centroids.
+template <bool NormInKeys>
+__device__ __forceinline__ void write_keys(const std::uint8_t* lut, const std::uint8_t* records, std::uint8_t* keys,
+                                           int first, int lane) {
+  const int g = lane / 4, c = lane % 4;
+  const std::uint32_t lane_lut = lane << 2;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int token = g + 8 * j;
+    const uint4 bytes = *reinterpret_cast<const uint4*>(records + token * kSlotBytes + 16 * c);
+    const std::uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+    const __half2 norm2 = __half2half2(*reinterpret_cast<const __half*>(records + token * kSlotBytes + 64));
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      std::uint32_t pairs[4];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const std::uint32_t offset = __byte_perm(words[w], lane_lut, 0x5504u | (b << 4));
+        __half2 pair = *reinterpret_cast<const __half2*>(lut + offset);
+        if constexpr (NormInKeys) pair = __hmul2(pair, norm2);
+        pairs[b] = *reinterpret_cast<const std::uint32_t*>(&pair);
+      }
+      *reinterpret_cast<uint4*>(keys + swizzled_offset(kTileTokens, first + token, 32 * c + 8 * w)) =
+          make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+    }
+  }
+}
+
+/// V'^T [column][token] (swizzled_offset, kValueRows rows) of a warp's 16
+/// tokens, tile columns first .. first + 15, from their records: lane l
+/// takes dims 4l .. 4l + 3 (value bytes 2l, 2l + 1). ScaledProbabilities
+/// false: rows 0-127 code x scale by one fp16 FMA ((2^p + code 2^(p-10)) x
+/// scale - 2^p x scale, exact before its one rounding) and row 128 the
+/// zeros; true: rows 0-127 the code plus the fp16 exponent's offset (1024
+/// for low nibbles, 64 for high ones), the scale left to P.
+template <bool ScaledProbabilities>
+__device__ __forceinline__ void write_values(const std::uint8_t* records, std::uint8_t* values, int first, int lane) {
+  const auto field = [&](int token, int offset) {
+    return *reinterpret_cast<const __half*>(records + token * kSlotBytes + offset);
+  };
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    std::uint32_t code[8];
+    [[maybe_unused]] std::uint32_t scale_pair[4], offset_low[4], offset_high[4];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      code[t] = *reinterpret_cast<const std::uint16_t*>(records + (8 * half + t) * kSlotBytes + kValueOffset + 2 * lane);
+    }
+    if constexpr (!ScaledProbabilities) {
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const __half2 scale = __halves2half2(field(8 * half + 2 * p, 66), field(8 * half + 2 * p + 1, 66));
+        const __half2 low = __hmul2(scale, __float2half2_rn(-1024.0f)), high = __hmul2(scale, __float2half2_rn(-64.0f));
+        scale_pair[p] = *reinterpret_cast<const std::uint32_t*>(&scale);
+        offset_low[p] = *reinterpret_cast<const std::uint32_t*>(&low);
+        offset_high[p] = *reinterpret_cast<const std::uint32_t*>(&high);
+      }
+    }
+#pragma unroll
+    for (int step = 0; step < 4; ++step) {
+      // Dim 4 lane + k, nibble k % 2 of byte k / 2; k rotated by the lane pair so a store's 32 rows
+      // cover every residue mod 8 (the swizzle's 16-byte chunks spread over all banks).
+      const int k = (step + (lane >> 1)) & 3;
+      const std::uint32_t selector = k & 2 ? 0x7571u : 0x7470u;
+      const std::uint32_t mask = k & 1 ? 0x00f000f0u : 0x000f000fu, exponent = k & 1 ? 0x54005400u : 0x64006400u;
+      std::uint32_t row[4];
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const std::uint32_t x = (__byte_perm(code[2 * p], code[2 * p + 1], selector) & mask) | exponent;
+        if constexpr (ScaledProbabilities) {
+          row[p] = x;
+        } else {
+          const std::uint32_t offset = k & 1 ? offset_high[p] : offset_low[p];
+          const __half2 v =
+              __hfma2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&scale_pair[p]),
+                      *reinterpret_cast<const __half2*>(&offset));
+          row[p] = *reinterpret_cast<const std::uint32_t*>(&v);
+        }
+      }
+      *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, 4 * lane + k, first + 8 * half)) =
+          make_uint4(row[0], row[1], row[2], row[3]);
+    }
+    if (!ScaledProbabilities && lane == 0) {  // row 128: the zeros of the 8 tokens
+      std::uint32_t zero[4];
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const __half2 z = __halves2half2(field(8 * half + 2 * p, 68), field(8 * half + 2 * p + 1, 68));
+        zero[p] = *reinterpret_cast<const std::uint32_t*>(&z);
+      }
+      *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, 128, first + 8 * half)) =
+          make_uint4(zero[0], zero[1], zero[2], zero[3]);
+    }
+  }
+}
+
+/// After a loop: its last products' wait, and a store that keeps the
+/// accumulators live but never happens for these data.
+template <int R>
+__device__ __forceinline__ void sink_accumulators(float (&acc)[R], float* sink) {
+  wgmma_wait_all();
+  keep(acc);
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < R; ++i) total += acc[i];
+  if (total == 1.2345f) sink[threadIdx.x] = total;
+}
+
+/// The local GPU's SM count into `sms`, and a sink for the loops' results (never written for the synthetic data).
+inline float* prototype_device(int& sms) {
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  float* sink = nullptr;
+  cudaMalloc(&sink, 1024 * sizeof(float));
+  return sink;
+}

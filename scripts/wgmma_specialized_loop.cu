@@ -1,0 +1,316 @@
+// A warp-specialized warpgroup-MMA decode loop for several query tokens per
+// sequence (issue 30; docs/PERFORMANCE.md, "What is open"), timed without
+// memory traffic as scripts/wgmma_decode_loop.cu times its two forms: an
+// SM's time per 64-token tile of one kv head, issue, latency and the tensor
+// cores only, with 4-bit keys through the wide 256-byte-row table and 4-bit
+// values read from fixed shared-memory stages (synthetic data; the
+// products' values are not checked, their layouts are:
+// scripts/mma_throughput.cu; no copies, block table, prologue or merge).
+//
+// The roles are split as FlashAttention-3 splits them, in the rows
+// orientation (M = 64 query rows, the group x q_len rows of one kv head):
+// - producer warpgroups at few registers (setmaxnreg.dec) dequantize each
+//   64-token tile once into a ring of shared-memory slots: K [token][dim]
+//   (centroid pairs from the table), V'^T [column][token] and each token's
+//   score factor (norm x scale x log2 e, fp32); a full barrier per slot.
+//   V'^T in one of two forms (ScaledProbabilities):
+//   - false: columns 0-127 code x scale by one fp16 FMA (exact before its
+//     one rounding), 128 the tokens' zeros, 129 ones, so the product also
+//     sums p x zero and p;
+//   - true: columns 0-127 the codes plus the fp16 exponent's offset (1024
+//     or 64, one LOP3 per pair, no FMA), 128 zero / scale, 129 1 / scale,
+//     130 ones, and the consumers multiply p by the token's scale (P' = p
+//     scale), so the product sums P' (code + offset), p x zero, p and P'
+//     (the offsets' share, taken off once at the end). The producers' work
+//     per code halves; 1 / scale in fp16 needs scales above 2^-16 (a real
+//     kernel would scale those two columns);
+// - two consumer warpgroups at many registers (setmaxnreg.inc) take
+//   alternate tiles, so one's softmax overlaps the other's products:
+//   S = Q K^T (m64n64k16 x 8, A: the query rows from registers), the
+//   scores times their token's factor less the row's reference (the lazy
+//   rescale: the reference moves only when a score passes it by the
+//   threshold), p on the SFU, P from the accumulators into the A operand
+//   of O = P V' (m64n136k16 x 4), the slot released after that product's
+//   wait (at once, or after the next tile's S = Q K^T: Deferred).
+// Rows past `Rows` (q_len 4 at group 8: 32 of the 64) skip the softmax and
+// multiply zeros: the products run at M = 64 either way.
+//
+//   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -o /tmp/wgmma_specialized_loop \
+//     scripts/wgmma_specialized_loop.cu && /tmp/wgmma_specialized_loop
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "../src/cuda/tensor_core/bulk_copy.cuh"
+#include "decode_loop_tile.cuh"
+#include "wgmma.cuh"
+
+namespace {
+
+using tqdecode::cuda::tensor_core::fence_barrier_init;
+using tqdecode::cuda::tensor_core::mbarrier_arrive;
+using tqdecode::cuda::tensor_core::mbarrier_init;
+using tqdecode::cuda::tensor_core::mbarrier_wait_parity;
+
+constexpr int kInputBytes = kTileTokens * kSlotBytes;
+constexpr int kKeyTileBytes = kTileTokens * 128 * 2;           // 16 KB
+constexpr int kValueTileBytes = kValueRows * kTileTokens * 2;  // 17 KB
+constexpr int kFactorBytes = 1024;  // 64 x (factor, scale) fp32; slots stay on 1024-byte boundaries
+constexpr int kRingSlotBytes = kKeyTileBytes + kValueTileBytes + kFactorBytes;
+constexpr float kScoreFactor = 0.08838835f * 1.44269504f;  // 1/sqrt(128) x log2 e
+
+template <int Slots>
+struct SharedLayout {
+  static constexpr int kRing = kLutBytes;
+  static constexpr int kInput = kRing + Slots * kRingSlotBytes;  // two packed tiles, read alternately
+  static constexpr int kBarriers = kInput + 2 * kInputBytes;     // full[Slots], then empty[Slots]
+  static constexpr int kBytes = kBarriers + 2 * Slots * 8;
+};
+
+template <int Registers>
+__device__ __forceinline__ void release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
+template <int Registers>
+__device__ __forceinline__ void claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
+
+// One producer warp's share of a tile: its 16 tokens (16 w ..) dequantized
+// into the slot at `keys` (K, then V'^T, then each token's factor and scale).
+template <bool ScaledProbabilities>
+__device__ __forceinline__ void dequantize(const std::uint8_t* shared, const std::uint8_t* stage, std::uint8_t* keys,
+                                           int wg_warp, int lane) {
+  const int first = 16 * wg_warp;
+  std::uint8_t* const values = keys + kKeyTileBytes;
+  float2* const factors = reinterpret_cast<float2*>(values + kValueTileBytes);
+  write_keys<false>(shared, stage + first * kSlotBytes, keys, first, lane);
+  if (lane < 16) {  // token first + lane's fields
+    const std::uint8_t* record = stage + (first + lane) * kSlotBytes;
+    const float norm = __half2float(*reinterpret_cast<const __half*>(record + 64));
+    const float scale = __half2float(*reinterpret_cast<const __half*>(record + 66));
+    factors[first + lane] = make_float2(norm * kScoreFactor, scale);
+    if constexpr (ScaledProbabilities) {  // rows 128 and 129: zero / scale, 1 / scale
+      const float zero = __half2float(*reinterpret_cast<const __half*>(record + 68));
+      const float inverse = 1.0f / scale;
+      *reinterpret_cast<__half*>(values + swizzled_offset(kValueRows, 128, first + lane)) =
+          __float2half(zero * inverse);
+      *reinterpret_cast<__half*>(values + swizzled_offset(kValueRows, 129, first + lane)) = __float2half(inverse);
+    }
+  }
+  write_values<ScaledProbabilities>(stage + first * kSlotBytes, values, first, lane);
+}
+
+// Rows: the real query rows of the 64 (q_len x group); Producers: producer
+// warpgroups (1 or 2); Slots: the ring's depth; Deferred: each slot released
+// after the next tile's S = Q K^T instead of right after its own O = P V';
+// ScaledProbabilities: where the values' scales are applied (above).
+template <int Rows, int Producers, int Slots, bool Deferred, bool ScaledProbabilities>
+__global__ void __launch_bounds__(128 * (Producers + 2), 1) specialized_loop(int tiles, float* sink) {
+  extern __shared__ __align__(1024) std::uint8_t shared[];
+  using L = SharedLayout<Slots>;
+  // Registers: the producers' budget and the consumers', filling 64 K.
+  constexpr int kProducerRegisters = 72;
+  constexpr int kConsumerRegisters = Producers == 1 ? 216 : 184;
+  static_assert(128 * (Producers * kProducerRegisters + 2 * kConsumerRegisters) <= 65536);
+  // The role and the warp from lane 0, so the compiler knows them uniform
+  // (a divergent path near the products serializes them).
+  const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0), lane = threadIdx.x % 32, c = lane % 4;
+  const int role = warp / 4, wg_warp = warp % 4;
+  for (int i = threadIdx.x; i < L::kBarriers / 4; i += blockDim.x) {
+    const std::uint32_t x = (i * 2654435761u) >> 7;
+    reinterpret_cast<std::uint32_t*>(shared)[i] = (x & 0x03ff03ffu) | 0x30003000u;  // fp16 in [0.125, 0.25)
+  }
+  __syncthreads();
+  // The ones row (129, or 130 with ScaledProbabilities) and the zero rows after it in every slot's V'^T, once.
+  constexpr int kOnesRow = ScaledProbabilities ? 130 : 129;
+  for (int i = threadIdx.x; i < Slots * (kValueRows - kOnesRow) * kTileTokens; i += blockDim.x) {
+    const int slot = i / ((kValueRows - kOnesRow) * kTileTokens);
+    const int row = kOnesRow + i / kTileTokens % (kValueRows - kOnesRow), token = i % kTileTokens;
+    std::uint8_t* values = shared + L::kRing + slot * kRingSlotBytes + kKeyTileBytes;
+    *reinterpret_cast<__half*>(values + swizzled_offset(kValueRows, row, token)) =
+        __float2half(row == kOnesRow ? 1.0f : 0.0f);
+  }
+  const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
+  const auto full = [&](int slot) { return base + L::kBarriers + 8 * slot; };
+  const auto empty = [&](int slot) { return base + L::kBarriers + 8 * (Slots + slot); };
+  if (threadIdx.x == 0) {
+    for (int slot = 0; slot < Slots; ++slot) {
+      mbarrier_init(full(slot), 128);   // a producer warpgroup's threads
+      mbarrier_init(empty(slot), 128);  // a consumer warpgroup's threads
+    }
+    fence_barrier_init();
+  }
+  fence_proxy_async();
+  __syncthreads();
+
+  if (role < Producers) {
+    release_registers<kProducerRegisters>();
+    for (int tile = role; tile < tiles; tile += Producers) {
+      const int slot = tile % Slots, round = tile / Slots;
+      mbarrier_wait_parity(empty(slot), (round & 1) ^ 1);
+      dequantize<ScaledProbabilities>(shared, shared + L::kInput + (tile & 1) * kInputBytes,
+                                      shared + L::kRing + slot * kRingSlotBytes, wg_warp, lane);
+      fence_proxy_async();  // the generic-proxy stores before the products' reads
+      mbarrier_arrive(full(slot));
+    }
+    return;
+  }
+
+  claim_registers<kConsumerRegisters>();
+  const int consumer = role - Producers;
+  const bool real_rows = 16 * wg_warp < Rows;  // the warp's rows 16 w .. 16 w + 15: warp-uniform
+  // The query (A of S = Q K^T), synthetic: rows 16 w + g (+ 8), dims 16 ks + 2c (+ 1, + 8, + 9).
+  std::uint32_t query[8][4];
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) query[ks][j] = ((lane * 977u + ks * 131u + j * 37u) & 0x01ff01ffu) | 0x2c002c00u;
+  keep_words(query);  // held in registers, as loaded ones would be, not recomputed beside the products
+  float acc_o[kValueRows / 2] = {};
+  float reference[2] = {-8.0f, -8.0f};  // rows g and g + 8; the first tile moves them
+  std::uint32_t probability[4][4];
+  int held = -1;  // Deferred: the slot whose O = P V' is still in flight
+  for (int tile = consumer; tile < tiles; tile += 2) {
+    const int slot = tile % Slots, round = tile / Slots;
+    mbarrier_wait_parity(full(slot), round & 1);
+    // The operands' descriptors: the slot's, plus each k-step's offset in 16-byte units (no carry
+    // past the 14-bit address field: shared memory is under 256 KB).
+    const std::uint64_t keys = descriptor(base + L::kRing + slot * kRingSlotBytes);
+    const std::uint64_t values = descriptor(base + L::kRing + slot * kRingSlotBytes + kKeyTileBytes);
+    const auto k_step = [](int rows, int ks) {
+      return static_cast<std::uint64_t>(((ks / 4) * rows * 128 + (ks % 4) * 32) >> 4);
+    };
+    const float4* factors =
+        reinterpret_cast<const float4*>(shared + L::kRing + slot * kRingSlotBytes + kKeyTileBytes + kValueTileBytes);
+    // S = Q K^T: rows 16 w + g (+ 8), tokens 8i + 2c (+ 1).
+    float score[32];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) wgmma_rs<64>(score, query[ks], keys + k_step(kTileTokens, ks), ks > 0);
+    wgmma_commit();
+    wgmma_wait_all();  // with Deferred, also the previous tile's O = P V'
+    keep(score);
+    if constexpr (Deferred) {
+      keep(acc_o);
+      keep_words(probability);
+      if (held >= 0) mbarrier_arrive(empty(held));
+    }
+    if (real_rows) {
+      // Scores x their token's factor, less the row's reference; the rows' maxima over the lane quad.
+      float local[2] = {-1.0e30f, -1.0e30f};
+      [[maybe_unused]] float scale[16];  // ScaledProbabilities: the scales of tokens 8i + 2c, + 1
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float4 factor = factors[4 * i + c];  // (factor, scale) of tokens 8i + 2c and 8i + 2c + 1
+        scale[2 * i] = factor.y, scale[2 * i + 1] = factor.w;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          score[4 * i + e] = fmaf(score[4 * i + e], e & 1 ? factor.z : factor.x, -reference[e / 2]);
+          local[e / 2] = fmaxf(local[e / 2], score[4 * i + e]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        local[r] = fmaxf(local[r], __shfl_xor_sync(0xffffffffu, local[r], 1));
+        local[r] = fmaxf(local[r], __shfl_xor_sync(0xffffffffu, local[r], 2));
+      }
+      // Rare past the first tiles; the vote keeps the branch warp-uniform (see the role above).
+      if (__any_sync(0xffffffffu, local[0] > kLazyRescaleLog2 || local[1] > kLazyRescaleLog2)) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float shift = local[r] > kLazyRescaleLog2 ? local[r] : 0.0f;
+          const float alpha = fast_exp2(-shift);
+          reference[r] += shift;
+#pragma unroll
+          for (int i = 0; i < kValueRows / 8; ++i) acc_o[4 * i + 2 * r] *= alpha, acc_o[4 * i + 2 * r + 1] *= alpha;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) score[4 * i + 2 * r] -= shift, score[4 * i + 2 * r + 1] -= shift;
+        }
+      }
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt) {
+        const auto p = [&](int i, int e) {
+          return ScaledProbabilities ? fast_exp2(score[4 * i + e]) * scale[2 * i + (e & 1)]
+                                     : fast_exp2(score[4 * i + e]);
+        };
+        probability[kt][0] = pack_half2(p(2 * kt, 0), p(2 * kt, 1));
+        probability[kt][1] = pack_half2(p(2 * kt, 2), p(2 * kt, 3));
+        probability[kt][2] = pack_half2(p(2 * kt + 1, 0), p(2 * kt + 1, 1));
+        probability[kt][3] = pack_half2(p(2 * kt + 1, 2), p(2 * kt + 1, 3));
+      }
+    } else {
+      // Zeros written here, after the wait, not hoisted beside an in-flight product that reads them.
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("mov.b32 %0, 0;\n" : "=r"(probability[kt][j]));
+    }
+    // O = P V': k-step kt takes tokens 16 kt ..
+    wgmma_fence();
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) {
+      wgmma_rs<kValueRows>(acc_o, probability[kt], values + k_step(kValueRows, kt), 1);
+    }
+    wgmma_commit();
+    if constexpr (Deferred) {
+      held = slot;
+    } else {
+      wgmma_wait_all();
+      keep(acc_o);
+      keep_words(probability);
+      mbarrier_arrive(empty(slot));
+    }
+  }
+  sink_accumulators(acc_o, sink);
+}
+
+// An SM's time per 64-token tile, one CTA per SM; (16, 32768), Hk 8 is 65536 such tiles.
+template <int Rows, int Producers, int Slots, bool Deferred, bool ScaledProbabilities>
+void measure(int sms, float* sink) {
+  const auto kernel = specialized_loop<Rows, Producers, Slots, Deferred, ScaledProbabilities>;
+  constexpr int kBytes = SharedLayout<Slots>::kBytes;
+  constexpr int kThreads = 128 * (Producers + 2);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+  constexpr int kTiles = 1024;  // 65536 tokens per CTA
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  kernel<<<sms, kThreads, kBytes>>>(kTiles, sink);  // warm-up
+  cudaEventRecord(start);
+  for (int r = 0; r < 5; ++r) kernel<<<sms, kThreads, kBytes>>>(kTiles, sink);
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0.0f;
+  cudaEventElapsedTime(&ms, start, stop);
+  const double sm_tile_ns = ms * 1e6 / 5 / kTiles;
+  std::printf(
+      "%d rows (q_len %d), %d producer warpgroup(s), %d slots, release %s, scale in %s: %.1f ns of an SM per 64-token "
+      "tile; (16, 32768) Hk 8 would take %.1f us (%s)\n",
+      Rows, Rows / 8, Producers, Slots, Deferred ? "deferred" : "at once", ScaledProbabilities ? "P" : "V", sm_tile_ns,
+      65536.0 / sms * sm_tile_ns / 1e3, cudaGetErrorString(cudaGetLastError()));
+}
+
+template <int Rows>
+void measure_forms(int sms, float* sink) {
+  measure<Rows, 1, 3, false, false>(sms, sink);
+  measure<Rows, 1, 3, false, true>(sms, sink);
+  measure<Rows, 1, 4, false, false>(sms, sink);
+  measure<Rows, 1, 4, false, true>(sms, sink);
+  measure<Rows, 1, 4, true, false>(sms, sink);
+  measure<Rows, 1, 4, true, true>(sms, sink);
+  measure<Rows, 2, 4, true, false>(sms, sink);
+  measure<Rows, 2, 4, true, true>(sms, sink);
+}
+
+}  // namespace
+
+int main() {
+  int sms = 0;
+  float* const sink = prototype_device(sms);
+  measure_forms<64>(sms, sink);  // q_len 8 at group 8
+  measure_forms<32>(sms, sink);  // q_len 4
+  return cudaGetLastError() == cudaSuccess ? 0 : 1;
+}
