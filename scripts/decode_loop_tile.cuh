@@ -86,7 +86,8 @@ __device__ __forceinline__ void write_values(const std::uint8_t* records, std::u
     [[maybe_unused]] std::uint32_t scale_pair[4], offset_low[4], offset_high[4];
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      code[t] = *reinterpret_cast<const std::uint16_t*>(records + (8 * half + t) * kSlotBytes + kValueOffset + 2 * lane);
+      code[t] =
+          *reinterpret_cast<const std::uint16_t*>(records + (8 * half + t) * kSlotBytes + kValueOffset + 2 * lane);
     }
     if constexpr (!ScaledProbabilities) {
 #pragma unroll
@@ -131,6 +132,140 @@ __device__ __forceinline__ void write_values(const std::uint8_t* records, std::u
       }
       *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, 128, first + 8 * half)) =
           make_uint4(zero[0], zero[1], zero[2], zero[3]);
+    }
+  }
+}
+
+__device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
+  std::uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ void named_barrier(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+// A barrier of the warpgroup that also returns whether `predicate` held for any of its threads.
+__device__ __forceinline__ bool barrier_any(int id, bool predicate) {
+  std::uint32_t any;
+  asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\nbar.red.or.pred p, %2, 128, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(any)
+               : "r"(static_cast<std::uint32_t>(predicate)), "r"(id)
+               : "memory");
+  return any != 0;
+}
+
+/// The tokens form's per-thread row state: rows 8i + 2c and 8i + 2c + 1 of
+/// the N query rows (i < N / 8), the S^T and O^T accumulators' columns.
+template <int N>
+struct TokensRows {
+  float reference[N / 4];   // base 2; the first tile moves them
+  float row_sum[N / 4];     // sum of p
+  float zero_sum[N / 4];    // sum of p x zero
+  float scaled_sum[N / 4];  // sum of P' = p x scale (SumScaled: the value codes' offset, taken off at the end)
+  __device__ __forceinline__ TokensRows() {
+#pragma unroll
+    for (int r = 0; r < N / 4; ++r) reference[r] = -8.0f, row_sum[r] = 0.0f, zero_sum[r] = 0.0f, scaled_sum[r] = 0.0f;
+  }
+};
+
+/// The tokens form's softmax of one 64-token tile of a warpgroup. `score`:
+/// S^T, tokens 16 w + g (+ 8) x rows 8i + 2c (+ 1); factor, scale, zero:
+/// tokens g and g + 8's. Scores x factor less the rows' references (base
+/// 2), and whether any exceeds its reference by more than the lazy
+/// threshold anywhere in the warpgroup: one predicate reduced by the
+/// barrier `barrier`, almost never true past the first tiles. Only then the
+/// rows' tile maxima are exchanged through `exchange` (4 x N floats) and
+/// the references move (the accumulators and sums rescaled). Then p,
+/// P' = p x scale and the sums, and P'^T into shared memory at `prob`
+/// (rows 8i + g, tokens 16 w + 8 j + 2c, + 1; swizzled).
+template <int N, bool SumScaled>
+__device__ __forceinline__ void tokens_softmax(float (&score)[N / 2], const float (&factor)[2], const float (&scale)[2],
+                                               const float (&zero)[2], TokensRows<N>& rows, float (&acc_o)[2][N / 2],
+                                               float* exchange, std::uint8_t* prob, int barrier, int wg_warp,
+                                               int lane) {
+  const int g = lane / 4, c = lane % 4;
+  float local = -1.0e30f;
+#pragma unroll
+  for (int i = 0; i < N / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      score[4 * i + e] = fmaf(score[4 * i + e], factor[e / 2], -rows.reference[2 * i + (e & 1)]);
+      local = fmaxf(local, score[4 * i + e]);
+    }
+  }
+  // The vote tells the compiler the branch is warp-uniform.
+  if (__any_sync(0xffffffffu, barrier_any(barrier, local > kLazyRescaleLog2))) {
+    float tile_max[N / 4];
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) tile_max[2 * i + e] = fmaxf(score[4 * i + e], score[4 * i + 2 + e]);
+    }
+#pragma unroll
+    for (int r = 0; r < N / 4; ++r) {
+#pragma unroll
+      for (int x = 4; x < 32; x *= 2) tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], x));
+    }
+    // Lane (g, c) publishes rows 8g + 2c, + 1 and reads them back from the four warps.
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
+      if (g == i) {
+        *reinterpret_cast<float2*>(exchange + wg_warp * N + 8 * i + 2 * c) =
+            make_float2(tile_max[2 * i], tile_max[2 * i + 1]);
+      }
+    }
+    named_barrier(barrier);
+    float2 merged = make_float2(-1.0e30f, -1.0e30f);
+    if (g < N / 8) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float2 m = *reinterpret_cast<const float2*>(exchange + w * N + 8 * g + 2 * c);
+        merged.x = fmaxf(merged.x, m.x), merged.y = fmaxf(merged.y, m.y);
+      }
+    }
+    named_barrier(barrier);  // the exchange is rewritten at the next move
+    float shift[N / 4];
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
+      const float m[2] = {__shfl_sync(0xffffffffu, merged.x, 4 * i + c), __shfl_sync(0xffffffffu, merged.y, 4 * i + c)};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) shift[2 * i + e] = fmaxf(m[e], 0.0f);  // scores are already less the reference
+    }
+#pragma unroll
+    for (int r = 0; r < N / 4; ++r) {
+      const float alpha = fast_exp2(-shift[r]);
+      rows.reference[r] += shift[r];
+      rows.row_sum[r] *= alpha, rows.zero_sum[r] *= alpha;
+      if constexpr (SumScaled) rows.scaled_sum[r] *= alpha;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        acc_o[h][4 * (r / 2) + (r & 1)] *= alpha;
+        acc_o[h][4 * (r / 2) + 2 + (r & 1)] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) score[4 * i + e] -= shift[2 * i + (e & 1)];
+  }
+#pragma unroll
+  for (int i = 0; i < N / 8; ++i) {
+    std::uint32_t pair[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float scaled[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = fast_exp2(score[4 * i + 2 * j + e]);
+        rows.row_sum[2 * i + e] += p;
+        rows.zero_sum[2 * i + e] += p * zero[j];
+        scaled[e] = p * scale[j];
+        if constexpr (SumScaled) rows.scaled_sum[2 * i + e] += scaled[e];
+      }
+      pair[j] = movmatrix_trans(pack_half2(scaled[0], scaled[1]));
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = 8 * i + g, token = 16 * wg_warp + 8 * j + 2 * c;
+      *reinterpret_cast<std::uint32_t*>(prob + swizzled_offset(N, row, token)) = pair[j];
     }
   }
 }

@@ -37,23 +37,6 @@ namespace {
 
 constexpr int kStageBytes = 16 * kSlotBytes;  // a warp's 16 tokens
 
-__device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
-  std::uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
-__device__ __forceinline__ void named_barrier(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
-// A barrier of the warpgroup that also returns whether `predicate` held for any of its threads.
-__device__ __forceinline__ bool barrier_any(int id, bool predicate) {
-  std::uint32_t any;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\nbar.red.or.pred p, %2, 128, q;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(any)
-      : "r"(static_cast<std::uint32_t>(predicate)), "r"(id)
-      : "memory");
-  return any != 0;
-}
-
 template <int N>
 struct Layout {
   static constexpr int kQueryBytes = N * 128 * 2;     // Q^T: N rows of 128 dims
@@ -86,9 +69,7 @@ __global__ void __launch_bounds__(256, 1) decode_loop(int tiles, float* sink) {
   std::uint8_t* const prob_ptr = shared + L::kProb + group * L::kProbBytes;
   float* const exchange = reinterpret_cast<float*>(shared + L::kExchange) + group * 4 * N;
   float acc_o[2][N / 2] = {};
-  float reference[N / 4], row_sum[N / 4], zero_sum[N / 4];
-#pragma unroll
-  for (int r = 0; r < N / 4; ++r) reference[r] = -8.0f, row_sum[r] = 0.0f, zero_sum[r] = 0.0f;  // the first tile moves them
+  TokensRows<N> rows;
 
   std::uint32_t value[4][2][4] = {};
   for (int tile = 0; tile < tiles; ++tile) {
@@ -129,92 +110,7 @@ __global__ void __launch_bounds__(256, 1) decode_loop(int tiles, float* sink) {
     const float norm[2] = {field(g, 0), field(g + 8, 0)};
     const float scale[2] = {field(g, 1), field(g + 8, 1)};
     const float zero[2] = {field(g, 2), field(g + 8, 2)};
-    // Scores less the rows' references (base 2), and whether any exceeds its
-    // reference by more than the lazy threshold anywhere in the warpgroup:
-    // one predicate reduced by the barrier, almost never true past the first
-    // tiles. Only then the rows' tile maxima are exchanged and the
-    // references move (the accumulators and sums rescaled).
-    float local = -1.0e30f;
-#pragma unroll
-    for (int i = 0; i < N / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        score[4 * i + e] = fmaf(score[4 * i + e], norm[e / 2], -reference[2 * i + (e & 1)]);
-        local = fmaxf(local, score[4 * i + e]);
-      }
-    }
-    if (__any_sync(0xffffffffu, barrier_any(1 + group, local > kLazyRescaleLog2))) {  // the vote tells the compiler the branch is warp-uniform
-      float tile_max[N / 4];
-#pragma unroll
-      for (int i = 0; i < N / 8; ++i) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) tile_max[2 * i + e] = fmaxf(score[4 * i + e], score[4 * i + 2 + e]);
-      }
-#pragma unroll
-      for (int r = 0; r < N / 4; ++r) {
-#pragma unroll
-        for (int x = 4; x < 32; x *= 2) tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], x));
-      }
-      // Lane (g, c) publishes rows 8g + 2c, + 1 and reads them back from the four warps.
-#pragma unroll
-      for (int i = 0; i < N / 8; ++i) {
-        if (g == i) *reinterpret_cast<float2*>(exchange + wg_warp * N + 8 * i + 2 * c) = make_float2(tile_max[2 * i], tile_max[2 * i + 1]);
-      }
-      named_barrier(1 + group);
-      float2 merged = make_float2(-1.0e30f, -1.0e30f);
-      if (g < N / 8) {
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const float2 m = *reinterpret_cast<const float2*>(exchange + w * N + 8 * g + 2 * c);
-          merged.x = fmaxf(merged.x, m.x), merged.y = fmaxf(merged.y, m.y);
-        }
-      }
-      named_barrier(1 + group);  // the exchange is rewritten at the next move
-      float shift[N / 4];
-#pragma unroll
-      for (int i = 0; i < N / 8; ++i) {
-        const float m[2] = {__shfl_sync(0xffffffffu, merged.x, 4 * i + c), __shfl_sync(0xffffffffu, merged.y, 4 * i + c)};
-#pragma unroll
-        for (int e = 0; e < 2; ++e) shift[2 * i + e] = fmaxf(m[e], 0.0f);  // scores are already less the reference
-      }
-#pragma unroll
-      for (int r = 0; r < N / 4; ++r) {
-        const float alpha = fast_exp2(-shift[r]);
-        reference[r] += shift[r];
-        row_sum[r] *= alpha, zero_sum[r] *= alpha;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          acc_o[h][4 * (r / 2) + (r & 1)] *= alpha;
-          acc_o[h][4 * (r / 2) + 2 + (r & 1)] *= alpha;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < N / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) score[4 * i + e] -= shift[2 * i + (e & 1)];
-    }
-    // p, P' = p x scale, the sums; P'^T to shared memory, rows 8i + g, tokens 16 w + 8 j + 2c, + 1.
-#pragma unroll
-    for (int i = 0; i < N / 8; ++i) {
-      std::uint32_t pair[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float scaled[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = fast_exp2(score[4 * i + 2 * j + e]);
-          row_sum[2 * i + e] += p;
-          zero_sum[2 * i + e] += p * zero[j];
-          scaled[e] = p * scale[j];
-        }
-        pair[j] = movmatrix_trans(pack_half2(scaled[0], scaled[1]));
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int row = 8 * i + g, token = 16 * wg_warp + 8 * j + 2 * c;
-        *reinterpret_cast<std::uint32_t*>(prob_ptr + swizzled_offset(N, row, token)) = pair[j];
-      }
-    }
+    tokens_softmax<N, false>(score, norm, scale, zero, rows, acc_o, exchange, prob_ptr, 1 + group, wg_warp, lane);
     fence_proxy_async();
     named_barrier(1 + group);
     // V^T codes: warp w, half h: dims 64 h + 16 w + g (+ 8) as the low and high nibbles of byte 32 h + 8 w + g
@@ -257,7 +153,7 @@ __global__ void __launch_bounds__(256, 1) decode_loop(int tiles, float* sink) {
   keep(acc_o[1]);
   float total = 0.0f;
 #pragma unroll
-  for (int r = 0; r < N / 4; ++r) total += row_sum[r] + zero_sum[r];
+  for (int r = 0; r < N / 4; ++r) total += rows.row_sum[r] + rows.zero_sum[r];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll

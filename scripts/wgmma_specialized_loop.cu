@@ -1,4 +1,4 @@
-// A warp-specialized warpgroup-MMA decode loop for several query tokens per
+// Warp-specialized warpgroup-MMA decode loops for several query tokens per
 // sequence (issue 30; docs/PERFORMANCE.md, "What is open"), timed without
 // memory traffic as scripts/wgmma_decode_loop.cu times its two forms: an
 // SM's time per 64-token tile of one kv head, issue, latency and the tensor
@@ -34,6 +34,10 @@
 //   wait (at once, or after the next tile's S = Q K^T: Deferred).
 // Rows past `Rows` (q_len 4 at group 8: 32 of the 64) skip the softmax and
 // multiply zeros: the products run at M = 64 either way.
+// The tokens form (tokens_loop) keeps the producers and takes both
+// operands from shared memory in the S^T orientation (M = 64 tokens, N =
+// the real rows, so q_len 4 pays for 32 rows): S^T = K Q^T, the softmax of
+// wgmma_decode_loop.cu's tokens form (tokens_softmax), O^T = V'^T P'^T.
 //
 //   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -o /tmp/wgmma_specialized_loop \
 //     scripts/wgmma_specialized_loop.cu && /tmp/wgmma_specialized_loop
@@ -57,17 +61,35 @@ using tqdecode::cuda::tensor_core::mbarrier_wait_parity;
 constexpr int kInputBytes = kTileTokens * kSlotBytes;
 constexpr int kKeyTileBytes = kTileTokens * 128 * 2;           // 16 KB
 constexpr int kValueTileBytes = kValueRows * kTileTokens * 2;  // 17 KB
-constexpr int kFactorBytes = 1024;  // 64 x (factor, scale) fp32; slots stay on 1024-byte boundaries
+// 64 x (factor, scale), then 64 zeros, fp32; slots stay on 1024-byte boundaries.
+constexpr int kFactorBytes = 1024;
 constexpr int kRingSlotBytes = kKeyTileBytes + kValueTileBytes + kFactorBytes;
 constexpr float kScoreFactor = 0.08838835f * 1.44269504f;  // 1/sqrt(128) x log2 e
 
-template <int Slots>
+// Shared memory: the table, the ring's slots, the two packed input tiles;
+// for the tokens form (TokensRows > 0) also Q^T [row][dim] (both consumers
+// read it), each consumer's P'^T [row][token] and its maxima exchange; the
+// full and empty barriers.
+template <int Slots, int TokensRows = 0>
 struct SharedLayout {
   static constexpr int kRing = kLutBytes;
   static constexpr int kInput = kRing + Slots * kRingSlotBytes;  // two packed tiles, read alternately
-  static constexpr int kBarriers = kInput + 2 * kInputBytes;     // full[Slots], then empty[Slots]
+  static constexpr int kQuery = kInput + 2 * kInputBytes;
+  static constexpr int kProbBytes = TokensRows * kTileTokens * 2;
+  static constexpr int kProb = kQuery + TokensRows * 128 * 2;
+  static constexpr int kExchange = kProb + 2 * kProbBytes;
+  static constexpr int kBarriers = kExchange + 2 * 4 * TokensRows * 4;  // full[Slots], then empty[Slots]
   static constexpr int kBytes = kBarriers + 2 * Slots * 8;
+  static_assert(kInput % 1024 == 0 && kQuery % 1024 == 0 && kProb % 1024 == 0 && kProbBytes % 1024 == 0);
 };
+
+// Registers of a producer thread and of a consumer thread, together filling
+// the 64 K of a CTA of 1 or 2 producer warpgroups and 2 consumer ones.
+constexpr int kProducerRegisters = 72;
+template <int Producers>
+constexpr int kConsumerRegisters = Producers == 1 ? 216 : 184;
+static_assert(128 * (kProducerRegisters + 2 * kConsumerRegisters<1>) <= 65536);
+static_assert(128 * (2 * kProducerRegisters + 2 * kConsumerRegisters<2>) <= 65536);
 
 template <int Registers>
 __device__ __forceinline__ void release_registers() {
@@ -79,7 +101,7 @@ __device__ __forceinline__ void claim_registers() {
 }
 
 // One producer warp's share of a tile: its 16 tokens (16 w ..) dequantized
-// into the slot at `keys` (K, then V'^T, then each token's factor and scale).
+// into the slot at `keys` (K, then V'^T, then each token's factor, scale and zero).
 template <bool ScaledProbabilities>
 __device__ __forceinline__ void dequantize(const std::uint8_t* shared, const std::uint8_t* stage, std::uint8_t* keys,
                                            int wg_warp, int lane) {
@@ -91,9 +113,10 @@ __device__ __forceinline__ void dequantize(const std::uint8_t* shared, const std
     const std::uint8_t* record = stage + (first + lane) * kSlotBytes;
     const float norm = __half2float(*reinterpret_cast<const __half*>(record + 64));
     const float scale = __half2float(*reinterpret_cast<const __half*>(record + 66));
+    const float zero = __half2float(*reinterpret_cast<const __half*>(record + 68));
     factors[first + lane] = make_float2(norm * kScoreFactor, scale);
+    reinterpret_cast<float*>(factors + kTileTokens)[first + lane] = zero;
     if constexpr (ScaledProbabilities) {  // rows 128 and 129: zero / scale, 1 / scale
-      const float zero = __half2float(*reinterpret_cast<const __half*>(record + 68));
       const float inverse = 1.0f / scale;
       *reinterpret_cast<__half*>(values + swizzled_offset(kValueRows, 128, first + lane)) =
           __float2half(zero * inverse);
@@ -103,63 +126,94 @@ __device__ __forceinline__ void dequantize(const std::uint8_t* shared, const std
   write_values<ScaledProbabilities>(stage + first * kSlotBytes, values, first, lane);
 }
 
-// Rows: the real query rows of the 64 (q_len x group); Producers: producer
-// warpgroups (1 or 2); Slots: the ring's depth; Deferred: each slot released
-// after the next tile's S = Q K^T instead of right after its own O = P V';
-// ScaledProbabilities: where the values' scales are applied (above).
-template <int Rows, int Producers, int Slots, bool Deferred, bool ScaledProbabilities>
-__global__ void __launch_bounds__(128 * (Producers + 2), 1) specialized_loop(int tiles, float* sink) {
-  extern __shared__ __align__(1024) std::uint8_t shared[];
-  using L = SharedLayout<Slots>;
-  // Registers: the producers' budget and the consumers', filling 64 K.
-  constexpr int kProducerRegisters = 72;
-  constexpr int kConsumerRegisters = Producers == 1 ? 216 : 184;
-  static_assert(128 * (Producers * kProducerRegisters + 2 * kConsumerRegisters) <= 65536);
-  // The role and the warp from lane 0, so the compiler knows them uniform
-  // (a divergent path near the products serializes them).
-  const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0), lane = threadIdx.x % 32, c = lane % 4;
-  const int role = warp / 4, wg_warp = warp % 4;
-  for (int i = threadIdx.x; i < L::kBarriers / 4; i += blockDim.x) {
+// The ring's barriers: full[slot] (a producer warpgroup's 128 arrivals),
+// then empty[slot] (a consumer warpgroup's).
+template <class Layout, int Slots>
+struct Ring {
+  std::uint32_t base;
+  __device__ __forceinline__ std::uint32_t full(int slot) const { return base + Layout::kBarriers + 8 * slot; }
+  __device__ __forceinline__ std::uint32_t empty(int slot) const {
+    return base + Layout::kBarriers + 8 * (Slots + slot);
+  }
+  __device__ __forceinline__ std::uint32_t slot_address(int slot) const {
+    return base + Layout::kRing + slot * kRingSlotBytes;
+  }
+};
+
+// Synthetic table, inputs and query; V'^T's ones row (129, or 130 with
+// ScaledProbabilities) and the zero rows after it in every slot, once; the
+// barriers.
+template <class Layout, int Slots, bool ScaledProbabilities>
+__device__ __forceinline__ Ring<Layout, Slots> prepare(std::uint8_t* shared) {
+  for (int i = threadIdx.x; i < Layout::kBarriers / 4; i += blockDim.x) {
     const std::uint32_t x = (i * 2654435761u) >> 7;
     reinterpret_cast<std::uint32_t*>(shared)[i] = (x & 0x03ff03ffu) | 0x30003000u;  // fp16 in [0.125, 0.25)
   }
   __syncthreads();
-  // The ones row (129, or 130 with ScaledProbabilities) and the zero rows after it in every slot's V'^T, once.
   constexpr int kOnesRow = ScaledProbabilities ? 130 : 129;
   for (int i = threadIdx.x; i < Slots * (kValueRows - kOnesRow) * kTileTokens; i += blockDim.x) {
     const int slot = i / ((kValueRows - kOnesRow) * kTileTokens);
     const int row = kOnesRow + i / kTileTokens % (kValueRows - kOnesRow), token = i % kTileTokens;
-    std::uint8_t* values = shared + L::kRing + slot * kRingSlotBytes + kKeyTileBytes;
+    std::uint8_t* values = shared + Layout::kRing + slot * kRingSlotBytes + kKeyTileBytes;
     *reinterpret_cast<__half*>(values + swizzled_offset(kValueRows, row, token)) =
         __float2half(row == kOnesRow ? 1.0f : 0.0f);
   }
-  const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
-  const auto full = [&](int slot) { return base + L::kBarriers + 8 * slot; };
-  const auto empty = [&](int slot) { return base + L::kBarriers + 8 * (Slots + slot); };
+  const Ring<Layout, Slots> ring{static_cast<std::uint32_t>(__cvta_generic_to_shared(shared))};
   if (threadIdx.x == 0) {
     for (int slot = 0; slot < Slots; ++slot) {
-      mbarrier_init(full(slot), 128);   // a producer warpgroup's threads
-      mbarrier_init(empty(slot), 128);  // a consumer warpgroup's threads
+      mbarrier_init(ring.full(slot), 128);
+      mbarrier_init(ring.empty(slot), 128);
     }
     fence_barrier_init();
   }
   fence_proxy_async();
   __syncthreads();
+  return ring;
+}
 
+// A producer warpgroup's loop: tiles role, role + Producers, ...
+template <class Layout, int Slots, int Producers, bool ScaledProbabilities>
+__device__ __forceinline__ void produce(std::uint8_t* shared, const Ring<Layout, Slots>& ring, int role, int tiles,
+                                        int wg_warp, int lane) {
+  release_registers<kProducerRegisters>();
+  for (int tile = role; tile < tiles; tile += Producers) {
+    const int slot = tile % Slots, round = tile / Slots;
+    mbarrier_wait_parity(ring.empty(slot), (round & 1) ^ 1);
+    dequantize<ScaledProbabilities>(shared, shared + Layout::kInput + (tile & 1) * kInputBytes,
+                                    shared + Layout::kRing + slot * kRingSlotBytes, wg_warp, lane);
+    fence_proxy_async();  // the generic-proxy stores before the products' reads
+    mbarrier_arrive(ring.full(slot));
+  }
+}
+
+// A k-step's offset in a descriptor (16-byte units; no carry past the
+// 14-bit address field: shared memory is under 256 KB): `rows` rows, K-major.
+__device__ __forceinline__ std::uint64_t k_step(int rows, int ks) {
+  return static_cast<std::uint64_t>(((ks / 4) * rows * 128 + (ks % 4) * 32) >> 4);
+}
+
+// The role and the warp from lane 0, so the compiler knows them uniform (a
+// divergent path near the products serializes them).
+__device__ __forceinline__ int uniform_warp() { return __shfl_sync(0xffffffffu, threadIdx.x / 32, 0); }
+
+// The rows form. Rows: the real query rows of the 64 (q_len x group);
+// Producers: producer warpgroups (1 or 2); Slots: the ring's depth;
+// Deferred: each slot released after the next tile's S = Q K^T instead of
+// right after its own O = P V'; ScaledProbabilities: where the values'
+// scales are applied (above).
+template <int Rows, int Producers, int Slots, bool Deferred, bool ScaledProbabilities>
+__global__ void __launch_bounds__(128 * (Producers + 2), 1) specialized_loop(int tiles, float* sink) {
+  extern __shared__ __align__(1024) std::uint8_t shared[];
+  using L = SharedLayout<Slots>;
+  const int warp = uniform_warp(), lane = threadIdx.x % 32, c = lane % 4;
+  const int role = warp / 4, wg_warp = warp % 4;
+  const Ring<L, Slots> ring = prepare<L, Slots, ScaledProbabilities>(shared);
+  // The roles' branches in the kernel itself: ptxas allocates each side's registers by its setmaxnreg only so.
   if (role < Producers) {
-    release_registers<kProducerRegisters>();
-    for (int tile = role; tile < tiles; tile += Producers) {
-      const int slot = tile % Slots, round = tile / Slots;
-      mbarrier_wait_parity(empty(slot), (round & 1) ^ 1);
-      dequantize<ScaledProbabilities>(shared, shared + L::kInput + (tile & 1) * kInputBytes,
-                                      shared + L::kRing + slot * kRingSlotBytes, wg_warp, lane);
-      fence_proxy_async();  // the generic-proxy stores before the products' reads
-      mbarrier_arrive(full(slot));
-    }
+    produce<L, Slots, Producers, ScaledProbabilities>(shared, ring, role, tiles, wg_warp, lane);
     return;
   }
-
-  claim_registers<kConsumerRegisters>();
+  claim_registers<kConsumerRegisters<Producers>>();
   const int consumer = role - Producers;
   const bool real_rows = 16 * wg_warp < Rows;  // the warp's rows 16 w .. 16 w + 15: warp-uniform
   // The query (A of S = Q K^T), synthetic: rows 16 w + g (+ 8), dims 16 ks + 2c (+ 1, + 8, + 9).
@@ -175,14 +229,9 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1) specialized_loop(int
   int held = -1;  // Deferred: the slot whose O = P V' is still in flight
   for (int tile = consumer; tile < tiles; tile += 2) {
     const int slot = tile % Slots, round = tile / Slots;
-    mbarrier_wait_parity(full(slot), round & 1);
-    // The operands' descriptors: the slot's, plus each k-step's offset in 16-byte units (no carry
-    // past the 14-bit address field: shared memory is under 256 KB).
-    const std::uint64_t keys = descriptor(base + L::kRing + slot * kRingSlotBytes);
-    const std::uint64_t values = descriptor(base + L::kRing + slot * kRingSlotBytes + kKeyTileBytes);
-    const auto k_step = [](int rows, int ks) {
-      return static_cast<std::uint64_t>(((ks / 4) * rows * 128 + (ks % 4) * 32) >> 4);
-    };
+    mbarrier_wait_parity(ring.full(slot), round & 1);
+    const std::uint64_t keys = descriptor(ring.slot_address(slot));
+    const std::uint64_t values = descriptor(ring.slot_address(slot) + kKeyTileBytes);
     const float4* factors =
         reinterpret_cast<const float4*>(shared + L::kRing + slot * kRingSlotBytes + kKeyTileBytes + kValueTileBytes);
     // S = Q K^T: rows 16 w + g (+ 8), tokens 8i + 2c (+ 1).
@@ -196,7 +245,7 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1) specialized_loop(int
     if constexpr (Deferred) {
       keep(acc_o);
       keep_words(probability);
-      if (held >= 0) mbarrier_arrive(empty(held));
+      if (held >= 0) mbarrier_arrive(ring.empty(held));
     }
     if (real_rows) {
       // Scores x their token's factor, less the row's reference; the rows' maxima over the lane quad.
@@ -261,36 +310,114 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1) specialized_loop(int
       wgmma_wait_all();
       keep(acc_o);
       keep_words(probability);
-      mbarrier_arrive(empty(slot));
+      mbarrier_arrive(ring.empty(slot));
     }
   }
   sink_accumulators(acc_o, sink);
 }
 
-// An SM's time per 64-token tile, one CTA per SM; (16, 32768), Hk 8 is 65536 such tiles.
-template <int Rows, int Producers, int Slots, bool Deferred, bool ScaledProbabilities>
-void measure(int sms, float* sink) {
-  const auto kernel = specialized_loop<Rows, Producers, Slots, Deferred, ScaledProbabilities>;
-  constexpr int kBytes = SharedLayout<Slots>::kBytes;
-  constexpr int kThreads = 128 * (Producers + 2);
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+// The tokens form (S^T orientation, N = Rows query rows, no padding): the
+// same producers (the values' scale in P), and two consumer warpgroups on
+// alternate tiles, both operands from shared memory: S^T = K Q^T (m64nNk16
+// x 8: A the slot's K, B the resident Q^T), tokens_softmax (the maxima
+// exchanged between the warpgroup's warps only when the lazy threshold is
+// passed; P'^T through shared memory), O^T = V'^T P'^T (two m64nNk16 x 4:
+// A the slot's V'^T rows 0-127), the slot released after its wait. Three
+// slots (Q^T, P'^T and the exchange take the fourth's room).
+template <int Rows, int Producers>
+__global__ void __launch_bounds__(128 * (Producers + 2), 1) tokens_loop(int tiles, float* sink) {
+  extern __shared__ __align__(1024) std::uint8_t shared[];
+  constexpr int kSlots = 3;
+  using L = SharedLayout<kSlots, Rows>;
+  const int warp = uniform_warp(), lane = threadIdx.x % 32, g = lane / 4;
+  const int role = warp / 4, wg_warp = warp % 4;
+  const Ring<L, kSlots> ring = prepare<L, kSlots, true>(shared);
+  if (role < Producers) {  // as in specialized_loop
+    produce<L, kSlots, Producers, true>(shared, ring, role, tiles, wg_warp, lane);
+    return;
+  }
+  claim_registers<kConsumerRegisters<Producers>>();
+  const int consumer = role - Producers;
+  const std::uint64_t query = descriptor(ring.base + L::kQuery);
+  std::uint8_t* const prob_bytes = shared + L::kProb + consumer * L::kProbBytes;
+  const std::uint64_t prob = descriptor(ring.base + L::kProb + consumer * L::kProbBytes);
+  float* const exchange = reinterpret_cast<float*>(shared + L::kExchange) + consumer * 4 * Rows;
+  float acc_o[2][Rows / 2] = {};
+  TokensRows<Rows> rows;
+  for (int tile = consumer; tile < tiles; tile += 2) {
+    const int slot = tile % kSlots, round = tile / kSlots;
+    mbarrier_wait_parity(ring.full(slot), round & 1);
+    const std::uint64_t keys = descriptor(ring.slot_address(slot));
+    const std::uint64_t values = descriptor(ring.slot_address(slot) + kKeyTileBytes);
+    const float2* factors =
+        reinterpret_cast<const float2*>(shared + L::kRing + slot * kRingSlotBytes + kKeyTileBytes + kValueTileBytes);
+    // S^T = K Q^T: tokens 16 w + g (+ 8), rows 8i + 2c (+ 1).
+    float score[Rows / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks)
+      wgmma_ss<Rows>(score, keys + k_step(kTileTokens, ks), query + k_step(Rows, ks), ks > 0);
+    wgmma_commit();
+    wgmma_wait_all();
+    keep(score);
+    const int token = 16 * wg_warp + g;
+    const float2 first = factors[token], second = factors[token + 8];
+    const float* zeros = reinterpret_cast<const float*>(factors + kTileTokens);
+    const float factor[2] = {first.x, second.x}, scale[2] = {first.y, second.y};
+    const float zero[2] = {zeros[token], zeros[token + 8]};
+    // Its barrier also orders this tile's P'^T stores after every warp's wait on the previous O^T product.
+    tokens_softmax<Rows, true>(score, factor, scale, zero, rows, acc_o, exchange, prob_bytes, 1 + consumer, wg_warp,
+                               lane);
+    fence_proxy_async();
+    named_barrier(1 + consumer);
+    // O^T = V'^T P'^T: dims 64 m + 16 w + g (+ 8), k-step kt the tokens 16 kt ..
+    wgmma_fence();
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt) {
+        wgmma_ss<Rows>(acc_o[m], values + ((m * 64 * 128) >> 4) + k_step(kValueRows, kt), prob + k_step(Rows, kt), 1);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    keep(acc_o[0]);
+    keep(acc_o[1]);
+    mbarrier_arrive(ring.empty(slot));
+  }
+  sink_accumulators(acc_o[0], sink);
+  sink_accumulators(acc_o[1], sink);
+}
+
+// Times `kernel` (one CTA per SM of `threads` threads, `bytes` of shared memory) and prints its line.
+template <class Kernel>
+void time_loop(Kernel kernel, int threads, int bytes, const char* label, int sms, float* sink) {
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   constexpr int kTiles = 1024;  // 65536 tokens per CTA
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  kernel<<<sms, kThreads, kBytes>>>(kTiles, sink);  // warm-up
+  kernel<<<sms, threads, bytes>>>(kTiles, sink);  // warm-up
   cudaEventRecord(start);
-  for (int r = 0; r < 5; ++r) kernel<<<sms, kThreads, kBytes>>>(kTiles, sink);
+  for (int r = 0; r < 5; ++r) kernel<<<sms, threads, bytes>>>(kTiles, sink);
   cudaEventRecord(stop);
   cudaEventSynchronize(stop);
   float ms = 0.0f;
   cudaEventElapsedTime(&ms, start, stop);
   const double sm_tile_ns = ms * 1e6 / 5 / kTiles;
-  std::printf(
-      "%d rows (q_len %d), %d producer warpgroup(s), %d slots, release %s, scale in %s: %.1f ns of an SM per 64-token "
-      "tile; (16, 32768) Hk 8 would take %.1f us (%s)\n",
-      Rows, Rows / 8, Producers, Slots, Deferred ? "deferred" : "at once", ScaledProbabilities ? "P" : "V", sm_tile_ns,
-      65536.0 / sms * sm_tile_ns / 1e3, cudaGetErrorString(cudaGetLastError()));
+  std::printf("%s: %.1f ns of an SM per 64-token tile; (16, 32768) Hk 8 would take %.1f us (%s)\n", label, sm_tile_ns,
+              65536.0 / sms * sm_tile_ns / 1e3, cudaGetErrorString(cudaGetLastError()));
+}
+
+// An SM's time per 64-token tile, one CTA per SM; (16, 32768), Hk 8 is 65536 such tiles.
+template <int Rows, int Producers, int Slots, bool Deferred, bool ScaledProbabilities>
+void measure(int sms, float* sink) {
+  char label[160];
+  std::snprintf(label, sizeof label,
+                "rows form, %d rows (q_len %d), %d producer warpgroup(s), %d slots, release %s, scale in %s", Rows,
+                Rows / 8, Producers, Slots, Deferred ? "deferred" : "at once", ScaledProbabilities ? "P" : "V");
+  time_loop(specialized_loop<Rows, Producers, Slots, Deferred, ScaledProbabilities>, 128 * (Producers + 2),
+            SharedLayout<Slots>::kBytes, label, sms, sink);
 }
 
 template <int Rows>
@@ -303,6 +430,16 @@ void measure_forms(int sms, float* sink) {
   measure<Rows, 1, 4, true, true>(sms, sink);
   measure<Rows, 2, 4, true, false>(sms, sink);
   measure<Rows, 2, 4, true, true>(sms, sink);
+  for (int producers = 1; producers <= 2; ++producers) {
+    char label[160];
+    std::snprintf(label, sizeof label, "tokens form, %d rows (q_len %d), %d producer warpgroup(s), 3 slots, scale in P",
+                  Rows, Rows / 8, producers);
+    if (producers == 1) {
+      time_loop(tokens_loop<Rows, 1>, 384, SharedLayout<3, Rows>::kBytes, label, sms, sink);
+    } else {
+      time_loop(tokens_loop<Rows, 2>, 512, SharedLayout<3, Rows>::kBytes, label, sms, sink);
+    }
+  }
 }
 
 }  // namespace
