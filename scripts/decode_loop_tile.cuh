@@ -37,17 +37,17 @@ __device__ __forceinline__ std::uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&h);
 }
 
-/// K [token][dim] (swizzled_offset, 64 token rows) of a warp's 16 tokens,
-/// tile rows first .. first + 15, from their records at `records`: lane
-/// (g, c) takes key bytes 16c .. of tokens g and g + 8 through the table at
-/// `lut`. NormInKeys: centroids x norm in fp16, else the centroids.
-template <bool NormInKeys>
+/// K [token][dim] (swizzled_offset, 64 token rows) of a warp's Tokens (16
+/// or 8) tokens, tile rows first .., from their records at `records`: lane
+/// (g, c) takes key bytes 16c .. of tokens g (and g + 8) through the table
+/// at `lut`. NormInKeys: centroids x norm in fp16, else the centroids.
+template <bool NormInKeys, int Tokens = 16>
 __device__ __forceinline__ void write_keys(const std::uint8_t* lut, const std::uint8_t* records, std::uint8_t* keys,
                                            int first, int lane) {
   const int g = lane / 4, c = lane % 4;
   const std::uint32_t lane_lut = lane << 2;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
+  for (int j = 0; j < Tokens / 8; ++j) {
     const int token = g + 8 * j;
     const uint4 bytes = *reinterpret_cast<const uint4*>(records + token * kSlotBytes + 16 * c);
     const std::uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
@@ -68,20 +68,20 @@ __device__ __forceinline__ void write_keys(const std::uint8_t* lut, const std::u
   }
 }
 
-/// V'^T [column][token] (swizzled_offset, kValueRows rows) of a warp's 16
-/// tokens, tile columns first .. first + 15, from their records: lane l
+/// V'^T [column][token] (swizzled_offset, kValueRows rows) of a warp's
+/// Tokens (16 or 8) tokens, tile columns first .., from their records: lane l
 /// takes dims 4l .. 4l + 3 (value bytes 2l, 2l + 1). ScaledProbabilities
 /// false: rows 0-127 code x scale by one fp16 FMA ((2^p + code 2^(p-10)) x
 /// scale - 2^p x scale, exact before its one rounding) and row 128 the
 /// zeros; true: rows 0-127 the code plus the fp16 exponent's offset (1024
 /// for low nibbles, 64 for high ones), the scale left to P.
-template <bool ScaledProbabilities>
+template <bool ScaledProbabilities, int Tokens = 16>
 __device__ __forceinline__ void write_values(const std::uint8_t* records, std::uint8_t* values, int first, int lane) {
   const auto field = [&](int token, int offset) {
     return *reinterpret_cast<const __half*>(records + token * kSlotBytes + offset);
   };
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
+  for (int half = 0; half < Tokens / 8; ++half) {
     std::uint32_t code[8];
     [[maybe_unused]] std::uint32_t scale_pair[4], offset_low[4], offset_high[4];
 #pragma unroll

@@ -100,16 +100,17 @@ __device__ __forceinline__ void claim_registers() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Registers));
 }
 
-// One producer warp's share of a tile: its 16 tokens (16 w ..) dequantized
-// into the slot at `keys` (K, then V'^T, then each token's factor, scale and zero).
-template <bool ScaledProbabilities>
+// One producer warp's share of a tile: its Tokens tokens (Tokens x `warp`
+// .., of the producers' 4 x Producers warps) dequantized into the slot at
+// `keys` (K, then V'^T, then each token's factor, scale and zero).
+template <bool ScaledProbabilities, int Tokens>
 __device__ __forceinline__ void dequantize(const std::uint8_t* shared, const std::uint8_t* stage, std::uint8_t* keys,
-                                           int wg_warp, int lane) {
-  const int first = 16 * wg_warp;
+                                           int warp, int lane) {
+  const int first = Tokens * warp;
   std::uint8_t* const values = keys + kKeyTileBytes;
   float2* const factors = reinterpret_cast<float2*>(values + kValueTileBytes);
-  write_keys<false>(shared, stage + first * kSlotBytes, keys, first, lane);
-  if (lane < 16) {  // token first + lane's fields
+  write_keys<false, Tokens>(shared, stage + first * kSlotBytes, keys, first, lane);
+  if (lane < Tokens) {  // token first + lane's fields
     const std::uint8_t* record = stage + (first + lane) * kSlotBytes;
     const float norm = __half2float(*reinterpret_cast<const __half*>(record + 64));
     const float scale = __half2float(*reinterpret_cast<const __half*>(record + 66));
@@ -123,11 +124,13 @@ __device__ __forceinline__ void dequantize(const std::uint8_t* shared, const std
       *reinterpret_cast<__half*>(values + swizzled_offset(kValueRows, 129, first + lane)) = __float2half(inverse);
     }
   }
-  write_values<ScaledProbabilities>(stage + first * kSlotBytes, values, first, lane);
+  write_values<ScaledProbabilities, Tokens>(stage + first * kSlotBytes, values, first, lane);
 }
 
-// The ring's barriers: full[slot] (a producer warpgroup's 128 arrivals),
-// then empty[slot] (a consumer warpgroup's).
+// The ring's barriers: full[slot] (every producer thread's arrival), then
+// empty[slot] (a consumer warpgroup's 128). Every producer warp takes its
+// share of every tile, so each slot is filled in tile order: the parity
+// waits need that (a waiter at most one phase behind).
 template <class Layout, int Slots>
 struct Ring {
   std::uint32_t base;
@@ -143,7 +146,7 @@ struct Ring {
 // Synthetic table, inputs and query; V'^T's ones row (129, or 130 with
 // ScaledProbabilities) and the zero rows after it in every slot, once; the
 // barriers.
-template <class Layout, int Slots, bool ScaledProbabilities>
+template <class Layout, int Slots, int Producers, bool ScaledProbabilities>
 __device__ __forceinline__ Ring<Layout, Slots> prepare(std::uint8_t* shared) {
   for (int i = threadIdx.x; i < Layout::kBarriers / 4; i += blockDim.x) {
     const std::uint32_t x = (i * 2654435761u) >> 7;
@@ -161,7 +164,7 @@ __device__ __forceinline__ Ring<Layout, Slots> prepare(std::uint8_t* shared) {
   const Ring<Layout, Slots> ring{static_cast<std::uint32_t>(__cvta_generic_to_shared(shared))};
   if (threadIdx.x == 0) {
     for (int slot = 0; slot < Slots; ++slot) {
-      mbarrier_init(ring.full(slot), 128);
+      mbarrier_init(ring.full(slot), 128 * Producers);
       mbarrier_init(ring.empty(slot), 128);
     }
     fence_barrier_init();
@@ -171,16 +174,17 @@ __device__ __forceinline__ Ring<Layout, Slots> prepare(std::uint8_t* shared) {
   return ring;
 }
 
-// A producer warpgroup's loop: tiles role, role + Producers, ...
+// A producer warp's loop: its share of every tile (warp: 0 .. 4 x Producers - 1).
 template <class Layout, int Slots, int Producers, bool ScaledProbabilities>
-__device__ __forceinline__ void produce(std::uint8_t* shared, const Ring<Layout, Slots>& ring, int role, int tiles,
-                                        int wg_warp, int lane) {
+__device__ __forceinline__ void produce(std::uint8_t* shared, const Ring<Layout, Slots>& ring, int warp, int tiles,
+                                        int lane) {
   release_registers<kProducerRegisters>();
-  for (int tile = role; tile < tiles; tile += Producers) {
+  for (int tile = 0; tile < tiles; ++tile) {
     const int slot = tile % Slots, round = tile / Slots;
     mbarrier_wait_parity(ring.empty(slot), (round & 1) ^ 1);
-    dequantize<ScaledProbabilities>(shared, shared + Layout::kInput + (tile & 1) * kInputBytes,
-                                    shared + Layout::kRing + slot * kRingSlotBytes, wg_warp, lane);
+    dequantize<ScaledProbabilities, kTileTokens / (4 * Producers)>(
+        shared, shared + Layout::kInput + (tile & 1) * kInputBytes, shared + Layout::kRing + slot * kRingSlotBytes,
+        warp, lane);
     fence_proxy_async();  // the generic-proxy stores before the products' reads
     mbarrier_arrive(ring.full(slot));
   }
@@ -207,10 +211,10 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1) specialized_loop(int
   using L = SharedLayout<Slots>;
   const int warp = uniform_warp(), lane = threadIdx.x % 32, c = lane % 4;
   const int role = warp / 4, wg_warp = warp % 4;
-  const Ring<L, Slots> ring = prepare<L, Slots, ScaledProbabilities>(shared);
+  const Ring<L, Slots> ring = prepare<L, Slots, Producers, ScaledProbabilities>(shared);
   // The roles' branches in the kernel itself: ptxas allocates each side's registers by its setmaxnreg only so.
   if (role < Producers) {
-    produce<L, Slots, Producers, ScaledProbabilities>(shared, ring, role, tiles, wg_warp, lane);
+    produce<L, Slots, Producers, ScaledProbabilities>(shared, ring, warp, tiles, lane);
     return;
   }
   claim_registers<kConsumerRegisters<Producers>>();
@@ -331,9 +335,9 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1) tokens_loop(int tile
   using L = SharedLayout<kSlots, Rows>;
   const int warp = uniform_warp(), lane = threadIdx.x % 32, g = lane / 4;
   const int role = warp / 4, wg_warp = warp % 4;
-  const Ring<L, kSlots> ring = prepare<L, kSlots, true>(shared);
+  const Ring<L, kSlots> ring = prepare<L, kSlots, Producers, true>(shared);
   if (role < Producers) {  // as in specialized_loop
-    produce<L, kSlots, Producers, true>(shared, ring, role, tiles, wg_warp, lane);
+    produce<L, kSlots, Producers, true>(shared, ring, warp, tiles, lane);
     return;
   }
   claim_registers<kConsumerRegisters<Producers>>();
