@@ -5,7 +5,8 @@
 // cores only, with 4-bit keys through the wide 256-byte-row table and 4-bit
 // values read from fixed shared-memory stages (synthetic data; the
 // products' values are not checked, their layouts are:
-// scripts/mma_throughput.cu; no copies, block table, prologue or merge).
+// scripts/mma_throughput.cu; no block table, prologue or merge); then some
+// of them again with every tile streamed from global memory by bulk copies.
 //
 // The roles are split as FlashAttention-3 splits them, in the rows
 // orientation (M = 64 query rows, the group x q_len rows of one kv head):
@@ -44,6 +45,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 
@@ -53,8 +55,11 @@
 
 namespace {
 
+using tqdecode::cuda::tensor_core::bulk_load;
+using tqdecode::cuda::tensor_core::elect_one_lane;
 using tqdecode::cuda::tensor_core::fence_barrier_init;
 using tqdecode::cuda::tensor_core::mbarrier_arrive;
+using tqdecode::cuda::tensor_core::mbarrier_arrive_expect_tx;
 using tqdecode::cuda::tensor_core::mbarrier_init;
 using tqdecode::cuda::tensor_core::mbarrier_wait_parity;
 
@@ -66,20 +71,24 @@ constexpr int kFactorBytes = 1024;
 constexpr int kRingSlotBytes = kKeyTileBytes + kValueTileBytes + kFactorBytes;
 constexpr float kScoreFactor = 0.08838835f * 1.44269504f;  // 1/sqrt(128) x log2 e
 
-// Shared memory: the table, the ring's slots, the two packed input tiles;
-// for the tokens form (TokensRows > 0) also Q^T [row][dim] (both consumers
-// read it), each consumer's P'^T [row][token] and its maxima exchange; the
-// full and empty barriers.
-template <int Slots, int TokensRows = 0>
+// Shared memory: the table, the ring's slots, the packed input tiles
+// (InputStages 0: two fixed ones read alternately; else tiles streamed from
+// global memory, the stages of their copies); for the tokens form
+// (TokensRows > 0) also Q^T [row][dim] (both consumers read it), each
+// consumer's P'^T [row][token] and its maxima exchange; the full, empty and
+// input barriers.
+template <int Slots, int TokensRows = 0, int InputStages = 0>
 struct SharedLayout {
+  static constexpr bool kStreamed = InputStages > 0;
+  static constexpr int kInputStages = kStreamed ? InputStages : 2;
   static constexpr int kRing = kLutBytes;
-  static constexpr int kInput = kRing + Slots * kRingSlotBytes;  // two packed tiles, read alternately
-  static constexpr int kQuery = kInput + 2 * kInputBytes;
+  static constexpr int kInput = kRing + Slots * kRingSlotBytes;
+  static constexpr int kQuery = kInput + kInputStages * kInputBytes;
   static constexpr int kProbBytes = TokensRows * kTileTokens * 2;
   static constexpr int kProb = kQuery + TokensRows * 128 * 2;
   static constexpr int kExchange = kProb + 2 * kProbBytes;
-  static constexpr int kBarriers = kExchange + 2 * 4 * TokensRows * 4;  // full[Slots], then empty[Slots]
-  static constexpr int kBytes = kBarriers + 2 * Slots * 8;
+  static constexpr int kBarriers = kExchange + 2 * 4 * TokensRows * 4;  // full[Slots], empty[Slots], input[InputStages]
+  static constexpr int kBytes = kBarriers + (2 * Slots + kInputStages) * 8;
   static_assert(kInput % 1024 == 0 && kQuery % 1024 == 0 && kProb % 1024 == 0 && kProbBytes % 1024 == 0);
 };
 
@@ -138,6 +147,9 @@ struct Ring {
   __device__ __forceinline__ std::uint32_t empty(int slot) const {
     return base + Layout::kBarriers + 8 * (Slots + slot);
   }
+  __device__ __forceinline__ std::uint32_t input(int stage) const {
+    return base + Layout::kBarriers + 8 * (2 * Slots + stage);
+  }
   __device__ __forceinline__ std::uint32_t slot_address(int slot) const {
     return base + Layout::kRing + slot * kRingSlotBytes;
   }
@@ -167,6 +179,7 @@ __device__ __forceinline__ Ring<Layout, Slots> prepare(std::uint8_t* shared) {
       mbarrier_init(ring.full(slot), 128 * Producers);
       mbarrier_init(ring.empty(slot), 128);
     }
+    for (int stage = 0; stage < Layout::kInputStages && Layout::kStreamed; ++stage) mbarrier_init(ring.input(stage), 1);
     fence_barrier_init();
   }
   fence_proxy_async();
@@ -174,19 +187,42 @@ __device__ __forceinline__ Ring<Layout, Slots> prepare(std::uint8_t* shared) {
   return ring;
 }
 
-// A producer warp's loop: its share of every tile (warp: 0 .. 4 x Producers - 1).
+// A producer warp's loop: its share of every tile (warp: 0 .. 4 x Producers
+// - 1). Streamed layouts copy each tile from `tiles_in` (the CTA's packed
+// tiles in global memory) into the next input stage by one bulk copy,
+// issued by warp 0 kInputStages tiles ahead once every producer has read
+// the stage (a named barrier of the producers); else the two fixed stages
+// alternate.
 template <class Layout, int Slots, int Producers, bool ScaledProbabilities>
 __device__ __forceinline__ void produce(std::uint8_t* shared, const Ring<Layout, Slots>& ring, int warp, int tiles,
-                                        int lane) {
+                                        int lane, const std::uint8_t* tiles_in) {
+  constexpr int kStages = Layout::kInputStages;
   release_registers<kProducerRegisters>();
+  const auto issue = [&](int tile) {
+    if (warp == 0 && tile < tiles && elect_one_lane()) {
+      const int stage = tile % kStages;
+      mbarrier_arrive_expect_tx(ring.input(stage), kInputBytes);
+      bulk_load(ring.base + Layout::kInput + stage * kInputBytes,
+                tiles_in + static_cast<std::size_t>(tile) * kInputBytes, kInputBytes, ring.input(stage));
+    }
+  };
+  if constexpr (Layout::kStreamed) {
+    for (int tile = 0; tile < kStages; ++tile) issue(tile);
+  }
   for (int tile = 0; tile < tiles; ++tile) {
     const int slot = tile % Slots, round = tile / Slots;
+    const int stage = tile % kStages;
+    if constexpr (Layout::kStreamed) mbarrier_wait_parity(ring.input(stage), (tile / kStages) & 1);
     mbarrier_wait_parity(ring.empty(slot), (round & 1) ^ 1);
     dequantize<ScaledProbabilities, kTileTokens / (4 * Producers)>(
-        shared, shared + Layout::kInput + (tile & 1) * kInputBytes, shared + Layout::kRing + slot * kRingSlotBytes,
-        warp, lane);
+        shared, shared + Layout::kInput + stage * kInputBytes, shared + Layout::kRing + slot * kRingSlotBytes, warp,
+        lane);
     fence_proxy_async();  // the generic-proxy stores before the products' reads
     mbarrier_arrive(ring.full(slot));
+    if constexpr (Layout::kStreamed) {
+      asm volatile("bar.sync 3, %0;\n" ::"n"(128 * Producers) : "memory");  // the stage is read by every producer
+      issue(tile + kStages);
+    }
   }
 }
 
@@ -194,6 +230,11 @@ __device__ __forceinline__ void produce(std::uint8_t* shared, const Ring<Layout,
 // 14-bit address field: shared memory is under 256 KB): `rows` rows, K-major.
 __device__ __forceinline__ std::uint64_t k_step(int rows, int ks) {
   return static_cast<std::uint64_t>(((ks / 4) * rows * 128 + (ks % 4) * 32) >> 4);
+}
+
+// The CTA's packed tiles in global memory (each CTA streams its own), or none.
+__device__ __forceinline__ const std::uint8_t* cta_tiles(const std::uint8_t* tiles_in, int tiles) {
+  return tiles_in == nullptr ? nullptr : tiles_in + static_cast<std::size_t>(blockIdx.x) * tiles * kInputBytes;
 }
 
 // The role and the warp from lane 0, so the compiler knows them uniform (a
@@ -205,16 +246,17 @@ __device__ __forceinline__ int uniform_warp() { return __shfl_sync(0xffffffffu, 
 // Deferred: each slot released after the next tile's S = Q K^T instead of
 // right after its own O = P V'; ScaledProbabilities: where the values'
 // scales are applied (above).
-template <int Rows, int Producers, int Slots, bool Deferred, bool ScaledProbabilities>
-__global__ void __launch_bounds__(128 * (Producers + 2), 1) specialized_loop(int tiles, float* sink) {
+template <int Rows, int Producers, int Slots, bool Deferred, bool ScaledProbabilities, int InputStages = 0>
+__global__ void __launch_bounds__(128 * (Producers + 2), 1)
+    specialized_loop(int tiles, float* sink, const std::uint8_t* tiles_in) {
   extern __shared__ __align__(1024) std::uint8_t shared[];
-  using L = SharedLayout<Slots>;
+  using L = SharedLayout<Slots, 0, InputStages>;
   const int warp = uniform_warp(), lane = threadIdx.x % 32, c = lane % 4;
   const int role = warp / 4, wg_warp = warp % 4;
   const Ring<L, Slots> ring = prepare<L, Slots, Producers, ScaledProbabilities>(shared);
   // The roles' branches in the kernel itself: ptxas allocates each side's registers by its setmaxnreg only so.
   if (role < Producers) {
-    produce<L, Slots, Producers, ScaledProbabilities>(shared, ring, warp, tiles, lane);
+    produce<L, Slots, Producers, ScaledProbabilities>(shared, ring, warp, tiles, lane, cta_tiles(tiles_in, tiles));
     return;
   }
   claim_registers<kConsumerRegisters<Producers>>();
@@ -328,16 +370,17 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1) specialized_loop(int
 // passed; P'^T through shared memory), O^T = V'^T P'^T (two m64nNk16 x 4:
 // A the slot's V'^T rows 0-127), the slot released after its wait. Three
 // slots (Q^T, P'^T and the exchange take the fourth's room).
-template <int Rows, int Producers>
-__global__ void __launch_bounds__(128 * (Producers + 2), 1) tokens_loop(int tiles, float* sink) {
+template <int Rows, int Producers, int InputStages = 0>
+__global__ void __launch_bounds__(128 * (Producers + 2), 1)
+    tokens_loop(int tiles, float* sink, const std::uint8_t* tiles_in) {
   extern __shared__ __align__(1024) std::uint8_t shared[];
   constexpr int kSlots = 3;
-  using L = SharedLayout<kSlots, Rows>;
+  using L = SharedLayout<kSlots, Rows, InputStages>;
   const int warp = uniform_warp(), lane = threadIdx.x % 32, g = lane / 4;
   const int role = warp / 4, wg_warp = warp % 4;
   const Ring<L, kSlots> ring = prepare<L, kSlots, Producers, true>(shared);
   if (role < Producers) {  // as in specialized_loop
-    produce<L, kSlots, Producers, true>(shared, ring, warp, tiles, lane);
+    produce<L, kSlots, Producers, true>(shared, ring, warp, tiles, lane, cta_tiles(tiles_in, tiles));
     return;
   }
   claim_registers<kConsumerRegisters<Producers>>();
@@ -393,35 +436,62 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1) tokens_loop(int tile
   sink_accumulators(acc_o[1], sink);
 }
 
-// Times `kernel` (one CTA per SM of `threads` threads, `bytes` of shared memory) and prints its line.
+// Packed tiles with the shared stages' synthetic values (fields in range).
+__global__ void fill_tiles(std::uint32_t* words, std::size_t count) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const std::uint32_t x = (static_cast<std::uint32_t>(i) * 2654435761u) >> 7;
+    words[i] = (x & 0x03ff03ffu) | 0x30003000u;
+  }
+}
+
+constexpr int kTiles = 1024;  // per CTA: 65536 tokens
+
+// Times `kernel` (one CTA per SM of `threads` threads, `bytes` of shared
+// memory; `tiles_in`: streamed tiles or none) and prints its line.
 template <class Kernel>
-void time_loop(Kernel kernel, int threads, int bytes, const char* label, int sms, float* sink) {
+void time_loop(Kernel kernel, int threads, int bytes, const char* label, int sms, float* sink,
+               const std::uint8_t* tiles_in) {
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  constexpr int kTiles = 1024;  // 65536 tokens per CTA
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  kernel<<<sms, threads, bytes>>>(kTiles, sink);  // warm-up
+  kernel<<<sms, threads, bytes>>>(kTiles, sink, tiles_in);  // warm-up
   cudaEventRecord(start);
-  for (int r = 0; r < 5; ++r) kernel<<<sms, threads, bytes>>>(kTiles, sink);
+  for (int r = 0; r < 5; ++r) kernel<<<sms, threads, bytes>>>(kTiles, sink, tiles_in);
   cudaEventRecord(stop);
   cudaEventSynchronize(stop);
   float ms = 0.0f;
   cudaEventElapsedTime(&ms, start, stop);
   const double sm_tile_ns = ms * 1e6 / 5 / kTiles;
-  std::printf("%s: %.1f ns of an SM per 64-token tile; (16, 32768) Hk 8 would take %.1f us (%s)\n", label, sm_tile_ns,
-              65536.0 / sms * sm_tile_ns / 1e3, cudaGetErrorString(cudaGetLastError()));
+  char streamed[96] = "";
+  if (tiles_in != nullptr) {
+    std::snprintf(streamed, sizeof streamed, ", streamed at %.2f TB/s",
+                  double{kInputBytes} * kTiles * sms / (sm_tile_ns * kTiles) / 1e3);
+  }
+  std::printf("%s: %.1f ns of an SM per 64-token tile%s; (16, 32768) Hk 8 would take %.1f us (%s)\n", label, sm_tile_ns,
+              streamed, 65536.0 / sms * sm_tile_ns / 1e3, cudaGetErrorString(cudaGetLastError()));
 }
 
 // An SM's time per 64-token tile, one CTA per SM; (16, 32768), Hk 8 is 65536 such tiles.
-template <int Rows, int Producers, int Slots, bool Deferred, bool ScaledProbabilities>
-void measure(int sms, float* sink) {
-  char label[160];
+template <int Rows, int Producers, int Slots, bool Deferred, bool ScaledProbabilities, int InputStages = 0>
+void measure(int sms, float* sink, const std::uint8_t* tiles_in = nullptr) {
+  char label[192];
   std::snprintf(label, sizeof label,
-                "rows form, %d rows (q_len %d), %d producer warpgroup(s), %d slots, release %s, scale in %s", Rows,
-                Rows / 8, Producers, Slots, Deferred ? "deferred" : "at once", ScaledProbabilities ? "P" : "V");
-  time_loop(specialized_loop<Rows, Producers, Slots, Deferred, ScaledProbabilities>, 128 * (Producers + 2),
-            SharedLayout<Slots>::kBytes, label, sms, sink);
+                "rows form, %d rows (q_len %d), %d producer warpgroup(s), %d slots, release %s, scale in %s%s", Rows,
+                Rows / 8, Producers, Slots, Deferred ? "deferred" : "at once", ScaledProbabilities ? "P" : "V",
+                tiles_in != nullptr ? ", tiles from global memory" : "");
+  time_loop(specialized_loop<Rows, Producers, Slots, Deferred, ScaledProbabilities, InputStages>, 128 * (Producers + 2),
+            SharedLayout<Slots, 0, InputStages>::kBytes, label, sms, sink, tiles_in);
+}
+
+template <int Rows, int Producers, int InputStages = 0>
+void measure_tokens(int sms, float* sink, const std::uint8_t* tiles_in = nullptr) {
+  char label[192];
+  std::snprintf(label, sizeof label, "tokens form, %d rows (q_len %d), %d producer warpgroup(s), 3 slots, scale in P%s",
+                Rows, Rows / 8, Producers, tiles_in != nullptr ? ", tiles from global memory" : "");
+  time_loop(tokens_loop<Rows, Producers, InputStages>, 128 * (Producers + 2),
+            SharedLayout<3, Rows, InputStages>::kBytes, label, sms, sink, tiles_in);
 }
 
 template <int Rows>
@@ -434,16 +504,24 @@ void measure_forms(int sms, float* sink) {
   measure<Rows, 1, 4, true, true>(sms, sink);
   measure<Rows, 2, 4, true, false>(sms, sink);
   measure<Rows, 2, 4, true, true>(sms, sink);
-  for (int producers = 1; producers <= 2; ++producers) {
-    char label[160];
-    std::snprintf(label, sizeof label, "tokens form, %d rows (q_len %d), %d producer warpgroup(s), 3 slots, scale in P",
-                  Rows, Rows / 8, producers);
-    if (producers == 1) {
-      time_loop(tokens_loop<Rows, 1>, 384, SharedLayout<3, Rows>::kBytes, label, sms, sink);
-    } else {
-      time_loop(tokens_loop<Rows, 2>, 512, SharedLayout<3, Rows>::kBytes, label, sms, sink);
-    }
-  }
+  measure_tokens<Rows, 1>(sms, sink);
+  measure_tokens<Rows, 2>(sms, sink);
+}
+
+// The same loops with every tile read from global memory (bulk copies into
+// input stages, as a decode would stream the cache; 144 bytes a token here
+// against the cache's 134): the rows form at three slots and six stages,
+// the tokens form at what its shared memory leaves (four stages at 32 rows,
+// two at 64).
+void measure_streamed(int sms, float* sink, const std::uint8_t* tiles_in) {
+  measure<64, 1, 3, false, true, 6>(sms, sink, tiles_in);
+  measure<64, 1, 3, true, true, 6>(sms, sink, tiles_in);
+  measure<64, 2, 3, true, true, 6>(sms, sink, tiles_in);
+  measure<32, 1, 3, false, true, 6>(sms, sink, tiles_in);
+  measure<32, 1, 3, true, true, 6>(sms, sink, tiles_in);
+  measure_tokens<32, 1, 4>(sms, sink, tiles_in);
+  measure_tokens<32, 2, 4>(sms, sink, tiles_in);
+  measure_tokens<64, 1, 2>(sms, sink, tiles_in);
 }
 
 }  // namespace
@@ -453,5 +531,13 @@ int main() {
   float* const sink = prototype_device(sms);
   measure_forms<64>(sms, sink);  // q_len 8 at group 8
   measure_forms<32>(sms, sink);  // q_len 4
+  const std::size_t words = std::size_t{kInputBytes} / 4 * kTiles * sms;
+  std::uint32_t* tiles_in = nullptr;
+  if (cudaMalloc(&tiles_in, words * 4) != cudaSuccess) {
+    std::printf("no memory for the streamed tiles (%zu MB)\n", words * 4 >> 20);
+    return 1;
+  }
+  fill_tiles<<<4 * sms, 256>>>(tiles_in, words);
+  measure_streamed(sms, sink, reinterpret_cast<const std::uint8_t*>(tiles_in));
   return cudaGetLastError() == cudaSuccess ? 0 : 1;
 }
