@@ -8,9 +8,10 @@
 //   (64 x 16 per k-step) from each warp's registers in mma.sync's m16n8k16
 //   fragment layout, B (N x K, K-major) from shared memory in
 //   128-byte-swizzled rows. One product is checked against the host (the
-//   fragment and descriptor conventions), then k = 128 products (eight
-//   m64nNk16, one commit and wait each, as one tile's S^T would run) are
-//   timed for N = 32, 64, 128 and one to three warpgroups per CTA.
+//   fragment and descriptor conventions; also with A from shared memory, as
+//   the warp-specialized loops' S^T and O^T take it), then k = 128 products
+//   (eight m64nNk16, one commit and wait each, as one tile's S^T would run)
+//   are timed for N = 32, 64, 128 and one to three warpgroups per CTA.
 //
 //   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -o /tmp/mma_throughput scripts/mma_throughput.cu && /tmp/mma_throughput
 #include <cuda_fp16.h>
@@ -62,21 +63,35 @@ __device__ void a_fragment(const __half* a, int ks, std::uint32_t (&frag)[4]) {
   frag[0] = pair(g, 2 * c), frag[1] = pair(g + 8, 2 * c), frag[2] = pair(g, 2 * c + 8), frag[3] = pair(g + 8, 2 * c + 8);
 }
 
-template <int N>
+// SharedA: A from shared memory too (wgmma_ss), in B's arrangement with 64 rows.
+template <int N, bool SharedA>
 __global__ void check_product(const __half* a, const __half* b, float* d) {
   __shared__ __align__(1024) std::uint8_t shared[N * kK * 2];
+  __shared__ __align__(1024) std::uint8_t shared_a[SharedA ? kM * kK * 2 : 16];
   for (int i = threadIdx.x; i < N * kK; i += blockDim.x) {
     *reinterpret_cast<__half*>(shared + swizzled_offset(N, i / kK, i % kK)) = b[i];
+  }
+  if constexpr (SharedA) {
+    for (int i = threadIdx.x; i < kM * kK; i += blockDim.x) {
+      *reinterpret_cast<__half*>(shared_a + swizzled_offset(kM, i / kK, i % kK)) = a[i];
+    }
   }
   fence_proxy_async();
   __syncthreads();
   const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
+  const std::uint32_t base_a = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_a));
   std::uint32_t frags[8][4];
   for (int ks = 0; ks < 8; ++ks) a_fragment(a, ks, frags[ks]);
   float acc[N / 2] = {};
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) wgmma_rs<N>(acc, frags[ks], k_step_descriptor(base, N, ks), ks > 0);
+  for (int ks = 0; ks < 8; ++ks) {
+    if constexpr (SharedA) {
+      wgmma_ss<N>(acc, k_step_descriptor(base_a, kM, ks), k_step_descriptor(base, N, ks), ks > 0);
+    } else {
+      wgmma_rs<N>(acc, frags[ks], k_step_descriptor(base, N, ks), ks > 0);
+    }
+  }
   wgmma_commit();
   wgmma_wait_all();
   keep(acc);
@@ -116,7 +131,7 @@ __global__ void product_loop(float* sink, std::uint32_t seed) {
   if (total == 1.2345f) sink[threadIdx.x] = total;  // keeps the loop; never true for these operands
 }
 
-template <int N>
+template <int N, bool SharedA = false>
 bool check(std::mt19937& rng) {
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   std::vector<__half> a(kM * kK), b(N * kK);
@@ -130,7 +145,7 @@ bool check(std::mt19937& rng) {
   cudaMemcpy(da, a.data(), a.size() * sizeof(__half), cudaMemcpyHostToDevice);
   cudaMemcpy(db, b.data(), b.size() * sizeof(__half), cudaMemcpyHostToDevice);
   cudaMemset(dd, 0xff, kM * N * sizeof(float));  // NaN: an element never written fails
-  check_product<N><<<1, 128>>>(da, db, dd);
+  check_product<N, SharedA><<<1, 128>>>(da, db, dd);
   std::vector<float> d(kM * N);
   cudaMemcpy(d.data(), dd, d.size() * sizeof(float), cudaMemcpyDeviceToHost);
   cudaFree(da), cudaFree(db), cudaFree(dd);
@@ -144,7 +159,8 @@ bool check(std::mt19937& rng) {
     }
   }
   const bool ok = worst < 1e-3;
-  std::printf("m64n%dk16 x 8, A from registers, B 128-byte swizzled: max |error| %.2e %s\n", N, worst, ok ? "ok" : "WRONG");
+  std::printf("m64n%dk16 x 8, A from %s, B 128-byte swizzled: max |error| %.2e %s\n", N,
+              SharedA ? "shared memory (128-byte swizzled)" : "registers", worst, ok ? "ok" : "WRONG");
   return ok;
 }
 
@@ -193,6 +209,8 @@ int main() {
   bool ok = check<32>(rng);
   ok = check<64>(rng) && ok;
   ok = check<128>(rng) && ok;
+  ok = check<32, true>(rng) && ok;
+  ok = check<64, true>(rng) && ok;
   measure<32>(sms, sink, start, stop);
   measure<64>(sms, sink, start, stop);
   measure<128>(sms, sink, start, stop);
