@@ -1,9 +1,9 @@
-// The synthetic tiles the wgmma decode-loop prototypes read
-// (wgmma_decode_loop.cu, wgmma_specialized_loop.cu) and the rows form's
-// dequantization of a warp's 16 tokens into the products' shared-memory
-// operands. A token's staged record: 64 key bytes (4-bit codes, two a
-// byte), its norm at byte 64, value scale at 66, zero at 68, and 64 value
-// bytes at 80.
+// What the wgmma decode-loop prototypes (wgmma_decode_loop.cu,
+// wgmma_specialized_loop.cu) share: their synthetic tiles, the
+// dequantization of a warp's tokens into the products' shared-memory
+// operands, the tokens form's softmax, and the loops' ends. A token's
+// staged record: 64 key bytes (4-bit codes, two a byte), its norm at byte
+// 64, value scale at 66, zero at 68, and 64 value bytes at 80.
 #pragma once
 
 #include <cuda_fp16.h>
