@@ -11,7 +11,13 @@
 
 #include <cstdint>
 
+#include "../src/cuda/tensor_core/fragments.cuh"
 #include "wgmma.cuh"
+
+// The decode kernels' register helpers, the same instructions.
+using tqdecode::cuda::tensor_core::fast_exp2;
+using tqdecode::cuda::tensor_core::pack_f16;
+using tqdecode::cuda::tensor_core::transpose_8x8;
 
 constexpr int kTileTokens = 64;  // per warpgroup tile: 16 per warp
 constexpr int kSlotBytes = 144;
@@ -24,18 +30,6 @@ constexpr float kLazyRescaleLog2 = 4.0f;
 // V'^T's rows in the rows form (the B operand of O = P V'): the 128 dims,
 // then the zeros' and ones' rows, padded to N = 136.
 constexpr int kValueRows = 136;
-
-// 2^x by the SFU alone (as the decode kernels take it), without exp2f's range handling.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ std::uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&h);
-}
 
 /// K [token][dim] (swizzled_offset, 64 token rows) of a warp's Tokens (16
 /// or 8) tokens, tile rows first .., from their records at `records`: lane
@@ -136,11 +130,6 @@ __device__ __forceinline__ void write_values(const std::uint8_t* records, std::u
   }
 }
 
-__device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
-  std::uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
 __device__ __forceinline__ void named_barrier(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 // A barrier of the warpgroup that also returns whether `predicate` held for any of its threads.
 __device__ __forceinline__ bool barrier_any(int id, bool predicate) {
@@ -260,7 +249,7 @@ __device__ __forceinline__ void tokens_softmax(float (&score)[N / 2], const floa
         scaled[e] = p * scale[j];
         if constexpr (SumScaled) rows.scaled_sum[2 * i + e] += scaled[e];
       }
-      pair[j] = movmatrix_trans(pack_half2(scaled[0], scaled[1]));
+      pair[j] = transpose_8x8(pack_f16(scaled[0], scaled[1]));
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {

@@ -252,10 +252,10 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
       const auto p = [&](int i, int e) { return fast_exp2(score[4 * i + e] - reference[e / 2]); };
-      probability[kt][0] = pack_half2(p(2 * kt, 0), p(2 * kt, 1));
-      probability[kt][1] = pack_half2(p(2 * kt, 2), p(2 * kt, 3));
-      probability[kt][2] = pack_half2(p(2 * kt + 1, 0), p(2 * kt + 1, 1));
-      probability[kt][3] = pack_half2(p(2 * kt + 1, 2), p(2 * kt + 1, 3));
+      probability[kt][0] = pack_f16(p(2 * kt, 0), p(2 * kt, 1));
+      probability[kt][1] = pack_f16(p(2 * kt, 2), p(2 * kt, 3));
+      probability[kt][2] = pack_f16(p(2 * kt + 1, 0), p(2 * kt + 1, 1));
+      probability[kt][3] = pack_f16(p(2 * kt + 1, 2), p(2 * kt + 1, 3));
     }
     // O = P V'^T^T: k-step kt takes tokens 16 kt ..
     wgmma_fence();

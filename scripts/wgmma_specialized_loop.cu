@@ -331,10 +331,10 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1)
           return ScaledProbabilities ? fast_exp2(score[4 * i + e]) * scale[2 * i + (e & 1)]
                                      : fast_exp2(score[4 * i + e]);
         };
-        probability[kt][0] = pack_half2(p(2 * kt, 0), p(2 * kt, 1));
-        probability[kt][1] = pack_half2(p(2 * kt, 2), p(2 * kt, 3));
-        probability[kt][2] = pack_half2(p(2 * kt + 1, 0), p(2 * kt + 1, 1));
-        probability[kt][3] = pack_half2(p(2 * kt + 1, 2), p(2 * kt + 1, 3));
+        probability[kt][0] = pack_f16(p(2 * kt, 0), p(2 * kt, 1));
+        probability[kt][1] = pack_f16(p(2 * kt, 2), p(2 * kt, 3));
+        probability[kt][2] = pack_f16(p(2 * kt + 1, 0), p(2 * kt + 1, 1));
+        probability[kt][3] = pack_f16(p(2 * kt + 1, 2), p(2 * kt + 1, 3));
       }
     } else {
       // Zeros written here, after the wait, not hoisted beside an in-flight product that reads them.
