@@ -48,6 +48,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+#include <vector>
 
 #include "../src/cuda/tensor_core/bulk_copy.cuh"
 #include "decode_loop_tile.cuh"
@@ -494,50 +498,67 @@ void measure_tokens(int sms, float* sink, const std::uint8_t* tiles_in = nullptr
             SharedLayout<3, Rows, InputStages>::kBytes, label, sms, sink, tiles_in);
 }
 
+// Every configuration, in the order they print: the synthetic stages at 64
+// rows (q_len 8 at group 8) and 32 (q_len 4), then tiles read from global
+// memory (bulk copies into input stages, as a decode would stream the
+// cache; 144 bytes a token here against the cache's 134): the rows form at
+// three slots and six stages, the tokens form at what its shared memory
+// leaves (four stages at 32 rows, two at 64).
+using Measurement = void (*)(int, float*, const std::uint8_t*);
 template <int Rows>
-void measure_forms(int sms, float* sink) {
-  measure<Rows, 1, 3, false, false>(sms, sink);
-  measure<Rows, 1, 3, false, true>(sms, sink);
-  measure<Rows, 1, 4, false, false>(sms, sink);
-  measure<Rows, 1, 4, false, true>(sms, sink);
-  measure<Rows, 1, 4, true, false>(sms, sink);
-  measure<Rows, 1, 4, true, true>(sms, sink);
-  measure<Rows, 2, 4, true, false>(sms, sink);
-  measure<Rows, 2, 4, true, true>(sms, sink);
-  measure_tokens<Rows, 1>(sms, sink);
-  measure_tokens<Rows, 2>(sms, sink);
-}
-
-// The same loops with every tile read from global memory (bulk copies into
-// input stages, as a decode would stream the cache; 144 bytes a token here
-// against the cache's 134): the rows form at three slots and six stages,
-// the tokens form at what its shared memory leaves (four stages at 32 rows,
-// two at 64).
-void measure_streamed(int sms, float* sink, const std::uint8_t* tiles_in) {
-  measure<64, 1, 3, false, true, 6>(sms, sink, tiles_in);
-  measure<64, 1, 3, true, true, 6>(sms, sink, tiles_in);
-  measure<64, 2, 3, true, true, 6>(sms, sink, tiles_in);
-  measure<32, 1, 3, false, true, 6>(sms, sink, tiles_in);
-  measure<32, 1, 3, true, true, 6>(sms, sink, tiles_in);
-  measure_tokens<32, 1, 4>(sms, sink, tiles_in);
-  measure_tokens<32, 2, 4>(sms, sink, tiles_in);
-  measure_tokens<64, 1, 2>(sms, sink, tiles_in);
-}
+constexpr Measurement kSyntheticForms[] = {
+    [](int sms, float* sink, const std::uint8_t*) { measure<Rows, 1, 3, false, false>(sms, sink); },
+    [](int sms, float* sink, const std::uint8_t*) { measure<Rows, 1, 3, false, true>(sms, sink); },
+    [](int sms, float* sink, const std::uint8_t*) { measure<Rows, 1, 4, false, false>(sms, sink); },
+    [](int sms, float* sink, const std::uint8_t*) { measure<Rows, 1, 4, false, true>(sms, sink); },
+    [](int sms, float* sink, const std::uint8_t*) { measure<Rows, 1, 4, true, false>(sms, sink); },
+    [](int sms, float* sink, const std::uint8_t*) { measure<Rows, 1, 4, true, true>(sms, sink); },
+    [](int sms, float* sink, const std::uint8_t*) { measure<Rows, 2, 4, true, false>(sms, sink); },
+    [](int sms, float* sink, const std::uint8_t*) { measure<Rows, 2, 4, true, true>(sms, sink); },
+    [](int sms, float* sink, const std::uint8_t*) { measure_tokens<Rows, 1>(sms, sink); },
+    [](int sms, float* sink, const std::uint8_t*) { measure_tokens<Rows, 2>(sms, sink); },
+};
+constexpr Measurement kStreamedForms[] = {
+    [](int sms, float* sink, const std::uint8_t* tiles) { measure<64, 1, 3, false, true, 6>(sms, sink, tiles); },
+    [](int sms, float* sink, const std::uint8_t* tiles) { measure<64, 1, 3, true, true, 6>(sms, sink, tiles); },
+    [](int sms, float* sink, const std::uint8_t* tiles) { measure<64, 2, 3, true, true, 6>(sms, sink, tiles); },
+    [](int sms, float* sink, const std::uint8_t* tiles) { measure<32, 1, 3, false, true, 6>(sms, sink, tiles); },
+    [](int sms, float* sink, const std::uint8_t* tiles) { measure<32, 1, 3, true, true, 6>(sms, sink, tiles); },
+    [](int sms, float* sink, const std::uint8_t* tiles) { measure_tokens<32, 1, 4>(sms, sink, tiles); },
+    [](int sms, float* sink, const std::uint8_t* tiles) { measure_tokens<32, 2, 4>(sms, sink, tiles); },
+    [](int sms, float* sink, const std::uint8_t* tiles) { measure_tokens<64, 1, 2>(sms, sink, tiles); },
+};
 
 }  // namespace
 
-int main() {
+// No argument: every configuration; an index (0 .. count - 1): that one alone
+// (a process each, so a configuration that hangs under a timeout costs only
+// its own line). `--count` prints the count.
+int main(int argc, char** argv) {
+  std::vector<std::pair<Measurement, bool>> all;  // (measurement, streamed)
+  for (const Measurement m : kSyntheticForms<64>) all.emplace_back(m, false);
+  for (const Measurement m : kSyntheticForms<32>) all.emplace_back(m, false);
+  for (const Measurement m : kStreamedForms) all.emplace_back(m, true);
+  if (argc > 1 && std::strcmp(argv[1], "--count") == 0) {
+    std::printf("%zu\n", all.size());
+    return 0;
+  }
+  const int only = argc > 1 ? std::atoi(argv[1]) : -1;
   int sms = 0;
   float* const sink = prototype_device(sms);
-  measure_forms<64>(sms, sink);  // q_len 8 at group 8
-  measure_forms<32>(sms, sink);  // q_len 4
-  const std::size_t words = std::size_t{kInputBytes} / 4 * kTiles * sms;
-  std::uint32_t* tiles_in = nullptr;
-  if (cudaMalloc(&tiles_in, words * 4) != cudaSuccess) {
-    std::printf("no memory for the streamed tiles (%zu MB)\n", words * 4 >> 20);
-    return 1;
+  std::uint32_t* tiles_in = nullptr;  // allocated and filled for the first streamed configuration
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (only >= 0 && static_cast<std::size_t>(only) != i) continue;
+    const auto [measurement, streamed] = all[i];
+    if (streamed && tiles_in == nullptr) {
+      const std::size_t words = std::size_t{kInputBytes} / 4 * kTiles * sms;
+      if (words == 0 || cudaMalloc(&tiles_in, words * 4) != cudaSuccess) {
+        std::printf("no memory for the streamed tiles (%zu MB)\n", words * 4 >> 20);
+        return 1;
+      }
+      fill_tiles<<<4 * sms, 256>>>(tiles_in, words);
+    }
+    measurement(sms, sink, reinterpret_cast<const std::uint8_t*>(tiles_in));
   }
-  fill_tiles<<<4 * sms, 256>>>(tiles_in, words);
-  measure_streamed(sms, sink, reinterpret_cast<const std::uint8_t*>(tiles_in));
   return cudaGetLastError() == cudaSuccess ? 0 : 1;
 }
