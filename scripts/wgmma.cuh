@@ -116,8 +116,11 @@ __device__ __forceinline__ std::uint64_t descriptor(std::uint32_t address) {
   return static_cast<std::uint64_t>((address >> 4) & 0x3fff) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
-/// The descriptor of k-step `ks` (16 elements of k) of a K-major operand of
-/// `rows` rows at `base` (swizzled_offset's arrangement).
+/// Where k-step `ks` (16 elements of k) of a K-major operand of `rows` rows
+/// starts, in bytes from the operand (swizzled_offset's arrangement).
+__host__ __device__ __forceinline__ int k_step_offset(int rows, int ks) { return (ks / 4) * rows * 128 + (ks % 4) * 32; }
+
+/// The descriptor of k-step `ks` of a K-major operand of `rows` rows at `base`.
 __device__ __forceinline__ std::uint64_t k_step_descriptor(std::uint32_t base, int rows, int ks) {
-  return descriptor(base + (ks / 4) * rows * 128 + (ks % 4) * 32);
+  return descriptor(base + k_step_offset(rows, ks));
 }

@@ -233,7 +233,7 @@ __device__ __forceinline__ void produce(std::uint8_t* shared, const Ring<Layout,
 // A k-step's offset in a descriptor (16-byte units; no carry past the
 // 14-bit address field: shared memory is under 256 KB): `rows` rows, K-major.
 __device__ __forceinline__ std::uint64_t k_step(int rows, int ks) {
-  return static_cast<std::uint64_t>(((ks / 4) * rows * 128 + (ks % 4) * 32) >> 4);
+  return static_cast<std::uint64_t>(k_step_offset(rows, ks) >> 4);
 }
 
 // The CTA's packed tiles in global memory (each CTA streams its own), or none.
