@@ -25,6 +25,7 @@ const char* request_name(PathRequest request) {
     case PathRequest::hopper: return "hopper";
     case PathRequest::cuda_generic: return "cuda_generic";
     case PathRequest::cuda_generic_scalar: return "cuda_generic_scalar";
+    case PathRequest::hopper_warp_specialized: return "hopper_warp_specialized";
     default: return "cpu_reference";
   }
 }
@@ -69,10 +70,12 @@ bool bool_member(const Json& object, std::string_view key, const std::string& wh
 
 PathRequest parse_request(const std::string& text, const std::string& where) {
   for (const PathRequest request : {PathRequest::automatic, PathRequest::hopper, PathRequest::cuda_generic,
-                                    PathRequest::cuda_generic_scalar}) {
+                                    PathRequest::cuda_generic_scalar, PathRequest::hopper_warp_specialized}) {
     if (text == request_name(request)) return request;
   }
-  bad_field(where, "requests", "has \"" + text + "\"; accepted: automatic, hopper, cuda_generic, cuda_generic_scalar");
+  bad_field(where, "requests",
+            "has \"" + text +
+                "\"; accepted: automatic, hopper, cuda_generic, cuda_generic_scalar, hopper_warp_specialized");
 }
 
 Shape parse_shape(const Json& item, const std::string& where) {

@@ -378,10 +378,13 @@ def query_tokens_lines(records):
              "to the end (bf16_baseline.py), measured the same way; bf16 bytes at the read ceiling: the time the same "
              "work's bf16 K/V, query and output bytes take at the measured read ceiling (a lower bound for any bf16 "
              "kernel; the comparison where the bf16 kernel did not run). TFLOP/s: the QK^T and PV products of the call "
-             "(4 Hq D per query token and position it sees) per second.", "",
+             "(4 Hq D per query token and position it sees) per second. warp-specialized: the varlen entry on the "
+             "warp-specialized kernel's request (PathRequest::hopper_warp_specialized; shapes it serves), which the "
+             "automatic path does not take yet.", "",
              "| shape | q_len | varlen | path | % read | rows | rows / varlen | q_len 1 step | varlen / q_len 1 | "
              "q_len 1, scalar kernel | varlen / scalar q_len 1 | bf16 | bf16 / varlen | bf16 bytes at the read "
-             "ceiling | that / varlen | TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ceiling | that / varlen | TFLOP/s | warp-specialized | that / q_len 1 | its TFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ratio(a, b):
         return fmt(a / b if a and b else None, ".2f", "x")
@@ -395,10 +398,13 @@ def query_tokens_lines(records):
         # Token j of q new tokens of a sequence of length L sees L - q + j + 1 positions.
         q = r["q_len"]
         positions = q * r["tokens"] - r["B"] * q * q + r["B"] * q * (q + 1) // 2
-        return 4 * r["Hq"] * r["D"] * positions / (r["tq_us"] * 1e6) if r["tq_us"] else None
+        return 4 * r["Hq"] * r["D"] * positions / (r["tq_us"] * 1e6) if r and r["tq_us"] else None
 
     for r in varlen:
         rows = next((o for o in ok if o["name"] == r["name"] and o["request"] == "rows"), None)
+        specialized = next((o for o in ok if o["name"] == r["name"] and o["request"] == "varlen_warp_specialized"),
+                           None)
+        specialized_us = specialized and specialized["tq_us"]
         one_token = [o for o in ok if o["q_len"] == 1 and all(o[k] == r[k] for k in same)]
         single = next((o for o in one_token if o["request"] == "automatic"), None)
         scalar = next((o for o in one_token if o["request"] == "cuda_generic_scalar"), None)
@@ -409,7 +415,8 @@ def query_tokens_lines(records):
                      f"{ratio(r['tq_us'], single_us)} | {fmt(scalar_us, '.1f', ' us')} | {ratio(r['tq_us'], scalar_us)} | "
                      f"{fmt(r['bf16_us'], '.1f', ' us')} | {ratio(r['bf16_us'], r['tq_us'])} | "
                      f"{fmt(bf16_floor_us(r), '.1f', ' us')} | {ratio(bf16_floor_us(r), r['tq_us'])} | "
-                     f"{fmt(tflops(r), '.1f')} |")
+                     f"{fmt(tflops(r), '.1f')} | {fmt(specialized_us, '.1f', ' us')} | "
+                     f"{ratio(specialized_us, single_us)} | {fmt(tflops(specialized), '.1f')} |")
     return lines + [""]
 
 
@@ -602,13 +609,14 @@ def estimate_seconds(shape, tq, bf16, flush_bytes=256 << 20):
     def call_us(nbytes, efficiency):
         return nbytes / (efficiency * READ_TBPS * 1e6) + 10
 
-    efficiency = {"automatic": 0.8 if shape["D"] == 128 else 0.1, "hopper": 0.8, "cuda_generic": 0.7,
-                  "cuda_generic_scalar": 0.12}
+    efficiency = {"automatic": 0.8 if shape["D"] == 128 else 0.1, "hopper": 0.8, "hopper_warp_specialized": 0.8,
+                  "cuda_generic": 0.7, "cuda_generic_scalar": 0.12}
     gemm_us = shape_plan.gemm_weight_bytes() / (0.85 * READ_TBPS * 1e6)
     tq_s = 0.3 + tq["instance_bytes"] * tq["instances"] / 2e11  # allocation, fills, tables, constants, plans
     # q_len > 1: the varlen form (the tensor-core kernel, a row tile per two tokens of a group of 8) and the rows
     # form (q_len reads).
-    forms = ({"varlen": efficiency["automatic"] / max(1, shape["q_len"] / 2), "rows": efficiency["automatic"] / shape["q_len"]}
+    forms = ({"varlen": efficiency["automatic"] / max(1, shape["q_len"] / 2), "rows": efficiency["automatic"] / shape["q_len"],
+              "varlen_warp_specialized": efficiency["automatic"] / 2}
              if shape["q_len"] > 1 else {request: efficiency[request] for request in shape["requests"]})
     for form_efficiency in forms.values():
         t = call_us(tq["bytes"], form_efficiency)

@@ -30,7 +30,7 @@ PRESETS = {
 HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32, 64, 128)
 MAX_GROUP = 16
-REQUESTS = ("automatic", "hopper", "cuda_generic", "cuda_generic_scalar")
+REQUESTS = ("automatic", "hopper", "cuda_generic", "cuda_generic_scalar", "hopper_warp_specialized")
 DEFAULTS = {"lengths": "uniform", "max_model_len": None, "scores": "flat", "q_len": 1, "tp": None,
             "back_to_back": False, "engine": False, "requests": ["automatic"], "quick": False, "order": "blocks",
             "norm_correction": False}

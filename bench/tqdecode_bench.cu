@@ -336,25 +336,43 @@ void run_requests(const Shape& shape, const InstancePlan& plan, const Instances&
 }
 
 /// q_len > 1: the varlen entry and the same tokens as rows of the one-token
-/// entry, both on the automatic path, one record each (request "varlen" and
-/// "rows"; the rows record's output compared with the varlen one's).
+/// entry, both on the automatic path, and where it serves the call the
+/// varlen entry on the warp-specialized kernel's request, one record each
+/// (request "varlen", "rows" and "varlen_warp_specialized"; the others'
+/// outputs compared with the varlen one's).
 void run_forms(const Shape& shape, const InstancePlan& plan, const Instances& instances, DecodeWorkspace& workspace,
                const L2Flush& flush, cudaStream_t stream, std::vector<Record>& records) {
   std::vector<float> varlen_output;
-  for (const bool varlen : {true, false}) {
+  struct Form {
+    const char* name;
+    bool varlen;
+    PathRequest request;
+  };
+  for (const Form form : {Form{"varlen", true, PathRequest::automatic},
+                          Form{"varlen_warp_specialized", true, PathRequest::hopper_warp_specialized},
+                          Form{"rows", false, PathRequest::automatic}}) {
+    const std::vector<DecodeArgs>& args = form.varlen ? instances.args() : instances.rows_args();
+    const bool first = form.request == PathRequest::automatic && form.varlen;
+    if (!first) {  // the warp-specialized kernel's form only where it serves the call
+      try {
+        tqdecode::plan_decode(args.front(), form.request);
+      } catch (const std::exception&) {
+        continue;
+      }
+    }
     Record record;
     record.shape = shape;
     record.plan = plan;
-    record.request = varlen ? "varlen" : "rows";
+    record.request = form.name;
     try {
-      const std::vector<DecodeArgs>& args = varlen ? instances.args() : instances.rows_args();
-      const tqdecode::LaunchPlan launch = tqdecode::plan_decode(args.front());
+      const tqdecode::LaunchPlan launch = tqdecode::plan_decode(args.front(), form.request);
       record.path = tqdecode::decode_path_name(launch.path);
       if (launch.path == DecodePath::cuda_generic) record.kernel = tqdecode::generic_kernel_name(launch.generic_kernel);
+      if (launch.warp_specialized) record.kernel = "warp-specialized";
       record.reason = launch.reason;
       record.partitions = launch.num_partitions;
-      measure_request(args, plan, PathRequest::automatic, workspace, flush, stream, record);
-      check_output(instances, stream, varlen ? nullptr : &varlen_output, record, varlen ? &varlen_output : nullptr);
+      measure_request(args, plan, form.request, workspace, flush, stream, record);
+      check_output(instances, stream, first ? nullptr : &varlen_output, record, first ? &varlen_output : nullptr);
       record.status = "ok";
     } catch (const std::exception& error) {
       record.error = record.request + ": " + error.what();
@@ -409,10 +427,10 @@ EngineRecord run_engine(const Shape& shape, const InstancePlan& plan, const Inst
 void print_record(const Record& r, double read_tbps) {
   const std::string& name = r.shape.name;
   if (r.status != "ok") {
-    std::printf("%-52s %-19s ERROR: %s\n", name.c_str(), r.request.empty() ? "-" : r.request.c_str(), r.error.c_str());
+    std::printf("%-52s %-23s ERROR: %s\n", name.c_str(), r.request.empty() ? "-" : r.request.c_str(), r.error.c_str());
   } else {
     const double tbps = terabytes_per_second(double(r.plan.bytes), r.single.median_us);
-    std::printf("%-52s %-19s %-24s %3d %2d %9.2f %6.1f%% %9.2f %9.2f %6lld\n", name.c_str(), r.request.c_str(),
+    std::printf("%-52s %-23s %-24s %3d %2d %9.2f %6.1f%% %9.2f %9.2f %6lld\n", name.c_str(), r.request.c_str(),
                 (r.kernel.empty() ? r.path : r.path + " " + r.kernel).c_str(), r.partitions, r.plan.layers, r.single.median_us,
                 100 * tbps / read_tbps, r.single.min_us, r.back_to_back_us, static_cast<long long>(r.nonfinite_outputs));
     if (r.nonfinite_outputs > 0) {
@@ -681,7 +699,7 @@ int run(const Options& options) {
               "median %.2f us (min %.2f, max %.2f)\n\n",
               options.flush == FlushKind::read ? "read of" : "write of", flush.bytes() / 1048576.0, run.floor.median_us,
               run.floor.min_us, run.floor.max_us);
-  std::printf("%-52s %-19s %-24s %3s %2s %9s %7s %9s %9s %6s\n", "shape", "request", "path", "N", "L", "single_us", "%read",
+  std::printf("%-52s %-23s %-24s %3s %2s %9s %7s %9s %9s %6s\n", "shape", "request", "path", "N", "L", "single_us", "%read",
               "min_us", "b2b_us", "nonfin");
   write_json(options.json_path, run);
 

@@ -12,12 +12,11 @@
 #include <cstdint>
 
 #include "../src/cuda/tensor_core/fragments.cuh"
-#include "wgmma.cuh"
+#include "../src/cuda/tensor_core/bulk_copy.cuh"
+#include "../src/cuda/tensor_core/wgmma.cuh"
 
-// The decode kernels' register helpers, the same instructions.
-using tqdecode::cuda::tensor_core::fast_exp2;
-using tqdecode::cuda::tensor_core::pack_f16;
-using tqdecode::cuda::tensor_core::transpose_8x8;
+// The decode kernels' register helpers and wgmma (the same instructions).
+using namespace tqdecode::cuda::tensor_core;
 
 constexpr int kTileTokens = 64;  // per warpgroup tile: 16 per warp
 constexpr int kSlotBytes = 144;

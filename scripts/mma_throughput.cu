@@ -23,7 +23,10 @@
 #include <random>
 #include <vector>
 
-#include "wgmma.cuh"
+#include "../src/cuda/tensor_core/bulk_copy.cuh"
+#include "../src/cuda/tensor_core/wgmma.cuh"
+
+using namespace tqdecode::cuda::tensor_core;  // the wgmma helpers
 
 namespace {
 
@@ -76,7 +79,7 @@ __global__ void check_product(const __half* a, const __half* b, float* d) {
       *reinterpret_cast<__half*>(shared_a + swizzled_offset(kM, i / kK, i % kK)) = a[i];
     }
   }
-  fence_proxy_async();
+  fence_proxy_async_shared();
   __syncthreads();
   const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
   const std::uint32_t base_a = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_a));
@@ -110,7 +113,7 @@ __global__ void product_loop(float* sink, std::uint32_t seed) {
   for (int i = threadIdx.x; i < N * kK / 2; i += blockDim.x) {
     reinterpret_cast<std::uint32_t*>(shared)[i] = (seed * (i + 1)) & 0x3bff3bffu;
   }
-  fence_proxy_async();
+  fence_proxy_async_shared();
   __syncthreads();
   const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
   std::uint32_t frags[8][4];

@@ -31,7 +31,6 @@
 #include <cstdio>
 
 #include "decode_loop_tile.cuh"
-#include "wgmma.cuh"
 
 namespace {
 
@@ -111,7 +110,7 @@ __global__ void __launch_bounds__(256, 1) decode_loop(int tiles, float* sink) {
     const float scale[2] = {field(g, 1), field(g + 8, 1)};
     const float zero[2] = {field(g, 2), field(g + 8, 2)};
     tokens_softmax<N, false>(score, norm, scale, zero, rows, acc_o, exchange, prob_ptr, 1 + group, wg_warp, lane);
-    fence_proxy_async();
+    fence_proxy_async_shared();
     named_barrier(1 + group);
     // V^T codes: warp w, half h: dims 64 h + 16 w + g (+ 8) as the low and high nibbles of byte 32 h + 8 w + g
     // of tokens 16 ks + 2c, + 1, + 8, + 9, from warp ks's stage.
@@ -205,7 +204,7 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
   float acc_o[kValueRows / 2] = {};
   float reference[2] = {-8.0f, -8.0f};  // rows g and g + 8; the first tile moves them
   std::uint32_t probability[4][4];
-  fence_proxy_async();
+  fence_proxy_async_shared();
   named_barrier(1 + group);
 
   for (int tile = 0; tile < tiles; ++tile) {
@@ -213,7 +212,7 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
     const int first = 16 * wg_warp;  // the warp's tokens in the tile
     write_keys<true>(shared, stage, keys, first, lane);  // centroid pairs x norm
     write_values<false>(stage, values, first, lane);
-    fence_proxy_async();
+    fence_proxy_async_shared();
     named_barrier(1 + group);
     // S = Q K^T: rows 16 w + g (+ 8), tokens 8i + 2c (+ 1).
     float score[32];
@@ -249,14 +248,7 @@ __global__ void __launch_bounds__(256, 1) rows_loop(int tiles, float* sink) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_o[4 * i + e] *= alpha[e / 2];
     }
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt) {
-      const auto p = [&](int i, int e) { return fast_exp2(score[4 * i + e] - reference[e / 2]); };
-      probability[kt][0] = pack_f16(p(2 * kt, 0), p(2 * kt, 1));
-      probability[kt][1] = pack_f16(p(2 * kt, 2), p(2 * kt, 3));
-      probability[kt][2] = pack_f16(p(2 * kt + 1, 0), p(2 * kt + 1, 1));
-      probability[kt][3] = pack_f16(p(2 * kt + 1, 2), p(2 * kt + 1, 3));
-    }
+    probabilities_as_a_operand(probability, [&](int i, int e) { return fast_exp2(score[4 * i + e] - reference[e / 2]); });
     // O = P V'^T^T: k-step kt takes tokens 16 kt ..
     wgmma_fence();
 #pragma unroll

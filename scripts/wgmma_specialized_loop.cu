@@ -55,17 +55,9 @@
 
 #include "../src/cuda/tensor_core/bulk_copy.cuh"
 #include "decode_loop_tile.cuh"
-#include "wgmma.cuh"
 
 namespace {
 
-using tqdecode::cuda::tensor_core::bulk_load;
-using tqdecode::cuda::tensor_core::elect_one_lane;
-using tqdecode::cuda::tensor_core::fence_barrier_init;
-using tqdecode::cuda::tensor_core::mbarrier_arrive;
-using tqdecode::cuda::tensor_core::mbarrier_arrive_expect_tx;
-using tqdecode::cuda::tensor_core::mbarrier_init;
-using tqdecode::cuda::tensor_core::mbarrier_wait_parity;
 
 constexpr int kInputBytes = kTileTokens * kSlotBytes;
 constexpr int kKeyTileBytes = kTileTokens * 128 * 2;           // 16 KB
@@ -186,7 +178,7 @@ __device__ __forceinline__ Ring<Layout, Slots> prepare(std::uint8_t* shared) {
     for (int stage = 0; stage < Layout::kInputStages && Layout::kStreamed; ++stage) mbarrier_init(ring.input(stage), 1);
     fence_barrier_init();
   }
-  fence_proxy_async();
+  fence_proxy_async_shared();
   __syncthreads();
   return ring;
 }
@@ -221,7 +213,7 @@ __device__ __forceinline__ void produce(std::uint8_t* shared, const Ring<Layout,
     dequantize<ScaledProbabilities, kTileTokens / (4 * Producers)>(
         shared, shared + Layout::kInput + stage * kInputBytes, shared + Layout::kRing + slot * kRingSlotBytes, warp,
         lane);
-    fence_proxy_async();  // the generic-proxy stores before the products' reads
+    fence_proxy_async_shared();  // the generic-proxy stores before the products' reads
     mbarrier_arrive(ring.full(slot));
     if constexpr (Layout::kStreamed) {
       asm volatile("bar.sync 3, %0;\n" ::"n"(128 * Producers) : "memory");  // the stage is read by every producer
@@ -329,23 +321,11 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1)
           for (int i = 0; i < 8; ++i) score[4 * i + 2 * r] -= shift, score[4 * i + 2 * r + 1] -= shift;
         }
       }
-#pragma unroll
-      for (int kt = 0; kt < 4; ++kt) {
-        const auto p = [&](int i, int e) {
-          return ScaledProbabilities ? fast_exp2(score[4 * i + e]) * scale[2 * i + (e & 1)]
-                                     : fast_exp2(score[4 * i + e]);
-        };
-        probability[kt][0] = pack_f16(p(2 * kt, 0), p(2 * kt, 1));
-        probability[kt][1] = pack_f16(p(2 * kt, 2), p(2 * kt, 3));
-        probability[kt][2] = pack_f16(p(2 * kt + 1, 0), p(2 * kt + 1, 1));
-        probability[kt][3] = pack_f16(p(2 * kt + 1, 2), p(2 * kt + 1, 3));
-      }
+      probabilities_as_a_operand(probability, [&](int i, int e) {
+        return ScaledProbabilities ? fast_exp2(score[4 * i + e]) * scale[2 * i + (e & 1)] : fast_exp2(score[4 * i + e]);
+      });
     } else {
-      // Zeros written here, after the wait, not hoisted beside an in-flight product that reads them.
-#pragma unroll
-      for (int kt = 0; kt < 4; ++kt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) asm volatile("mov.b32 %0, 0;\n" : "=r"(probability[kt][j]));
+      zero_words(probability);
     }
     // O = P V': k-step kt takes tokens 16 kt ..
     wgmma_fence();
@@ -419,7 +399,7 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1)
     // Its barrier also orders this tile's P'^T stores after every warp's wait on the previous O^T product.
     tokens_softmax<Rows, true>(score, factor, scale, zero, rows, acc_o, exchange, prob_bytes, 1 + consumer, wg_warp,
                                lane);
-    fence_proxy_async();
+    fence_proxy_async_shared();
     named_barrier(1 + consumer);
     // O^T = V'^T P'^T: dims 64 m + 16 w + g (+ 8), k-step kt the tokens 16 kt ..
     wgmma_fence();

@@ -26,8 +26,19 @@ const char* decode_path_name(DecodePath path);
 
 /// What a request for a path means: `automatic` picks the fastest that
 /// applies; `cuda_generic_scalar` is the generic path with its scalar kernel
-/// even where the tensor-core kernel could serve (tests, comparisons).
-enum class PathRequest : std::uint8_t { automatic, hopper, cuda_generic, cuda_generic_scalar, cpu_reference };
+/// even where the tensor-core kernel could serve (tests, comparisons);
+/// `hopper_warp_specialized` is the Hopper path with the warp-specialized
+/// kernel for several query tokens per sequence (LaunchPlan::warp_specialized;
+/// not yet measured against the automatic choice, which does not take it),
+/// an error naming what it serves where it cannot serve the call.
+enum class PathRequest : std::uint8_t {
+  automatic,
+  hopper,
+  cuda_generic,
+  cuda_generic_scalar,
+  cpu_reference,
+  hopper_warp_specialized,
+};
 
 /// The kernel of the generic path.
 enum class GenericKernel : std::uint8_t {
@@ -104,9 +115,19 @@ struct LaunchPlan {
   /// rows of turboquant_4bit_nc in the blocks order at D = 128 where those
   /// CTAs fill a wave without partitions (one CTA of 8 warps per SM).
   int head_tiles = 1;
+  /// PathRequest::hopper_warp_specialized (several query tokens per
+  /// sequence of turboquant_4bit_nc in the blocks order at D = 128 with more
+  /// than 16 query rows per kv head, sm_90 and a build with sm_90a code):
+  /// the warp-specialized partition kernel (a producer warpgroup
+  /// dequantizes each 64-token tile once into shared memory, two consumer
+  /// warpgroups multiply it with up to 64 query rows on warpgroup MMA)
+  /// between the query rotation and the reducer, query_tokens_per_cta
+  /// tokens per CTA, partitions aligned to 64 tokens.
+  bool warp_specialized = false;
   /// The generic path's kernel (path cuda_generic only).
   GenericKernel generic_kernel = GenericKernel::scalar;
-  /// Query tokens of a sequence each CTA of the scalar kernel serves from
+  /// Query tokens of a sequence each CTA of the scalar kernel (or of the
+  /// warp-specialized one: up to 64 rows) serves from
   /// one read of its kv head's cache: 1, or with query_start_loc as many as
   /// fit 32 query rows (tokens x group), the max_query_len tokens spread
   /// evenly over ceil(max_query_len / this) query tiles. The grid is then

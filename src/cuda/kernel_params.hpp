@@ -225,6 +225,13 @@ void launch_reduce_partitions(const ReduceParams& params, const QueryRows& rows,
 /// (N * ceil(max_query_len / tokens_per_cta), Hk, B).
 void launch_partitions_generic(const PartitionParams& params, const QueryRows& rows, CUstream_st* stream);
 
+/// Warp-specialized partition kernel (sm_90a; tensor_core/warp_specialized.cuh):
+/// turboquant_4bit_nc in the blocks order at D = 128, block sizes multiples
+/// of 16, up to 64 query rows (group x tokens_per_cta) per CTA, partitions
+/// aligned to 64 tokens; the generic kernel's grid and partition format
+/// (between launch_rotate_queries and launch_reduce_partitions).
+void launch_partitions_warp_specialized(const PartitionParams& params, const QueryRows& rows, CUstream_st* stream);
+
 /// Tensor-core kernel, the whole decode step: turboquant_4bit_nc, _k3v4_nc,
 /// _3bit_nc or _k8v4 at D = 64, 128 and 256 (tensor_core_serves). Every
 /// configuration runs on sm_90 (the

@@ -108,6 +108,31 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   if (request == PathRequest::hopper) {
     TQ_REQUIRE(not_hopper.empty(), "path", "the Hopper kernel cannot serve this call: " + not_hopper);
   }
+  if (request == PathRequest::hopper_warp_specialized) {
+    TQ_REQUIRE(not_hopper.empty(), "path",
+               "the warp-specialized kernel runs on the Hopper path, which cannot serve this call: " + not_hopper);
+    TQ_REQUIRE(cuda::warp_specialized_serves(DecodePath::hopper, args.layout, args.varlen(), rows_per_head), "path",
+               std::string("the warp-specialized kernel cannot serve this call (") +
+                   (cuda::warp_specialized_built() ? "" : "this build has no sm_90a code; ") +
+                   preset_info(args.layout.preset).name + ", D=" + std::to_string(head_dim) + ", " +
+                   std::to_string(rows_per_head) +
+                   " query rows per kv head); accepted: several query tokens per sequence (query_start_loc) of "
+                   "turboquant_4bit_nc in the blocks order at D = 128 with more than 16 query rows per kv head "
+                   "(group x max_query_len), in a build with sm_90a code");
+    const int tokens_per_cta = cuda::warp_specialized_tokens_per_cta(args.group_size(), args.max_query_len);
+    const int query_tiles = (args.max_query_len + tokens_per_cta - 1) / tokens_per_cta;
+    LaunchPlan plan{DecodePath::hopper,
+                    "requested; the warp-specialized kernel: " + std::to_string(rows_per_head) +
+                        " query rows per kv head (max_query_len " + std::to_string(args.max_query_len) + ") in " +
+                        std::to_string(query_tiles) + (query_tiles == 1 ? " query tile" : " query tiles") + " of " +
+                        std::to_string(tokens_per_cta) + " token(s)",
+                    cuda::choose_num_partitions(args.batch * query_tiles, args.layout.num_kv_heads, max_context,
+                                                device.sm_count, 1),
+                    cuda::kWarpSpecializedAlign};
+    plan.warp_specialized = true;
+    plan.query_tokens_per_cta = tokens_per_cta;
+    return plan;
+  }
   if (request == PathRequest::hopper || (request == PathRequest::automatic && not_hopper.empty())) {
     const int head_tiles = cuda::tensor_core_head_tiles(
         rows_per_head, head_dim,
@@ -254,7 +279,13 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
   const cuda::ReduceParams reduce{buffers.part_max, buffers.part_sum, buffers.part_out, call.sinks, call.output,
                                   call.query_dtype, call.out_stride_b(), call.out_stride_h(), call.batch,
                                   call.num_q_heads, call.layout.head_dim, plan.num_partitions};
-  if (plan.path == DecodePath::hopper || plan.generic_kernel == GenericKernel::tensor_core) {
+  if (plan.warp_specialized) {
+    const cuda::QueryRows rows{call.query_start_loc, call.query_rows(), call.query_tokens_bound(),
+                               plan.query_tokens_per_cta};
+    cuda::launch_rotate_queries(rotate, stream);
+    cuda::launch_partitions_warp_specialized(partitions, rows, stream);
+    cuda::launch_reduce_partitions(reduce, rows, stream);
+  } else if (plan.path == DecodePath::hopper || plan.generic_kernel == GenericKernel::tensor_core) {
     // One launch: rotation, partitions and reduction fused. The generic
     // path's plan has the narrow configuration, launched plainly (programmatic
     // dependent launch is an sm_90 feature).

@@ -63,6 +63,19 @@ bool tensor_core_four_head_tiles(DecodePath path, const CacheLayout& layout, int
   return ctas >= kGoodWaveUtilization * sm_count;
 }
 
+bool warp_specialized_built() {
+#if defined(TQDECODE_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool warp_specialized_serves(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head) {
+  return warp_specialized_built() && path == DecodePath::hopper && varlen && wide_table_kernel(layout.preset, layout.head_dim) &&
+         !layout.token_slots() && rows_per_head > 2 * kHeadsPerTile;
+}
+
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table, int head_dim) {
   if (path != DecodePath::hopper) return 2;
   // The kernel's shape table (tensor_core/shape.cuh, KernelShape): one CTA

@@ -16,6 +16,7 @@
 //   short sequences in a large block table still use all N partitions.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "tqdecode/decode.hpp"
@@ -82,6 +83,30 @@ constexpr int tensor_core_row_tiles(int rows_per_head, int head_tiles) {
 /// fewer partitions are faster (docs/PERFORMANCE.md).
 bool tensor_core_four_head_tiles(DecodePath path, const CacheLayout& layout, int rows_per_head, int batch,
                                  int sm_count);
+
+/// The warp-specialized partition kernel's rows per CTA (M of its wgmma
+/// products) and its partitions' alignment (its 64-token tiles).
+inline constexpr int kWarpSpecializedRows = 64;
+inline constexpr int kWarpSpecializedAlign = 64;
+
+/// Whether the warp-specialized partition kernel (PathRequest::
+/// hopper_warp_specialized; tensor_core/warp_specialized.cuh: every 64-token
+/// tile dequantized once into shared memory for up to 64 query rows, the
+/// products on warpgroup MMA) serves a call on `path`: several query tokens
+/// per sequence (query_start_loc) of 4-bit keys in the blocks order at
+/// D = 128 with more than two head tiles' rows per kv head, where the
+/// tensor-core kernel's four- and two-head-tile loops grow with the rows.
+/// Also false where the library was built without sm_90a (warp_specialized_built).
+bool warp_specialized_serves(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head);
+
+/// Whether this build has the warp-specialized kernel's sm_90a code
+/// (CMAKE_CUDA_ARCHITECTURES with 90a).
+bool warp_specialized_built();
+
+/// Its query tokens per CTA: as many as fit kWarpSpecializedRows rows.
+inline int warp_specialized_tokens_per_cta(int group_size, int max_query_len) {
+  return std::max(1, std::min(max_query_len, kWarpSpecializedRows / group_size));
+}
 
 /// A call's query rows per kv head and sequence: the group x the most query
 /// tokens of a sequence (1 without query_start_loc).

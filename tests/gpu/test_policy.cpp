@@ -234,6 +234,40 @@ TEST(PartitionPolicy, QueryRowsFoldIntoRowTilesOfOneTwoOrFourHeadTiles) {
       DecodePath::hopper, make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 8, true), 32, 16, 132));
 }
 
+// The warp-specialized kernel: several query tokens per sequence (varlen)
+// of the 4-bit blocks order at D = 128 on the Hopper path with more than two
+// head tiles' rows, in builds with sm_90a code; its CTAs take as many
+// tokens as fit 64 rows.
+TEST(PartitionPolicy, WarpSpecializedKernelServesManyRowsOfTheBlocksOrder) {
+  const CacheLayout blocks = make_layout(Preset::turboquant_4bit_nc, 128, 16, 8);
+  // Built with sm_90a (the default architectures): served.
+  EXPECT_EQ(warp_specialized_serves(DecodePath::hopper, blocks, true, 32), warp_specialized_built());    // q_len 4
+  EXPECT_EQ(warp_specialized_serves(DecodePath::hopper, blocks, true, 1024), warp_specialized_built());  // chunks
+  EXPECT_FALSE(warp_specialized_serves(DecodePath::hopper, blocks, true, 16));   // two head tiles
+  EXPECT_FALSE(warp_specialized_serves(DecodePath::hopper, blocks, false, 32));  // one token per sequence
+  EXPECT_FALSE(warp_specialized_serves(DecodePath::cuda_generic, blocks, true, 32));
+  EXPECT_FALSE(warp_specialized_serves(DecodePath::hopper, make_layout(Preset::turboquant_k8v4, 128, 16, 8), true, 32));
+  EXPECT_FALSE(
+      warp_specialized_serves(DecodePath::hopper, make_layout(Preset::turboquant_4bit_nc, 256, 16, 8), true, 32));
+  EXPECT_FALSE(warp_specialized_serves(
+      DecodePath::hopper, make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 8, true), true, 32));
+  for (int group = 1; group <= 16; ++group) {
+    for (int max_query_len = 1; max_query_len <= 300; ++max_query_len) {
+      const int tokens = warp_specialized_tokens_per_cta(group, max_query_len);
+      ASSERT_GE(tokens, 1);
+      ASSERT_LE(tokens, max_query_len);
+      ASSERT_LE(group * tokens, kWarpSpecializedRows) << group << " " << max_query_len;
+      // The most that fit: one more token would pass 64 rows or the query length.
+      ASSERT_TRUE(tokens == max_query_len || group * (tokens + 1) > kWarpSpecializedRows)
+          << group << " " << max_query_len;
+    }
+  }
+  EXPECT_EQ(warp_specialized_tokens_per_cta(8, 8), 8);
+  EXPECT_EQ(warp_specialized_tokens_per_cta(8, 128), 8);
+  EXPECT_EQ(warp_specialized_tokens_per_cta(3, 128), 21);
+  EXPECT_EQ(kWarpSpecializedAlign % 64, 0);  // whole 64-token tiles per partition
+}
+
 // The benchmark shapes (Hq 64, Hk 8 unless stated): the wide shape with one
 // (grids of at most two waves), two, four or eight kv heads per CTA,
 // whichever grid has the fewest waves (the fewest heads on a tie), or for

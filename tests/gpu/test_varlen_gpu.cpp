@@ -1,6 +1,7 @@
 // Several query tokens per sequence on the GPU (docs/FORMAT.md section 5b):
 // the tensor-core kernel (query tokens folded into row tiles with the
-// group) and the scalar kernel against the CPU reference on the same cache bytes over
+// group), the warp-specialized kernel (up to 64 rows of a kv head per CTA)
+// and the scalar kernel against the CPU reference on the same cache bytes over
 // random query lengths (0, 1, 2-8, 17, 128) in ragged batches, every
 // preset, head dims 64 / 128 / 256, groups 1 to 16, sinks, fp16, both cache
 // orders; one token per sequence bit for bit as the one-token decode; CUDA
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/policy.hpp"
 #include "gpu/gpu_test_support.hpp"
 #include "random.hpp"
 #include "support/device_scenario.hpp"
@@ -29,6 +31,13 @@ namespace tqdecode {
 namespace {
 
 using test::expect_close;
+
+// Whether the warp-specialized kernel's request (PathRequest::hopper_warp_specialized) serves the call on the
+// Hopper path.
+bool warp_specialized_serves(const DecodeArgs& args) {
+  return cuda::warp_specialized_serves(DecodePath::hopper, args.layout, args.varlen(),
+                                       cuda::tensor_core_rows_per_head(args));
+}
 
 struct VarlenCase {
   std::string name;
@@ -110,6 +119,10 @@ std::vector<VarlenCase> varlen_cases() {
       // Enough CTAs for the Hopper kernel's four head tiles (32 rows of up to 32 query tokens at group 1).
       {"q4_d128_g1_hk8_four_head_tiles", p4, 8, 8, 128, 16, 6, 800, 13},
       {"q4_d128_g3_hk16_four_head_tiles", p4, 48, 16, 128, 32, 4, 600, 14, true, DType::f16},
+      // The warp-specialized kernel's request at group 8 (speculative decoding of up to 8 tokens: 64 rows) with
+      // block size 64 and a few sequences of up to 9000 tokens: partitions. Every case it serves (more than 16
+      // rows of 4-bit keys in the blocks order at D = 128) runs it too.
+      {"q4_d128_g8_spec8_hk8", p4, 64, 8, 128, 64, 3, 9000, 15, true, DType::bf16, CacheOrder::blocks, 0, 8},
   };
   // Every preset at every head dim, with groups 1 to 16 spread over them.
   const int groups[] = {1, 2, 4, 6, 8, 16, 3, 5, 7, 9, 12, 16};
@@ -150,6 +163,9 @@ TEST_P(VarlenGpu, MatchesCpuReferenceOnSameCacheBytes) {
   std::vector<PathRequest> requests = {PathRequest::automatic, PathRequest::cuda_generic,
                                        PathRequest::cuda_generic_scalar};
   if (plan.path == DecodePath::hopper) requests.push_back(PathRequest::hopper);
+  if (plan.path == DecodePath::hopper && warp_specialized_serves(device.args())) {
+    requests.push_back(PathRequest::hopper_warp_specialized);
+  }
   for (const PathRequest request : requests) {
     const LaunchPlan served = plan_decode(device.args(), request);
     std::printf("[ path     ] %s: T = %d, max_query_len %d: %s %s (%s), N = %d\n", c.name.c_str(), scenario.query_rows(),
@@ -224,37 +240,77 @@ TEST(VarlenGpuGraph, ReplayWithNewLengthsAndQueryStartLocMatchesEager) {
   c.declared_max_query_len = 128;
   const Scenario scenario = make_scenario(config_of(c));
   DeviceScenario device(scenario);
-  DecodeWorkspace workspace(16);
-  const test::DecodeGraph graph(device.args(), workspace);
+  // The automatic path, and the warp-specialized kernel's request where it serves the call.
+  std::vector<PathRequest> requests = {PathRequest::automatic};
+  if (plan_decode(device.args()).path == DecodePath::hopper && warp_specialized_serves(device.args())) {
+    requests.push_back(PathRequest::hopper_warp_specialized);
+  }
+  for (const PathRequest request : requests) {
+    SCOPED_TRACE(decode_path_name(plan_decode(device.args(), request).path));
+    DecodeWorkspace workspace(16);
+    const test::DecodeGraph graph(device.args(), workspace, request);
 
-  Rng rng(5);
-  const int batch = scenario.batch();
-  const int total = scenario.query_rows();
-  for (int replay = 0; replay < 4; ++replay) {
-    // The same T tokens split differently (each at most 128), and sequence i
-    // on the blocks of sequence order[i] with a length no longer than that one's.
-    const test::ReorderedSequences reordered = test::reorder_sequences(scenario, rng);
-    const auto capacity = [&](int b) { return scenario.seq_lens[reordered.order[b]]; };
-    std::vector<std::int32_t> query_lens(batch, 0);
-    for (int left = total; left > 0;) {
-      const int b = static_cast<int>(rng.below(batch));
-      const int room = std::min(128, capacity(b)) - query_lens[b];
-      const int take = std::min(left, std::min(room, 1 + static_cast<int>(rng.below(9))));
-      query_lens[b] += take;
-      left -= take;
+    Rng rng(5);
+    const int batch = scenario.batch();
+    const int total = scenario.query_rows();
+    for (int replay = 0; replay < 4; ++replay) {
+      // The same T tokens split differently (each at most 128), and sequence i
+      // on the blocks of sequence order[i] with a length no longer than that one's.
+      const test::ReorderedSequences reordered = test::reorder_sequences(scenario, rng);
+      const auto capacity = [&](int b) { return scenario.seq_lens[reordered.order[b]]; };
+      std::vector<std::int32_t> query_lens(batch, 0);
+      for (int left = total; left > 0;) {
+        const int b = static_cast<int>(rng.below(batch));
+        const int room = std::min(128, capacity(b)) - query_lens[b];
+        const int take = std::min(left, std::min(room, 1 + static_cast<int>(rng.below(9))));
+        query_lens[b] += take;
+        left -= take;
+      }
+      std::vector<std::int32_t> starts(batch + 1, 0), lengths(batch);
+      for (int i = 0; i < batch; ++i) {
+        starts[i + 1] = starts[i] + query_lens[i];
+        lengths[i] = query_lens[i] + static_cast<std::int32_t>(rng.below(capacity(i) - query_lens[i] + 1));
+      }
+      device.upload_lengths(lengths, reordered.block_table);
+      device.upload_query_start_loc(starts);
+      DecodeArgs host = scenario.host_args(nullptr);
+      host.seq_lens = lengths.data();
+      host.block_table = reordered.block_table.data();
+      host.query_start_loc = starts.data();
+      test::expect_replay_matches_eager_and_reference(graph, device, host, "varlen graph replay " + std::to_string(replay));
     }
-    std::vector<std::int32_t> starts(batch + 1, 0), lengths(batch);
-    for (int i = 0; i < batch; ++i) {
-      starts[i + 1] = starts[i] + query_lens[i];
-      lengths[i] = query_lens[i] + static_cast<std::int32_t>(rng.below(capacity(i) - query_lens[i] + 1));
+  }
+}
+
+// The warp-specialized kernel's request on calls it does not serve (one
+// token per sequence, k8v4 keys, 16 rows per kv head, the token_slots order)
+// is refused naming `path`, and nothing is written.
+TEST(VarlenGpuArguments, WarpSpecializedRequestRefusesWhatItDoesNotServe) {
+  TQ_SKIP_WITHOUT_GPU();
+  const Preset p4 = Preset::turboquant_4bit_nc;
+  const std::vector<VarlenCase> refused = {
+      {"k8v4", Preset::turboquant_k8v4, 64, 8, 128, 16, 3, 500, 21, false, DType::bf16, CacheOrder::blocks, 0, 8},
+      {"rows16", p4, 32, 8, 128, 16, 3, 500, 22, false, DType::bf16, CacheOrder::blocks, 0, 4},
+      {"slots", p4, 64, 8, 128, 16, 3, 500, 23, false, DType::bf16, CacheOrder::token_slots, 0, 8},
+  };
+  for (const VarlenCase& c : refused) {
+    const Scenario scenario = make_scenario(config_of(c));
+    DeviceScenario device(scenario);
+    DecodeArgs one_token = device.args();
+    one_token.query_start_loc = nullptr;
+    one_token.num_tokens = 0;
+    one_token.max_query_len = 0;
+    for (const DecodeArgs& args : {device.args(), one_token}) {
+      device.poison_output();
+      DecodeWorkspace workspace;
+      try {
+        decode(args, workspace, nullptr, PathRequest::hopper_warp_specialized);
+        ADD_FAILURE() << c.name << (args.varlen() ? "" : " one token") << ": the request was accepted";
+      } catch (const Error& error) {
+        EXPECT_EQ(error.argument(), "path") << error.what();
+      }
+      for (const float value : device.output()) ASSERT_TRUE(std::isnan(value)) << c.name << ": the output was written";
     }
-    device.upload_lengths(lengths, reordered.block_table);
-    device.upload_query_start_loc(starts);
-    DecodeArgs host = scenario.host_args(nullptr);
-    host.seq_lens = lengths.data();
-    host.block_table = reordered.block_table.data();
-    host.query_start_loc = starts.data();
-    test::expect_replay_matches_eager_and_reference(graph, device, host, "varlen graph replay " + std::to_string(replay));
   }
 }
 
@@ -265,50 +321,59 @@ TEST(VarlenGpuGraph, ReplayWithNewLengthsAndQueryStartLocMatchesEager) {
 // consistent sequence in the same batch is still right.
 TEST(VarlenGpuArguments, InconsistentOffsetsAndLengthsStayInsideTheCall) {
   TQ_SKIP_WITHOUT_GPU();
-  ScenarioConfig config;
-  config.num_q_heads = 16;
-  config.num_kv_heads = 4;
-  config.seq_lens = {300, 40, 500, 20, 90};
-  config.query_lens = {4, 4, 4, 4, 4};
-  config.max_query_len = 4;
-  config.seed = 9;
-  config.keep_unquantized = false;
-  const Scenario scenario = make_scenario(config);
-  DeviceScenario device(scenario);
-  const std::vector<float> expected = scenario.reference_output();
-  const std::size_t row = std::size_t(config.num_q_heads) * config.head_dim;
-  const int total = scenario.query_rows();  // 20
-  const std::size_t guard_rows = 64;
-  test::DeviceBuffer<std::uint16_t> output((total + guard_rows) * row);
-  DecodeArgs args = device.args();
-  args.output = output.get();
-  const std::vector<std::vector<std::int32_t>> bad_starts = {
-      {0, 4, 2, 12, 16, 20},        // sequence 1 decreasing
-      {0, 4, 8, 12, 16, 9999},      // past T
-      {-50, 4, 8, 12, 16, 20},      // negative
-      {0, 4, 8, 19, 16, 20},        // sequence 2 with 11 tokens, over max_query_len
-      {0, 0, 0, 0, 0, 2147483647},  // the last sequence over everything
-  };
-  for (std::size_t k = 0; k < bad_starts.size(); ++k) {
-    SCOPED_TRACE("case " + std::to_string(k));
-    device.upload_query_start_loc(bad_starts[k]);
-    std::vector<std::int32_t> lengths = scenario.seq_lens;
-    if (k == 3) lengths[1] = 2;  // sequence 1: four tokens over two positions
-    device.upload_lengths(lengths, scenario.block_table);
-    for (const PathRequest request :
-         {PathRequest::automatic, PathRequest::cuda_generic, PathRequest::cuda_generic_scalar}) {
-      const LaunchPlan plan = plan_decode(args, request);
-      SCOPED_TRACE(std::string(decode_path_name(plan.path)) + " " + generic_kernel_name(plan.generic_kernel));
-      ASSERT_EQ(cudaMemset(output.get(), 0xff, output.bytes()), cudaSuccess);
-      DecodeWorkspace workspace;
-      decode(args, workspace, nullptr, request);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const std::vector<std::uint16_t> bits = output.download();
-      for (std::size_t i = total * row; i < bits.size(); ++i) ASSERT_EQ(bits[i], 0xffff) << "guard element " << i;
-      if (k == 0 || k == 3) {  // sequence 4 keeps its rows 16..19 and its length
-        std::vector<float> last(4 * row), want(expected.begin() + 16 * row, expected.begin() + 20 * row);
-        for (std::size_t i = 0; i < last.size(); ++i) last[i] = bf16_bits_to_float(bits[16 * row + i]);
-        expect_close(last, want, "sequence 4 beside inconsistent ones");
+  // Group 4 (16 rows: the tensor-core kernel's two head tiles) and group 8 (32: four head tiles, and the
+  // warp-specialized kernel's request).
+  for (const int num_q_heads : {16, 32}) {
+    SCOPED_TRACE("Hq " + std::to_string(num_q_heads));
+    ScenarioConfig config;
+    config.num_q_heads = num_q_heads;
+    config.num_kv_heads = 4;
+    config.seq_lens = {300, 40, 500, 20, 90};
+    config.query_lens = {4, 4, 4, 4, 4};
+    config.max_query_len = 4;
+    config.seed = 9;
+    config.keep_unquantized = false;
+    const Scenario scenario = make_scenario(config);
+    DeviceScenario device(scenario);
+    const std::vector<float> expected = scenario.reference_output();
+    const std::size_t row = std::size_t(config.num_q_heads) * config.head_dim;
+    const int total = scenario.query_rows();  // 20
+    const std::size_t guard_rows = 64;
+    test::DeviceBuffer<std::uint16_t> output((total + guard_rows) * row);
+    DecodeArgs args = device.args();
+    args.output = output.get();
+    const std::vector<std::vector<std::int32_t>> bad_starts = {
+        {0, 4, 2, 12, 16, 20},        // sequence 1 decreasing
+        {0, 4, 8, 12, 16, 9999},      // past T
+        {-50, 4, 8, 12, 16, 20},      // negative
+        {0, 4, 8, 19, 16, 20},        // sequence 2 with 11 tokens, over max_query_len
+        {0, 0, 0, 0, 0, 2147483647},  // the last sequence over everything
+    };
+    for (std::size_t k = 0; k < bad_starts.size(); ++k) {
+      SCOPED_TRACE("case " + std::to_string(k));
+      device.upload_query_start_loc(bad_starts[k]);
+      std::vector<std::int32_t> lengths = scenario.seq_lens;
+      if (k == 3) lengths[1] = 2;  // sequence 1: four tokens over two positions
+      device.upload_lengths(lengths, scenario.block_table);
+      std::vector<PathRequest> requests = {PathRequest::automatic, PathRequest::cuda_generic,
+                                           PathRequest::cuda_generic_scalar};
+      if (plan_decode(args).path == DecodePath::hopper && warp_specialized_serves(args)) {
+        requests.push_back(PathRequest::hopper_warp_specialized);
+      }
+      for (const PathRequest request : requests) {
+        const LaunchPlan plan = plan_decode(args, request);
+        SCOPED_TRACE(std::string(decode_path_name(plan.path)) + " " + generic_kernel_name(plan.generic_kernel));
+        ASSERT_EQ(cudaMemset(output.get(), 0xff, output.bytes()), cudaSuccess);
+        DecodeWorkspace workspace;
+        decode(args, workspace, nullptr, request);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<std::uint16_t> bits = output.download();
+        for (std::size_t i = total * row; i < bits.size(); ++i) ASSERT_EQ(bits[i], 0xffff) << "guard element " << i;
+        if (k == 0 || k == 3) {  // sequence 4 keeps its rows 16..19 and its length
+          std::vector<float> last(4 * row), want(expected.begin() + 16 * row, expected.begin() + 20 * row);
+          for (std::size_t i = 0; i < last.size(); ++i) last[i] = bf16_bits_to_float(bits[16 * row + i]);
+          expect_close(last, want, "sequence 4 beside inconsistent ones");
+        }
       }
     }
   }

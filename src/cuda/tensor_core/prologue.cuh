@@ -10,6 +10,7 @@
 #include "fragments.cuh"
 #include "rotation.cuh"
 #include "shape.cuh"
+#include "tqdecode/numeric.hpp"  // round_to_bf16
 
 namespace tqdecode::cuda::tensor_core {
 

@@ -1,0 +1,579 @@
+// The warp-specialized partition kernel (internal; sm_90a): several query
+// tokens per sequence (docs/FORMAT.md section 5b) for turboquant_4bit_nc in
+// the blocks order at D = 128, with up to 64 query rows (group x query
+// tokens) of one kv head per CTA, each 64-token tile of the cache read and
+// dequantized once for all of them. It takes the place of the generic
+// partition kernel between the query rotation (rotate_queries.cu, q_rot)
+// and the reducer (reduce_partitions.cu), with its partition format: grid
+// (N x query tiles, Hk, B), each CTA writes the (max, sum, normalized out)
+// of its rows for its partition, or the empty values.
+//
+// The roles are split as FlashAttention-3 splits them:
+// - Producer warpgroup (warps 0-3, setmaxnreg.dec to 72 registers): warp 0
+//   copies each tile's boxes (per 16 tokens the 128-byte records of the kv
+//   head, 128-byte swizzled, and its three fp16 fields) into the next of
+//   kStages input stages by bulk tensor copies, kStages tiles ahead, the
+//   block-table entries loaded a stage's turn ahead; warp w dequantizes
+//   the tile's tokens 16w .. 16w + 15 into a slot of a ring of kSlots:
+//     K [token][dim]: fp16 centroid pairs from the wide table (the
+//       centroids x 2^table_exponent, prologue.cuh), the B operand of S;
+//     V'^T [column][token]: columns 0-127 code x scale (the code made
+//       exact in fp16, then one rounding of the product; no offset term
+//       that overflows fp16 for large scales), 128 the tokens' zeros, 129
+//       ones, 130-135 zeros: the B operand of O, whose columns 128 and 129
+//       sum p x zero and p;
+//     factors [token]: norm x scale x log2 e (0 past the range, whose
+//       scale and zero are 0 too, so stale stage bytes never reach the
+//       products as NaN).
+// - Two consumer warpgroups (setmaxnreg.inc to 216) take alternate tiles:
+//   S = Q K^T (m64n64k16 x 8, the query rows in registers as A), the
+//   scores times their token's factor, masked past the range and each
+//   row's causal limit, less the row's reference (base 2; it moves only
+//   when a score passes it by kLazyRescaleLog2, so p <= 16); P in fp16 as
+//   the A operand of O = P V' (m64n136k16 x 4); the slot is released after
+//   that product's wait.
+// - After the loop the second consumer hands its (reference, O) to the
+//   first through shared memory, which merges them per element and writes
+//   each valid row's partition: out = (O[d] + O[128]) / O[129], max =
+//   reference x ln 2, sum = O[129].
+//
+// Query row r of a CTA is head r % group of the kv head at query token
+// first_token + r / group (the generic kernel's CtaRows); rows past the
+// CTA's count compute on zero queries and are never written. Warp w of a
+// consumer holds rows 16w .. 16w + 15 (lane (g, c): rows 16w + g and + 8).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../device_utils.cuh"
+#include "../kernel_params.hpp"
+#include "bulk_copy.cuh"
+#include "fragments.cuh"
+#include "prologue.cuh"
+#include "tqdecode/partition.hpp"
+#include "wgmma.cuh"
+
+namespace tqdecode::cuda::tensor_core::specialized {
+
+inline constexpr int kHeadDim = 128;
+inline constexpr int kTileTokens = 64;  ///< a ring slot's tokens, the K side of O = P V'
+inline constexpr int kRows = 64;        ///< query rows per CTA: M of both products
+inline constexpr int kBoxTokens = 16;   ///< the tensor maps' box (kHopperTileTokens)
+inline constexpr int kBoxes = kTileTokens / kBoxTokens;
+inline constexpr int kRecordBytes = 128;  ///< 64 key bytes, then 64 value bytes (docs/FORMAT.md section 4)
+inline constexpr int kValueOffset = 64;
+inline constexpr int kFields = 3;       ///< norm, value scale, value zero
+inline constexpr int kValueRows = 136;  ///< V'^T: 128 dims, the zeros, the ones, padding to N = 136
+inline constexpr int kZeroRow = 128;
+inline constexpr int kOnesRow = 129;
+inline constexpr float kLazyRescaleLog2 = 4.0f;
+
+inline constexpr int kProducerRegisters = 104;
+inline constexpr int kConsumerRegisters = 192;
+inline constexpr int kThreads = 3 * 128;
+static_assert(128 * (kProducerRegisters + 2 * kConsumerRegisters) <= 65536, "the register file of one CTA per SM");
+
+/// Shared memory: the wide table, the ring's slots (each K, V'^T, the
+/// factors), the input stages (the boxes' records, then their fields), the
+/// barriers. Slots and records start on 1024-byte boundaries (the 128-byte
+/// swizzle's atoms).
+struct SharedLayout {
+  static constexpr int kCodebookSize = 16;
+  static constexpr int kLutRowBytes = 256;
+  static constexpr int kTable = 0;
+  static constexpr int kTableBytes = 256 * kLutRowBytes;
+  static constexpr int kKeyBytes = kTileTokens * kHeadDim * 2;
+  static constexpr int kValueBytes = kValueRows * kTileTokens * 2;
+  static constexpr int kFactorBytes = 1024;
+  static constexpr int kSlotBytes = kKeyBytes + kValueBytes + kFactorBytes;
+  static constexpr int kSlots = 3;
+  static constexpr int kRing = kTable + kTableBytes;
+  static constexpr int kRecordsBytes = kTileTokens * kRecordBytes;
+  static constexpr int kFieldBoxBytes = kBoxTokens * kFields * 2;
+  static constexpr int kStageBytes = 9 * 1024;  // records, fields, padding to the next 1024
+  static constexpr int kStages = 5;
+  static constexpr int kInput = kRing + kSlots * kSlotBytes;
+  static constexpr int kBarriers = kInput + kStages * kStageBytes;
+  static constexpr int kBytes = kBarriers + (2 * kSlots + kStages) * 8;
+  /// After the loop: the second consumer's state for the first (70 floats a thread), over the ring.
+  static constexpr int kMerge = kRing;
+  static constexpr int kMergeFloats = 2 + kValueRows / 2;
+  static_assert(kSlotBytes % 1024 == 0 && kRing % 1024 == 0 && kInput % 1024 == 0 && kStageBytes % 1024 == 0);
+  static_assert(kRecordsBytes + kBoxes * kFieldBoxBytes <= kStageBytes);
+  static_assert(kMergeFloats * 128 * 4 <= kSlots * kSlotBytes);
+  static_assert(kBytes <= 227 * 1024, "one CTA per SM");
+};
+
+/// The ring's and the input stages' barriers and addresses (shared-memory
+/// addresses). full[slot]: the 128 producer threads; empty[slot]: a
+/// consumer warpgroup's 128; input[stage]: warp 0's expect_tx.
+struct Barriers {
+  std::uint32_t base;
+  __device__ __forceinline__ std::uint32_t full(int slot) const { return base + SharedLayout::kBarriers + 8 * slot; }
+  __device__ __forceinline__ std::uint32_t empty(int slot) const {
+    return base + SharedLayout::kBarriers + 8 * (SharedLayout::kSlots + slot);
+  }
+  __device__ __forceinline__ std::uint32_t input(int stage) const {
+    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kSlots + stage);
+  }
+  __device__ __forceinline__ std::uint32_t slot_address(int slot) const {
+    return base + SharedLayout::kRing + slot * SharedLayout::kSlotBytes;
+  }
+  __device__ __forceinline__ std::uint32_t stage_address(int stage) const {
+    return base + SharedLayout::kInput + stage * SharedLayout::kStageBytes;
+  }
+};
+
+/// What every thread of a CTA knows of its work.
+struct CtaWork {
+  std::int64_t first_slot;  ///< b x max_query_len + the CTA's first query token (partition slots)
+  int first_token_row;      ///< the query row (of T) of the CTA's first token
+  int first_head;           ///< kv head x group
+  int group;
+  int count;         ///< valid rows: tokens x group
+  int context_base;  ///< the causal limit of the CTA's first token
+  TokenRange range;  ///< the partition's tokens, up to the last row's limit
+  int partition;
+  int kv_head;
+  int batch;
+
+  __device__ __forceinline__ std::int64_t entry(int row, int num_q_heads) const {
+    return (first_slot + row / group) * num_q_heads + first_head + row % group;
+  }
+  __device__ __forceinline__ std::int64_t query_row(int row, int num_q_heads) const {
+    return static_cast<std::int64_t>(first_token_row + row / group) * num_q_heads + first_head + row % group;
+  }
+  /// Positions below this are row `row`'s (causal limit and the partition's end).
+  __device__ __forceinline__ int limit(int row) const { return min(context_base + row / group, range.end); }
+};
+
+// setmaxnreg: in the kernel's role branches themselves (in a helper
+// ptxas ignores it and spills, C7507).
+#define TQ_RELEASE_REGISTERS(n) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(n))
+#define TQ_CLAIM_REGISTERS(n) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(n))
+
+/// Producer warp `warp`'s share of a tile: tokens 16 warp .. + 15 of the
+/// stage at `stage` (records, then fields) into the slot at `slot`;
+/// `valid` of them (0 .. 16) lie in the range (Partial: fewer than 16,
+/// the last tile's; the others skip the masks). A lane takes one 16-byte
+/// key chunk (dims 32c ..) of two tokens and value dims 4l .. 4l + 3 of
+/// lane l (write order rotated by the lane pair), so that no shared-memory
+/// access conflicts.
+template <bool Partial>
+__device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const std::uint8_t* stage,
+                                                std::uint8_t* slot, int warp, int lane, int valid, float score_scale) {
+  using L = SharedLayout;
+  const std::uint8_t* records = stage + warp * kBoxTokens * kRecordBytes;
+  const std::uint8_t* fields = stage + L::kRecordsBytes + warp * L::kFieldBoxBytes;
+  std::uint8_t* const keys = slot;
+  std::uint8_t* const values = slot + L::kKeyBytes;
+  float* const factors = reinterpret_cast<float*>(slot + L::kKeyBytes + L::kValueBytes);
+  const std::uint32_t lane_lut = static_cast<std::uint32_t>(lane) << 2;
+  // Lane pair p of quarter warp q takes tokens token8 (and + 8), chunks c and c + 1 of which between
+  // them: the quarter warp's eight 16-byte loads and each round of its stores land in eight distinct
+  // chunk positions of the 128-byte swizzle (no bank conflict).
+  const int quarter = lane >> 3, pair = (lane >> 1) & 3, upper = quarter >> 1;
+  const int token8 = pair < 2 ? pair + 2 * upper : pair + 4 - 2 * upper;
+  const int c = 2 * ((pair & 1) ^ (quarter & 1)) + (lane & 1);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int token = 8 * j + token8;  // of the box; its row's swizzle is token8 (boxes start on 8-token rows)
+    const uint4 chunk = *reinterpret_cast<const uint4*>(records + token * kRecordBytes + ((c ^ token8) << 4));
+    const std::uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};  // dims 32c + 8s ..
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      std::uint32_t pairs[4];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const std::uint32_t offset = __byte_perm(words[s], lane_lut, 0x5504u | (b << 4));  // byte x 256 + lane x 4
+        pairs[b] = *reinterpret_cast<const std::uint32_t*>(table + offset);
+      }
+      *reinterpret_cast<uint4*>(keys + swizzled_offset(kTileTokens, kBoxTokens * warp + token, 32 * c + 8 * s)) =
+          make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+    }
+  }
+  if (lane < kBoxTokens) {
+    const float norm = __half2float(reinterpret_cast<const __half*>(fields)[lane]);  // field 0 of token `lane`
+    factors[kBoxTokens * warp + lane] = !Partial || lane < valid ? norm * score_scale : 0.0f;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    std::uint32_t code[8];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      code[t] = *reinterpret_cast<const std::uint16_t*>(
+          records + (8 * half + t) * kRecordBytes + (((kValueOffset / 16 + (lane >> 3)) ^ t) << 4) + ((2 * lane) & 15));
+    }
+    // Scale and zero pairs of tokens (2p, 2p + 1) of the eight (one 16-byte load each); 0 past the range.
+    const uint4 scales = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
+    const uint4 zeros = *reinterpret_cast<const uint4*>(fields + 64 + 16 * half);
+    const std::uint32_t scale_words[4] = {scales.x, scales.y, scales.z, scales.w};
+    const std::uint32_t zero_words[4] = {zeros.x, zeros.y, zeros.z, zeros.w};
+    std::uint32_t scale_pair[4], zero_pair[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int first = 8 * half + 2 * p;
+      const std::uint32_t keep = !Partial || first + 1 < valid ? 0xffffffffu : first < valid ? 0x0000ffffu : 0u;
+      scale_pair[p] = scale_words[p] & keep;
+      zero_pair[p] = zero_words[p] & keep;
+    }
+#pragma unroll
+    for (int step = 0; step < 4; ++step) {
+      // Dim 4 lane + k: nibble k % 2 of value byte 2 lane + k / 2, as fp16 2^e + code (e 10 or 6).
+      const int k = (step + (lane >> 1)) & 3;
+      const std::uint32_t selector = k & 2 ? 0x7571u : 0x7470u;
+      const std::uint32_t mask = k & 1 ? 0x00f000f0u : 0x000f000fu, exponent = k & 1 ? 0x54005400u : 0x64006400u;
+      const __half2 offset = __float2half2_rn(k & 1 ? -64.0f : -1024.0f);
+      std::uint32_t row[4];
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const std::uint32_t x = (__byte_perm(code[2 * p], code[2 * p + 1], selector) & mask) | exponent;
+        const __half2 exact_code = __hadd2(*reinterpret_cast<const __half2*>(&x), offset);
+        const __half2 v = __hmul2(exact_code, *reinterpret_cast<const __half2*>(&scale_pair[p]));
+        row[p] = *reinterpret_cast<const std::uint32_t*>(&v);
+      }
+      *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, 4 * lane + k, kBoxTokens * warp + 8 * half)) =
+          make_uint4(row[0], row[1], row[2], row[3]);
+    }
+    if (lane == 0) {
+      *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, kZeroRow, kBoxTokens * warp + 8 * half)) =
+          make_uint4(zero_pair[0], zero_pair[1], zero_pair[2], zero_pair[3]);
+    }
+  }
+}
+
+/// The empty partition's values for the CTA's rows (max -inf, sum 0, out 0).
+__device__ __forceinline__ void write_empty_partition(const PartitionParams& p, const CtaWork& work) {
+  constexpr int kQuads = kHeadDim / 4;
+  const int num_partitions = p.num_partitions;
+  for (int i = threadIdx.x; i < work.count * kQuads; i += kThreads) {
+    const std::int64_t index = work.entry(i / kQuads, p.num_q_heads) * num_partitions + work.partition;
+    reinterpret_cast<float4*>(p.part_out + index * kHeadDim)[i % kQuads] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  for (int r = threadIdx.x; r < work.count; r += kThreads) {
+    const std::int64_t index = work.entry(r, p.num_q_heads) * num_partitions + work.partition;
+    p.part_max[index] = -INFINITY;
+    p.part_sum[index] = 0.0f;
+  }
+}
+
+/// The CTA's rows, partition and range (the generic kernel's rules), or
+/// count 0 for a query tile past its sequence's tokens (nothing to write).
+__device__ __forceinline__ CtaWork cta_work(const PartitionParams& p, const QueryRows& query_rows) {
+  CtaWork work{};
+  work.partition = blockIdx.x % p.num_partitions;
+  const int query_tile = blockIdx.x / p.num_partitions;
+  work.kv_head = blockIdx.y;
+  work.batch = blockIdx.z;
+  work.group = p.num_q_heads / p.layout.num_kv_heads;
+  const QueryRows::Span span = query_rows.span(work.batch);
+  const int first_token = query_tile * query_rows.tokens_per_cta;
+  const int tokens = min(query_rows.tokens_per_cta, span.count - first_token);
+  if (tokens <= 0) return work;
+  work.first_slot = static_cast<std::int64_t>(work.batch) * query_rows.max_query_len + first_token;
+  work.first_token_row = span.first + first_token;
+  work.first_head = work.kv_head * work.group;
+  work.count = tokens * work.group;
+  const int seq_len = p.covered_length(p.seq_lens[work.batch]);
+  work.context_base = seq_len - span.count + first_token + 1;
+  const TokenRange partition_tokens = partition_range(seq_len, p.num_partitions, p.partition_align, work.partition);
+  work.range = {partition_tokens.begin, min(partition_tokens.end, work.context_base + tokens - 1)};
+  return work;
+}
+
+/// The producer warpgroup's loop (warp 0 also issues the copies).
+__device__ __forceinline__ void produce(const PartitionParams& p, const CacheTensorMaps& maps, std::uint8_t* shared,
+                                        const Barriers& barriers, const CtaWork& work, int warp, int lane,
+                                        float score_scale) {
+  using L = SharedLayout;
+  const int tiles = (work.range.end - work.range.begin + kTileTokens - 1) / kTileTokens;
+  // Block sizes are powers of two (kBlockSizes): shifts, not divisions, on warp 0's issue path.
+  const int block_shift = __ffs(p.layout.block_size) - 1;
+  const int slot_mask = p.layout.block_size - 1;
+  const std::int32_t* table_row = p.block_table + static_cast<std::int64_t>(work.batch) * p.block_table_stride;
+  // Warp 0, lane kBoxes s + q: the block of box q of the next tile that stage s takes (0 past the range:
+  // NOTE only entries of this sequence's block-table row below its range's end are ever read).
+  const auto load_block = [&](int tile) {
+    const int token = work.range.begin + tile * kTileTokens + kBoxTokens * (lane % kBoxes);
+    return tile < tiles && token < work.range.end ? __ldg(table_row + (token >> block_shift)) : 0;
+  };
+  int block = 0;
+  if (warp == 0 && lane < kBoxes * L::kStages) block = load_block(lane / kBoxes);
+  const auto issue = [&](int tile, int stage) {  // warp 0, converged
+    int blocks[kBoxes];
+#pragma unroll
+    for (int q = 0; q < kBoxes; ++q) blocks[q] = __shfl_sync(kFullMask, block, kBoxes * stage + q);
+    const int first = work.range.begin + tile * kTileTokens;
+    const int boxes = min(kBoxes, (work.range.end - first + kBoxTokens - 1) / kBoxTokens);
+    if (elect_one_lane()) {
+      const std::uint32_t barrier = barriers.input(stage), destination = barriers.stage_address(stage);
+      mbarrier_arrive_expect_tx(barrier, boxes * (kBoxTokens * kRecordBytes + L::kFieldBoxBytes));
+      for (int q = 0; q < boxes; ++q) {
+        const int slot = (first + kBoxTokens * q) & slot_mask;
+        bulk_tensor_load(destination + q * kBoxTokens * kRecordBytes, &maps.records, 0, work.kv_head, slot, blocks[q],
+                         barrier);
+        bulk_tensor_load(destination + L::kRecordsBytes + q * L::kFieldBoxBytes, &maps.fields, slot,
+                         kFields * work.kv_head, blocks[q], barrier);
+      }
+    }
+    __syncwarp();
+    // The stage's next tile, kStages on: its entries land long before its issue.
+    if (lane / kBoxes == stage) block = load_block(tile + L::kStages);
+  };
+  if (warp == 0) {
+    for (int tile = 0; tile < L::kStages && tile < tiles; ++tile) issue(tile, tile);
+  }
+  int slot = 0, stage = 0;
+  unsigned slot_parity = 0, stage_parity = 0;  // of the slot's and the stage's current use
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int first = work.range.begin + tile * kTileTokens + kBoxTokens * warp;
+    mbarrier_wait_parity(barriers.input(stage), stage_parity);
+    mbarrier_wait_parity(barriers.empty(slot), slot_parity ^ 1u);
+    const std::uint8_t* input = shared + L::kInput + stage * L::kStageBytes;
+    std::uint8_t* ring_slot = shared + L::kRing + slot * L::kSlotBytes;
+    const int valid = work.range.end - first;
+    if (valid >= kBoxTokens) {  // warp-uniform
+      dequantize_tile<false>(shared + L::kTable, input, ring_slot, warp, lane, kBoxTokens, score_scale);
+    } else {
+      dequantize_tile<true>(shared + L::kTable, input, ring_slot, warp, lane, max(0, valid), score_scale);
+    }
+    fence_proxy_async_shared();  // the generic-proxy stores before the products' reads
+    mbarrier_arrive(barriers.full(slot));
+    if (tile + L::kStages < tiles) {
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every producer warp has read the stage
+      if (warp == 0) issue(tile + L::kStages, stage);
+    }
+    if (++slot == L::kSlots) slot = 0, slot_parity ^= 1u;
+    if (++stage == L::kStages) stage = 0, stage_parity ^= 1u;
+  }
+}
+
+/// A consumer warpgroup's loop over tiles consumer, consumer + 2, ...; its
+/// (reference, O) per thread on return. `query`: the A operand of S for
+/// rows 16 w + g (+ 8), k-step ks dims 16 ks + 2c (+ 1, + 8, + 9).
+__device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& barriers, const CtaWork& work,
+                                        const std::uint32_t (&query)[8][4], int consumer, int wg_warp, int lane,
+                                        float (&reference)[2], float (&acc)[kValueRows / 2]) {
+  using L = SharedLayout;
+  const int g = lane / 4, c = lane % 4;
+  const int tiles = (work.range.end - work.range.begin + kTileTokens - 1) / kTileTokens;
+  const int rows[2] = {16 * wg_warp + g, 16 * wg_warp + g + 8};
+  const int limit[2] = {work.limit(rows[0]), work.limit(rows[1])};
+  const int mask_from = work.limit(0);               // the smallest row limit
+  const bool real_rows = 16 * wg_warp < work.count;  // warp-uniform
+  for (int tile = consumer; tile < tiles; tile += 2) {
+    const int slot = tile % L::kSlots;
+    const int first = work.range.begin + tile * kTileTokens;
+    mbarrier_wait_parity(barriers.full(slot), (tile / L::kSlots) & 1);
+    const std::uint32_t slot_address = barriers.slot_address(slot);
+    const float* factors =
+        reinterpret_cast<const float*>(shared + L::kRing + slot * L::kSlotBytes + L::kKeyBytes + L::kValueBytes);
+    // S = Q K^T: rows 16 w + g (+ 8), tokens 8i + 2c (+ 1).
+    float score[32];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      wgmma_rs<64>(score, query[ks], k_step_descriptor(slot_address, kTileTokens, ks), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    keep(score);
+    std::uint32_t probability[4][4];
+    if (real_rows) {
+      const bool masked = first + kTileTokens > mask_from;
+      float local[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float2 factor = *reinterpret_cast<const float2*>(factors + 8 * i + 2 * c);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = score[4 * i + e] * (e & 1 ? factor.y : factor.x);
+          if (masked && first + 8 * i + 2 * c + (e & 1) >= limit[e / 2]) x = -INFINITY;
+          score[4 * i + e] = x;
+          local[e / 2] = fmaxf(local[e / 2], x);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        local[r] = fmaxf(local[r], __shfl_xor_sync(kFullMask, local[r], 1));
+        local[r] = fmaxf(local[r], __shfl_xor_sync(kFullMask, local[r], 2));
+      }
+      // Rare past the first tile; the vote keeps the branch warp-uniform (a divergent branch beside the
+      // accumulators serializes the products). A row with every score masked so far keeps -inf (NaN
+      // comparisons are false).
+      const bool moves[2] = {local[0] - reference[0] > kLazyRescaleLog2, local[1] - reference[1] > kLazyRescaleLog2};
+      if (__any_sync(kFullMask, moves[0] || moves[1])) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float moved = moves[r] ? local[r] : reference[r];
+          const float alpha = moves[r] ? fast_exp2(reference[r] - moved) : 1.0f;  // 0 from -inf
+          reference[r] = moved;
+#pragma unroll
+          for (int i = 0; i < kValueRows / 8; ++i) acc[4 * i + 2 * r] *= alpha, acc[4 * i + 2 * r + 1] *= alpha;
+        }
+      }
+      // p = 2^(x - reference); a row still at -inf has only masked scores (p = 0).
+      const float base[2] = {reference[0] == -INFINITY ? 0.0f : reference[0],
+                             reference[1] == -INFINITY ? 0.0f : reference[1]};
+      probabilities_as_a_operand(probability, [&](int i, int e) { return fast_exp2(score[4 * i + e] - base[e / 2]); });
+    } else {
+      zero_words(probability);
+    }
+    // O = P V': k-step kt takes tokens 16 kt ..
+    wgmma_fence();
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) {
+      wgmma_rs<kValueRows>(acc, probability[kt], k_step_descriptor(slot_address + L::kKeyBytes, kValueRows, kt), 1);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    keep(acc);
+    keep_words(probability);
+    mbarrier_arrive(barriers.empty(slot));
+  }
+}
+
+/// The query rows' A operand from q_rot (fp32, bf16 values): times
+/// 2^-table_exponent into fp16 (the table's centroids carry 2^table_exponent).
+__device__ __forceinline__ void load_query(const PartitionParams& p, const CtaWork& work, int wg_warp, int lane,
+                                           float query_scale, std::uint32_t (&query)[8][4]) {
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int row = 16 * wg_warp + g + 8 * e;
+    const bool valid = row < work.count;
+    const float* q = p.q_rot + (valid ? work.query_row(row, p.num_q_heads) : 0) * kHeadDim;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 pair =
+            valid ? __ldg(reinterpret_cast<const float2*>(q + 16 * ks + 8 * h + 2 * c)) : make_float2(0.0f, 0.0f);
+        query[ks][2 * h + e] = pack_f16(pair.x * query_scale, pair.y * query_scale);
+      }
+    }
+  }
+}
+
+/// The first consumer's rows after the merge: out = (O[d] + O[128]) / O[129].
+__device__ __forceinline__ void write_partition(const PartitionParams& p, const CtaWork& work, int wg_warp, int lane,
+                                                const float (&reference)[2], const float (&acc)[kValueRows / 2]) {
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    // Columns 128 and 129 are lane (g, 0)'s accumulators 64 + 2e and 65 + 2e.
+    const float zero_sum = __shfl_sync(kFullMask, acc[kHeadDim / 2 + 2 * e], lane & ~3);
+    const float sum = __shfl_sync(kFullMask, acc[kHeadDim / 2 + 2 * e + 1], lane & ~3);
+    const int row = 16 * wg_warp + g + 8 * e;
+    if (row >= work.count) continue;
+    const std::int64_t index = work.entry(row, p.num_q_heads) * p.num_partitions + work.partition;
+    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float* out = p.part_out + index * kHeadDim;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i) {
+      *reinterpret_cast<float2*>(out + 8 * i + 2 * c) =
+          make_float2((acc[4 * i + 2 * e] + zero_sum) * inverse, (acc[4 * i + 2 * e + 1] + zero_sum) * inverse);
+    }
+    if (c == 0) {
+      p.part_max[index] = sum > 0.0f ? reference[e] * 0.6931471805599453f : -INFINITY;  // natural units
+      p.part_sum[index] = sum;
+    }
+  }
+}
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
+inline constexpr bool kWithoutWgmma = true;
+#else
+inline constexpr bool kWithoutWgmma = false;
+#endif
+
+// Launched on sm_90a only (policy.cpp); other targets compile a trap.
+__global__ void __launch_bounds__(kThreads, 1)
+    warp_specialized_partitions(const __grid_constant__ PartitionParams p, const __grid_constant__ QueryRows query_rows,
+                                const __grid_constant__ CacheTensorMaps maps) {
+  if constexpr (kWithoutWgmma) {
+    __trap();
+  } else {
+    using L = SharedLayout;
+    extern __shared__ __align__(1024) std::uint8_t shared[];
+    // The warp from lane 0, so the compiler knows it uniform (a divergent path near the products serializes them).
+    const int warp = __shfl_sync(kFullMask, static_cast<int>(threadIdx.x / 32), 0);
+    const int lane = threadIdx.x % 32;
+    const CtaWork work = cta_work(p, query_rows);
+    if (work.count == 0) return;  // a query tile past its sequence's tokens: the reducer reads nothing there
+    if (work.range.begin >= work.range.end) {
+      write_empty_partition(p, work);  // reads nothing else
+      return;
+    }
+    const int table_exponent = build_lookup_table<L, kThreads / 32>(shared + L::kTable, p.centroids, warp, lane);
+    const Barriers barriers{static_cast<std::uint32_t>(__cvta_generic_to_shared(shared))};
+    // V'^T's ones row and the zero rows after it, in every slot; the producers write the others.
+    for (int i = threadIdx.x; i < L::kSlots * (kValueRows - kOnesRow) * kTileTokens; i += kThreads) {
+      const int slot = i / ((kValueRows - kOnesRow) * kTileTokens);
+      const int row = kOnesRow + i / kTileTokens % (kValueRows - kOnesRow), token = i % kTileTokens;
+      std::uint8_t* values = shared + L::kRing + slot * L::kSlotBytes + L::kKeyBytes;
+      *reinterpret_cast<__half*>(values + swizzled_offset(kValueRows, row, token)) =
+          __float2half(row == kOnesRow ? 1.0f : 0.0f);
+    }
+    if (threadIdx.x == 0) {
+      for (int slot = 0; slot < L::kSlots; ++slot) {
+        mbarrier_init(barriers.full(slot), 128);
+        mbarrier_init(barriers.empty(slot), 128);
+      }
+      for (int stage = 0; stage < L::kStages; ++stage) mbarrier_init(barriers.input(stage), 1);
+      fence_barrier_init();
+    }
+    fence_proxy_async_shared();  // the constant rows before the products' reads
+    __syncthreads();
+    const int role = warp / 4, wg_warp = warp % 4;
+    if (role == 0) {
+      TQ_RELEASE_REGISTERS(kProducerRegisters);
+      produce(p, maps, shared, barriers, work, warp, lane, p.scale * kLog2e);
+      return;
+    }
+    TQ_CLAIM_REGISTERS(kConsumerRegisters);
+    const int consumer = role - 1;
+    std::uint32_t query[8][4];
+    load_query(p, work, wg_warp, lane, power_of_two(-table_exponent), query);
+    keep_words(query);  // held in registers, not reloaded beside the products
+    float reference[2] = {-INFINITY, -INFINITY};
+    float acc[kValueRows / 2];
+#pragma unroll
+    for (int i = 0; i < kValueRows / 2; ++i) acc[i] = 0.0f;
+    consume(shared, barriers, work, query, consumer, wg_warp, lane, reference, acc);
+    // Both consumers past their last product (the ring is free: every tile was filled before it was
+    // consumed), then the second's state through shared memory, element by element.
+    float* merge = reinterpret_cast<float*>(shared + L::kMerge) + (threadIdx.x % 128);
+    asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    if (consumer == 1) {
+      merge[0] = reference[0], merge[128] = reference[1];
+#pragma unroll
+      for (int i = 0; i < kValueRows / 2; ++i) merge[128 * (2 + i)] = acc[i];
+    }
+    asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    if (consumer == 1) return;
+    const float other[2] = {merge[0], merge[128]};
+    float weight[2], other_weight[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m = fmaxf(reference[r], other[r]);
+      weight[r] = reference[r] == -INFINITY ? 0.0f : fast_exp2(reference[r] - m);
+      other_weight[r] = other[r] == -INFINITY ? 0.0f : fast_exp2(other[r] - m);
+      reference[r] = m;
+    }
+#pragma unroll
+    for (int i = 0; i < kValueRows / 2; ++i) {
+      const int r = (i / 2) % 2;  // accumulator 4j + 2r + h is row g + 8r
+      acc[i] = acc[i] * weight[r] + merge[128 * (2 + i)] * other_weight[r];
+    }
+    write_partition(p, work, wg_warp, lane, reference, acc);
+  }
+}
+
+#undef TQ_RELEASE_REGISTERS
+#undef TQ_CLAIM_REGISTERS
+
+}  // namespace tqdecode::cuda::tensor_core::specialized
