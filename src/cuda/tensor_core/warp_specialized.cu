@@ -31,11 +31,11 @@ void launch_partitions_warp_specialized(const PartitionParams& params, const Que
              std::to_string(params.batch) + " is out of range; accepted: 0 to 65535");
   if (params.batch == 0) return;
   constexpr auto kernel = ws::warp_specialized_partitions;
-  allow_dynamic_shared_memory<kernel>(ws::SharedLayout::kBytes);
+  allow_dynamic_shared_memory<kernel>(ws::SharedLayout::kAllocationBytes);
   const int query_tiles = (query_rows.max_query_len + query_rows.tokens_per_cta - 1) / query_rows.tokens_per_cta;
   const dim3 grid(params.num_partitions * query_tiles, layout.num_kv_heads, params.batch);
   const CacheTensorMaps maps = encode_cache_tensor_maps(params);
-  kernel<<<grid, ws::kThreads, ws::SharedLayout::kBytes, stream>>>(params, query_rows, maps);
+  kernel<<<grid, ws::kThreads, ws::SharedLayout::kAllocationBytes, stream>>>(params, query_rows, maps);
   TQ_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -93,18 +93,21 @@ struct SharedLayout {
   static constexpr int kRing = kTable + kTableBytes;
   static constexpr int kRecordsBytes = kTileTokens * kRecordBytes;
   static constexpr int kFieldBoxBytes = kBoxTokens * kFields * 2;
+  static constexpr int kFieldBoxStride = 128;  // a bulk tensor copy's destination is 128-byte aligned
   static constexpr int kStageBytes = 9 * 1024;  // records, fields, padding to the next 1024
   static constexpr int kStages = 5;
   static constexpr int kInput = kRing + kSlots * kSlotBytes;
   static constexpr int kBarriers = kInput + kStages * kStageBytes;
   static constexpr int kBytes = kBarriers + (2 * kSlots + kStages) * 8;
+  /// Dynamic shared memory to ask for: the layout starts at the first 1024-byte boundary of it.
+  static constexpr int kAllocationBytes = kBytes + 1024;
   /// After the loop: the second consumer's state for the first (70 floats a thread), over the ring.
   static constexpr int kMerge = kRing;
   static constexpr int kMergeFloats = 2 + kValueRows / 2;
   static_assert(kSlotBytes % 1024 == 0 && kRing % 1024 == 0 && kInput % 1024 == 0 && kStageBytes % 1024 == 0);
-  static_assert(kRecordsBytes + kBoxes * kFieldBoxBytes <= kStageBytes);
+  static_assert(kRecordsBytes + kBoxes * kFieldBoxStride <= kStageBytes && kFieldBoxBytes <= kFieldBoxStride);
   static_assert(kMergeFloats * 128 * 4 <= kSlots * kSlotBytes);
-  static_assert(kBytes <= 227 * 1024, "one CTA per SM");
+  static_assert(kAllocationBytes <= 227 * 1024, "one CTA per SM");
 };
 
 /// The ring's and the input stages' barriers and addresses (shared-memory
@@ -167,7 +170,7 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
                                                 std::uint8_t* slot, int warp, int lane, int valid, float score_scale) {
   using L = SharedLayout;
   const std::uint8_t* records = stage + warp * kBoxTokens * kRecordBytes;
-  const std::uint8_t* fields = stage + L::kRecordsBytes + warp * L::kFieldBoxBytes;
+  const std::uint8_t* fields = stage + L::kRecordsBytes + warp * L::kFieldBoxStride;
   std::uint8_t* const keys = slot;
   std::uint8_t* const values = slot + L::kKeyBytes;
   float* const factors = reinterpret_cast<float*>(slot + L::kKeyBytes + L::kValueBytes);
@@ -315,7 +318,7 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
         const int slot = (first + kBoxTokens * q) & slot_mask;
         bulk_tensor_load(destination + q * kBoxTokens * kRecordBytes, &maps.records, 0, work.kv_head, slot, blocks[q],
                          barrier);
-        bulk_tensor_load(destination + L::kRecordsBytes + q * L::kFieldBoxBytes, &maps.fields, slot,
+        bulk_tensor_load(destination + L::kRecordsBytes + q * L::kFieldBoxStride, &maps.fields, slot,
                          kFields * work.kv_head, blocks[q], barrier);
       }
     }
@@ -498,7 +501,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     __trap();
   } else {
     using L = SharedLayout;
-    extern __shared__ __align__(1024) std::uint8_t shared[];
+    // The layout from the first 1024-byte boundary (the 128-byte swizzle's period) of the dynamic shared memory.
+    extern __shared__ __align__(1024) std::uint8_t dynamic_shared[];
+    const std::uint32_t dynamic_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(dynamic_shared));
+    std::uint8_t* const shared = dynamic_shared + (((dynamic_address + 1023u) & ~1023u) - dynamic_address);
     // The warp from lane 0, so the compiler knows it uniform (a divergent path near the products serializes them).
     const int warp = __shfl_sync(kFullMask, static_cast<int>(threadIdx.x / 32), 0);
     const int lane = threadIdx.x % 32;
@@ -509,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       return;
     }
     const int table_exponent = build_lookup_table<L, kThreads / 32>(shared + L::kTable, p.centroids, warp, lane);
-    const Barriers barriers{static_cast<std::uint32_t>(__cvta_generic_to_shared(shared))};
+    const Barriers barriers{(dynamic_address + 1023u) & ~1023u};
     // V'^T's ones row and the zero rows after it, in every slot; the producers write the others.
     for (int i = threadIdx.x; i < L::kSlots * (kValueRows - kOnesRow) * kTileTokens; i += kThreads) {
       const int slot = i / ((kValueRows - kOnesRow) * kTileTokens);
