@@ -367,11 +367,15 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
   const int limit[2] = {work.limit(rows[0]), work.limit(rows[1])};
   const int mask_from = work.limit(0);               // the smallest row limit
   const bool real_rows = 16 * wg_warp < work.count;  // warp-uniform
+  // The slot and its phase's parity, advanced by two tiles a turn; the slot's K descriptor's low word.
+  int slot = consumer;
+  unsigned parity = 0;
+  const std::uint32_t ring_low = descriptor_low(barriers.slot_address(0));
   for (int tile = consumer; tile < tiles; tile += 2) {
-    const int slot = tile % L::kSlots;
     const int first = work.range.begin + tile * kTileTokens;
-    mbarrier_wait_parity(barriers.full(slot), (tile / L::kSlots) & 1);
-    const std::uint32_t slot_address = barriers.slot_address(slot);
+    mbarrier_wait_parity(barriers.full(slot), parity);
+    const std::uint32_t keys_low = ring_low + slot * (L::kSlotBytes >> 4);
+    const std::uint32_t values_low = keys_low + (L::kKeyBytes >> 4);
     const float* factors =
         reinterpret_cast<const float*>(shared + L::kRing + slot * L::kSlotBytes + L::kKeyBytes + L::kValueBytes);
     // S = Q K^T: rows 16 w + g (+ 8), tokens 8i + 2c (+ 1).
@@ -379,7 +383,7 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-      wgmma_rs<64>(score, query[ks], k_step_descriptor(slot_address, kTileTokens, ks), ks > 0);
+      wgmma_rs<64>(score, query[ks], descriptor_of_low(keys_low + (k_step_offset(kTileTokens, ks) >> 4)), ks > 0);
     }
     wgmma_commit();
     wgmma_wait_all();
@@ -429,13 +433,16 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
     wgmma_fence();
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
-      wgmma_rs<kValueRows>(acc, probability[kt], k_step_descriptor(slot_address + L::kKeyBytes, kValueRows, kt), 1);
+      wgmma_rs<kValueRows>(acc, probability[kt], descriptor_of_low(values_low + (k_step_offset(kValueRows, kt) >> 4)),
+                           1);
     }
     wgmma_commit();
     wgmma_wait_all();
     keep(acc);
     keep_words(probability);
     mbarrier_arrive(barriers.empty(slot));
+    slot += 2;
+    if (slot >= L::kSlots) slot -= L::kSlots, parity ^= 1u;
   }
 }
 

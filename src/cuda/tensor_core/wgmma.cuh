@@ -178,11 +178,23 @@ __host__ __device__ __forceinline__ int swizzled_offset(int rows, int row, int k
   return (k / 64) * rows * 128 + row * 128 + (((k % 64) / 8) ^ (row % 8)) * 16 + (k % 8) * 2;
 }
 
+/// A descriptor's low word: the start address in 16-byte units and LBO 1
+/// (unused when swizzled). Shared memory is under 256 KB, so adding an
+/// offset / 16 to it never carries out of the 14-bit address field: loops
+/// keep this word and add their k-steps' and buffers' offsets to it.
+__host__ __device__ __forceinline__ std::uint32_t descriptor_low(std::uint32_t address) {
+  return ((address >> 4) & 0x3fff) | (1u << 16);
+}
+
+/// The descriptor with low word `low`: SBO 1024 bytes, 128-byte swizzle.
+__device__ __forceinline__ std::uint64_t descriptor_of_low(std::uint32_t low) {
+  return static_cast<std::uint64_t>(low) | (64ull << 32) | (1ull << 62);
+}
+
 /// The shared-memory descriptor of a k-step starting at `address` (the atom
-/// plus 32 bytes per k-step within it): LBO 1 (unused when swizzled), SBO
-/// 1024 bytes, 128-byte swizzle.
+/// plus 32 bytes per k-step within it).
 __device__ __forceinline__ std::uint64_t descriptor(std::uint32_t address) {
-  return static_cast<std::uint64_t>((address >> 4) & 0x3fff) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+  return descriptor_of_low(descriptor_low(address));
 }
 
 /// Where k-step `ks` (16 elements of k) of a K-major operand of `rows` rows
