@@ -76,21 +76,22 @@ inline constexpr int kConsumerRegisters = 192;
 inline constexpr int kThreads = 3 * 128;
 static_assert(128 * (kProducerRegisters + 2 * kConsumerRegisters) <= 65536, "the register file of one CTA per SM");
 
-/// Shared memory: the wide table, the ring's slots (each K, V'^T, the
-/// factors), the input stages (the boxes' records, then their fields), the
-/// barriers. Slots and records start on 1024-byte boundaries (the 128-byte
-/// swizzle's atoms).
+/// Shared memory: the wide table at the start of the dynamic shared memory
+/// (a lookup's address is then the byte permute's result, no base to add);
+/// from the first 1024-byte boundary at or past the dynamic shared memory's
+/// start (the 128-byte swizzle's period; offsets below from there), past
+/// the table, the ring's slots (each K, V'^T, the factors), the input stages
+/// (the boxes' records, then their fields), the barriers.
 struct SharedLayout {
   static constexpr int kCodebookSize = 16;
   static constexpr int kLutRowBytes = 256;
-  static constexpr int kTable = 0;
   static constexpr int kTableBytes = 256 * kLutRowBytes;
   static constexpr int kKeyBytes = kTileTokens * kHeadDim * 2;
   static constexpr int kValueBytes = kValueRows * kTileTokens * 2;
   static constexpr int kFactorBytes = 1024;
   static constexpr int kSlotBytes = kKeyBytes + kValueBytes + kFactorBytes;
   static constexpr int kSlots = 3;
-  static constexpr int kRing = kTable + kTableBytes;
+  static constexpr int kRing = kTableBytes;
   static constexpr int kRecordsBytes = kTileTokens * kRecordBytes;
   static constexpr int kFieldBoxBytes = kBoxTokens * kFields * 2;
   static constexpr int kFieldBoxStride = 128;  // a bulk tensor copy's destination is 128-byte aligned
@@ -289,8 +290,8 @@ __device__ __forceinline__ CtaWork cta_work(const PartitionParams& p, const Quer
 
 /// The producer warpgroup's loop (warp 0 also issues the copies).
 __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTensorMaps& maps, std::uint8_t* shared,
-                                        const Barriers& barriers, const CtaWork& work, int warp, int lane,
-                                        float score_scale) {
+                                        const std::uint8_t* table, const Barriers& barriers, const CtaWork& work,
+                                        int warp, int lane, float score_scale) {
   using L = SharedLayout;
   const int tiles = (work.range.end - work.range.begin + kTileTokens - 1) / kTileTokens;
   // Block sizes are powers of two (kBlockSizes): shifts, not divisions, on warp 0's issue path.
@@ -339,9 +340,9 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
     std::uint8_t* ring_slot = shared + L::kRing + slot * L::kSlotBytes;
     const int valid = work.range.end - first;
     if (valid >= kBoxTokens) {  // warp-uniform
-      dequantize_tile<false>(shared + L::kTable, input, ring_slot, warp, lane, kBoxTokens, score_scale);
+      dequantize_tile<false>(table, input, ring_slot, warp, lane, kBoxTokens, score_scale);
     } else {
-      dequantize_tile<true>(shared + L::kTable, input, ring_slot, warp, lane, max(0, valid), score_scale);
+      dequantize_tile<true>(table, input, ring_slot, warp, lane, max(0, valid), score_scale);
     }
     fence_proxy_async_shared();  // the generic-proxy stores before the products' reads
     mbarrier_arrive(barriers.full(slot));
@@ -508,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __trap();
   } else {
     using L = SharedLayout;
-    // The layout from the first 1024-byte boundary (the 128-byte swizzle's period) of the dynamic shared memory.
+    // The table at dynamic_shared, the rest from its first 1024-byte boundary (SharedLayout).
     extern __shared__ __align__(1024) std::uint8_t dynamic_shared[];
     const std::uint32_t dynamic_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(dynamic_shared));
     std::uint8_t* const shared = dynamic_shared + (((dynamic_address + 1023u) & ~1023u) - dynamic_address);
@@ -521,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       write_empty_partition(p, work);  // reads nothing else
       return;
     }
-    const int table_exponent = build_lookup_table<L, kThreads / 32>(shared + L::kTable, p.centroids, warp, lane);
+    const int table_exponent = build_lookup_table<L, kThreads / 32>(dynamic_shared, p.centroids, warp, lane);
     const Barriers barriers{(dynamic_address + 1023u) & ~1023u};
     // V'^T's ones row and the zero rows after it, in every slot; the producers write the others.
     for (int i = threadIdx.x; i < L::kSlots * (kValueRows - kOnesRow) * kTileTokens; i += kThreads) {
@@ -544,7 +545,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int role = warp / 4, wg_warp = warp % 4;
     if (role == 0) {
       TQ_RELEASE_REGISTERS(kProducerRegisters);
-      produce(p, maps, shared, barriers, work, warp, lane, p.scale * kLog2e);
+      produce(p, maps, shared, dynamic_shared, barriers, work, warp, lane, p.scale * kLog2e);
       return;
     }
     TQ_CLAIM_REGISTERS(kConsumerRegisters);
