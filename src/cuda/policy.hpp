@@ -84,8 +84,9 @@ constexpr int tensor_core_row_tiles(int rows_per_head, int head_tiles) {
 bool tensor_core_four_head_tiles(DecodePath path, const CacheLayout& layout, int rows_per_head, int batch,
                                  int sm_count);
 
-/// The warp-specialized partition kernel's rows per CTA (M of its wgmma
-/// products) and its partitions' alignment (its 64-token tiles).
+/// The warp-specialized partition kernel's rows per consumer warpgroup (M
+/// of its wgmma products; a CTA has two) and its partitions' alignment (its
+/// 64-token tiles).
 inline constexpr int kWarpSpecializedRows = 64;
 inline constexpr int kWarpSpecializedAlign = 64;
 
@@ -103,9 +104,13 @@ bool warp_specialized_serves(DecodePath path, const CacheLayout& layout, bool va
 /// (CMAKE_CUDA_ARCHITECTURES with 90a).
 bool warp_specialized_built();
 
-/// Its query tokens per CTA: as many as fit kWarpSpecializedRows rows.
+/// Its query tokens per CTA: as many as fit 64 rows, which its two
+/// consumer warpgroups serve from alternate tiles; for more rows per kv
+/// head as many as fit 128, 64 rows for each consumer from every tile, so
+/// each tile is read and dequantized once for twice the rows.
 inline int warp_specialized_tokens_per_cta(int group_size, int max_query_len) {
-  return std::max(1, std::min(max_query_len, kWarpSpecializedRows / group_size));
+  const int rows = group_size * max_query_len > kWarpSpecializedRows ? 2 * kWarpSpecializedRows : kWarpSpecializedRows;
+  return std::max(1, std::min(max_query_len, rows / group_size));
 }
 
 /// A call's query rows per kv head and sequence: the group x the most query

@@ -237,7 +237,7 @@ TEST(PartitionPolicy, QueryRowsFoldIntoRowTilesOfOneTwoOrFourHeadTiles) {
 // The warp-specialized kernel: several query tokens per sequence (varlen)
 // of the 4-bit blocks order at D = 128 on the Hopper path with more than two
 // head tiles' rows, in builds with sm_90a code; its CTAs take as many
-// tokens as fit 64 rows.
+// tokens as fit 64 rows, or 128 where a kv head has more rows.
 TEST(PartitionPolicy, WarpSpecializedKernelServesManyRowsOfTheBlocksOrder) {
   const CacheLayout blocks = make_layout(Preset::turboquant_4bit_nc, 128, 16, 8);
   // Built with sm_90a (the default architectures): served.
@@ -256,15 +256,20 @@ TEST(PartitionPolicy, WarpSpecializedKernelServesManyRowsOfTheBlocksOrder) {
       const int tokens = warp_specialized_tokens_per_cta(group, max_query_len);
       ASSERT_GE(tokens, 1);
       ASSERT_LE(tokens, max_query_len);
-      ASSERT_LE(group * tokens, kWarpSpecializedRows) << group << " " << max_query_len;
-      // The most that fit: one more token would pass 64 rows or the query length.
-      ASSERT_TRUE(tokens == max_query_len || group * (tokens + 1) > kWarpSpecializedRows)
-          << group << " " << max_query_len;
+      // 64 rows (the consumers on alternate tiles) where the call's rows fit, else 128 (a consumer's 64 each).
+      const int cta_rows = group * max_query_len > kWarpSpecializedRows ? 2 * kWarpSpecializedRows
+                                                                        : kWarpSpecializedRows;
+      ASSERT_LE(group * tokens, cta_rows) << group << " " << max_query_len;
+      // The most that fit: one more token would pass the CTA's rows or the query length.
+      ASSERT_TRUE(tokens == max_query_len || group * (tokens + 1) > cta_rows) << group << " " << max_query_len;
     }
   }
-  EXPECT_EQ(warp_specialized_tokens_per_cta(8, 8), 8);
-  EXPECT_EQ(warp_specialized_tokens_per_cta(8, 128), 8);
-  EXPECT_EQ(warp_specialized_tokens_per_cta(3, 128), 21);
+  EXPECT_EQ(warp_specialized_tokens_per_cta(8, 4), 4);    // 32 rows: a 64-row CTA
+  EXPECT_EQ(warp_specialized_tokens_per_cta(8, 8), 8);    // 64 rows
+  EXPECT_EQ(warp_specialized_tokens_per_cta(8, 128), 16);  // 128-token chunks: 128 rows a CTA
+  EXPECT_EQ(warp_specialized_tokens_per_cta(3, 128), 42);
+  EXPECT_EQ(warp_specialized_tokens_per_cta(16, 5), 5);   // 80 rows: one 128-row CTA
+  EXPECT_EQ(warp_specialized_tokens_per_cta(16, 12), 8);
   EXPECT_EQ(kWarpSpecializedAlign % 64, 0);  // whole 64-token tiles per partition
 }
 

@@ -22,20 +22,29 @@ void launch_partitions_warp_specialized(const PartitionParams& params, const Que
              "the warp-specialized kernel serves turboquant_4bit_nc at D = 128 in the blocks order with "
              "block sizes that are multiples of 16");
   const int group = params.num_q_heads / layout.num_kv_heads;
-  TQ_REQUIRE(query_rows.tokens_per_cta >= 1 && group * query_rows.tokens_per_cta <= ws::kRows, "tokens_per_cta",
+  const int cta_rows = group * query_rows.tokens_per_cta;
+  TQ_REQUIRE(query_rows.tokens_per_cta >= 1 && cta_rows <= 2 * ws::kConsumerRows, "tokens_per_cta",
              std::to_string(query_rows.tokens_per_cta) + " with group " + std::to_string(group) +
-                 " is out of range; accepted: 1 to " + std::to_string(ws::kRows) + " rows (group x tokens)");
+                 " is out of range; accepted: 1 to " + std::to_string(2 * ws::kConsumerRows) +
+                 " rows (group x tokens)");
   TQ_REQUIRE(params.partition_align % ws::kTileTokens == 0, "partition_align",
              std::to_string(params.partition_align) + " is out of range; accepted: multiples of 64");
   TQ_REQUIRE(params.batch >= 0 && params.batch <= 65535, "batch",
              std::to_string(params.batch) + " is out of range; accepted: 0 to 65535");
   if (params.batch == 0) return;
-  constexpr auto kernel = ws::warp_specialized_partitions;
-  allow_dynamic_shared_memory<kernel>(ws::SharedLayout::kAllocationBytes);
   const int query_tiles = (query_rows.max_query_len + query_rows.tokens_per_cta - 1) / query_rows.tokens_per_cta;
   const dim3 grid(params.num_partitions * query_tiles, layout.num_kv_heads, params.batch);
   const CacheTensorMaps maps = encode_cache_tensor_maps(params);
-  kernel<<<grid, ws::kThreads, ws::SharedLayout::kAllocationBytes, stream>>>(params, query_rows, maps);
+  const auto launch = [&]<int CtaRows>() {
+    constexpr auto kernel = ws::warp_specialized_partitions<CtaRows>;
+    allow_dynamic_shared_memory<kernel>(ws::SharedLayout::kAllocationBytes);
+    kernel<<<grid, ws::kThreads, ws::SharedLayout::kAllocationBytes, stream>>>(params, query_rows, maps);
+  };
+  if (cta_rows > ws::kConsumerRows) {
+    launch.template operator()<2 * ws::kConsumerRows>();
+  } else {
+    launch.template operator()<ws::kConsumerRows>();
+  }
   TQ_CUDA_CHECK(cudaGetLastError());
 }
 

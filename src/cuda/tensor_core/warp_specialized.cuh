@@ -60,7 +60,7 @@ namespace tqdecode::cuda::tensor_core::specialized {
 
 inline constexpr int kHeadDim = 128;
 inline constexpr int kTileTokens = 64;  ///< a ring slot's tokens, the K side of O = P V'
-inline constexpr int kRows = 64;        ///< query rows per CTA: M of both products
+inline constexpr int kConsumerRows = 64;  ///< query rows of a consumer warpgroup: M of both products
 inline constexpr int kBoxTokens = 16;   ///< the tensor maps' box (kHopperTileTokens)
 inline constexpr int kBoxes = kTileTokens / kBoxTokens;
 inline constexpr int kRecordBytes = 128;  ///< 64 key bytes, then 64 value bytes (docs/FORMAT.md section 4)
@@ -355,24 +355,28 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
   }
 }
 
-/// A consumer warpgroup's loop over tiles consumer, consumer + 2, ...; its
-/// (reference, O) per thread on return. `query`: the A operand of S for
-/// rows 16 w + g (+ 8), k-step ks dims 16 ks + 2c (+ 1, + 8, + 9).
+/// A consumer warpgroup's loop over tiles consumer, consumer + 2, ... (64
+/// rows a CTA), or over every tile for its own 64 rows from `row_base` (128
+/// rows a CTA: SharedTiles); its (reference, O) per thread on return.
+/// `query`: the A operand of S for rows row_base + 16 w + g (+ 8), k-step ks
+/// dims 16 ks + 2c (+ 1, + 8, + 9).
+template <bool SharedTiles>
 __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& barriers, const CtaWork& work,
-                                        const std::uint32_t (&query)[8][4], int consumer, int wg_warp, int lane,
-                                        float (&reference)[2], float (&acc)[kValueRows / 2]) {
+                                        const std::uint32_t (&query)[8][4], int consumer, int row_base, int wg_warp,
+                                        int lane, float (&reference)[2], float (&acc)[kValueRows / 2]) {
   using L = SharedLayout;
   const int g = lane / 4, c = lane % 4;
   const int tiles = (work.range.end - work.range.begin + kTileTokens - 1) / kTileTokens;
-  const int rows[2] = {16 * wg_warp + g, 16 * wg_warp + g + 8};
+  const int rows[2] = {row_base + 16 * wg_warp + g, row_base + 16 * wg_warp + g + 8};
   const int limit[2] = {work.limit(rows[0]), work.limit(rows[1])};
   const int mask_from = work.limit(0);               // the smallest row limit
-  const bool real_rows = 16 * wg_warp < work.count;  // warp-uniform
-  // The slot and its phase's parity, advanced by two tiles a turn; the slot's K descriptor's low word.
-  int slot = consumer;
+  const bool real_rows = row_base + 16 * wg_warp < work.count;  // warp-uniform
+  // The slot and its phase's parity, advanced by the tiles of a turn; the ring's K descriptor's low word.
+  constexpr int kStep = SharedTiles ? 1 : 2;
+  int slot = SharedTiles ? 0 : consumer;
   unsigned parity = 0;
   const std::uint32_t ring_low = descriptor_low(barriers.slot_address(0));
-  for (int tile = consumer; tile < tiles; tile += 2) {
+  for (int tile = slot; tile < tiles; tile += kStep) {
     const int first = work.range.begin + tile * kTileTokens;
     mbarrier_wait_parity(barriers.full(slot), parity);
     const std::uint32_t keys_low = ring_low + slot * (L::kSlotBytes >> 4);
@@ -442,19 +446,19 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
     keep(acc);
     keep_words(probability);
     mbarrier_arrive(barriers.empty(slot));
-    slot += 2;
+    slot += kStep;
     if (slot >= L::kSlots) slot -= L::kSlots, parity ^= 1u;
   }
 }
 
 /// The query rows' A operand from q_rot (fp32, bf16 values): times
 /// 2^-table_exponent into fp16 (the table's centroids carry 2^table_exponent).
-__device__ __forceinline__ void load_query(const PartitionParams& p, const CtaWork& work, int wg_warp, int lane,
-                                           float query_scale, std::uint32_t (&query)[8][4]) {
+__device__ __forceinline__ void load_query(const PartitionParams& p, const CtaWork& work, int row_base, int wg_warp,
+                                           int lane, float query_scale, std::uint32_t (&query)[8][4]) {
   const int g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    const int row = 16 * wg_warp + g + 8 * e;
+    const int row = row_base + 16 * wg_warp + g + 8 * e;
     const bool valid = row < work.count;
     const float* q = p.q_rot + (valid ? work.query_row(row, p.num_q_heads) : 0) * kHeadDim;
 #pragma unroll
@@ -470,15 +474,16 @@ __device__ __forceinline__ void load_query(const PartitionParams& p, const CtaWo
 }
 
 /// The first consumer's rows after the merge: out = (O[d] + O[128]) / O[129].
-__device__ __forceinline__ void write_partition(const PartitionParams& p, const CtaWork& work, int wg_warp, int lane,
-                                                const float (&reference)[2], const float (&acc)[kValueRows / 2]) {
+__device__ __forceinline__ void write_partition(const PartitionParams& p, const CtaWork& work, int row_base, int wg_warp,
+                                                int lane, const float (&reference)[2],
+                                                const float (&acc)[kValueRows / 2]) {
   const int g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     // Columns 128 and 129 are lane (g, 0)'s accumulators 64 + 2e and 65 + 2e.
     const float zero_sum = __shfl_sync(kFullMask, acc[kHeadDim / 2 + 2 * e], lane & ~3);
     const float sum = __shfl_sync(kFullMask, acc[kHeadDim / 2 + 2 * e + 1], lane & ~3);
-    const int row = 16 * wg_warp + g + 8 * e;
+    const int row = row_base + 16 * wg_warp + g + 8 * e;
     if (row >= work.count) continue;
     const std::int64_t index = work.entry(row, p.num_q_heads) * p.num_partitions + work.partition;
     const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
@@ -502,6 +507,9 @@ inline constexpr bool kWithoutWgmma = false;
 #endif
 
 // Launched on sm_90a only (policy.cpp); other targets compile a trap.
+// CtaRows: 64 (the two consumers take alternate tiles for the same rows and
+// merge) or 128 (each consumer takes every tile for its own 64 rows).
+template <int CtaRows>
 __global__ void __launch_bounds__(kThreads, 1)
     warp_specialized_partitions(const __grid_constant__ PartitionParams p, const __grid_constant__ QueryRows query_rows,
                                 const __grid_constant__ CacheTensorMaps maps) {
@@ -509,6 +517,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __trap();
   } else {
     using L = SharedLayout;
+    constexpr bool kSharedTiles = CtaRows == 2 * kConsumerRows;
+    static_assert(CtaRows == kConsumerRows || kSharedTiles);
     // The table at dynamic_shared, the rest from its first 1024-byte boundary (SharedLayout).
     extern __shared__ __align__(1024) std::uint8_t dynamic_shared[];
     const std::uint32_t dynamic_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(dynamic_shared));
@@ -535,7 +545,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       for (int slot = 0; slot < L::kSlots; ++slot) {
         mbarrier_init(barriers.full(slot), 128);
-        mbarrier_init(barriers.empty(slot), 128);
+        mbarrier_init(barriers.empty(slot), kSharedTiles ? 256 : 128);  // the consumers that read the slot
       }
       for (int stage = 0; stage < L::kStages; ++stage) mbarrier_init(barriers.input(stage), 1);
       fence_barrier_init();
@@ -550,14 +560,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     TQ_CLAIM_REGISTERS(kConsumerRegisters);
     const int consumer = role - 1;
+    const int row_base = kSharedTiles ? kConsumerRows * consumer : 0;
     std::uint32_t query[8][4];
-    load_query(p, work, wg_warp, lane, power_of_two(-table_exponent), query);
+    load_query(p, work, row_base, wg_warp, lane, power_of_two(-table_exponent), query);
     keep_words(query);  // held in registers, not reloaded beside the products
     float reference[2] = {-INFINITY, -INFINITY};
     float acc[kValueRows / 2];
 #pragma unroll
     for (int i = 0; i < kValueRows / 2; ++i) acc[i] = 0.0f;
-    consume(shared, barriers, work, query, consumer, wg_warp, lane, reference, acc);
+    consume<kSharedTiles>(shared, barriers, work, query, consumer, row_base, wg_warp, lane, reference, acc);
+    if constexpr (kSharedTiles) {
+      write_partition(p, work, row_base, wg_warp, lane, reference, acc);
+      return;
+    }
     // Both consumers past their last product (the ring is free: every tile was filled before it was
     // consumed), then the second's state through shared memory, element by element.
     float* merge = reinterpret_cast<float*>(shared + L::kMerge) + (threadIdx.x % 128);
@@ -583,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r = (i / 2) % 2;  // accumulator 4j + 2r + h is row g + 8r
       acc[i] = acc[i] * weight[r] + merge[128 * (2 + i)] * other_weight[r];
     }
-    write_partition(p, work, wg_warp, lane, reference, acc);
+    write_partition(p, work, 0, wg_warp, lane, reference, acc);
   }
 }
 
