@@ -1,15 +1,15 @@
 // The warp-specialized partition kernel (internal; sm_90a): several query
 // tokens per sequence (docs/FORMAT.md section 5b) for turboquant_4bit_nc in
 // the blocks order at D = 128, with up to 64 query rows (group x query
-// tokens) of one kv head per CTA, each 64-token tile of the cache read and
-// dequantized once for all of them. It takes the place of the generic
+// tokens) of one kv head per CTA, or 128 for kv heads of more rows, each
+// 64-token tile of the cache read and dequantized once for all of them. It takes the place of the generic
 // partition kernel between the query rotation (rotate_queries.cu, q_rot)
 // and the reducer (reduce_partitions.cu), with its partition format: grid
 // (N x query tiles, Hk, B), each CTA writes the (max, sum, normalized out)
 // of its rows for its partition, or the empty values.
 //
 // The roles are split as FlashAttention-3 splits them:
-// - Producer warpgroup (warps 0-3, setmaxnreg.dec to 72 registers): warp 0
+// - Producer warpgroup (warps 0-3, setmaxnreg.dec to 104 registers): warp 0
 //   copies each tile's boxes (per 16 tokens the 128-byte records of the kv
 //   head, 128-byte swizzled, and its three fp16 fields) into the next of
 //   kStages input stages by bulk tensor copies, kStages tiles ahead, the
@@ -25,22 +25,24 @@
 //     factors [token]: norm x scale x log2 e (0 past the range, whose
 //       scale and zero are 0 too, so stale stage bytes never reach the
 //       products as NaN).
-// - Two consumer warpgroups (setmaxnreg.inc to 216) take alternate tiles:
+// - Two consumer warpgroups (setmaxnreg.inc to 192) take alternate tiles
+//   of a 64-row CTA, or every tile for 64 rows each of a 128-row CTA:
 //   S = Q K^T (m64n64k16 x 8, the query rows in registers as A), the
 //   scores times their token's factor, masked past the range and each
 //   row's causal limit, less the row's reference (base 2; it moves only
 //   when a score passes it by kLazyRescaleLog2, so p <= 16); P in fp16 as
 //   the A operand of O = P V' (m64n136k16 x 4); the slot is released after
 //   that product's wait.
-// - After the loop the second consumer hands its (reference, O) to the
-//   first through shared memory, which merges them per element and writes
-//   each valid row's partition: out = (O[d] + O[128]) / O[129], max =
-//   reference x ln 2, sum = O[129].
+// - After the loop (64 rows) the second consumer hands its (reference, O)
+//   to the first through shared memory, which merges them per element; the
+//   rows' writer writes each valid row's partition: out = (O[d] + O[128]) /
+//   O[129], max = reference x ln 2, sum = O[129].
 //
 // Query row r of a CTA is head r % group of the kv head at query token
 // first_token + r / group (the generic kernel's CtaRows); rows past the
 // CTA's count compute on zero queries and are never written. Warp w of a
-// consumer holds rows 16w .. 16w + 15 (lane (g, c): rows 16w + g and + 8).
+// consumer holds rows base + 16w .. + 15 (lane (g, c): rows base + 16w + g
+// and + 8; base 64 for the second consumer of a 128-row CTA, else 0).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -59,9 +61,9 @@
 namespace tqdecode::cuda::tensor_core::specialized {
 
 inline constexpr int kHeadDim = 128;
-inline constexpr int kTileTokens = 64;  ///< a ring slot's tokens, the K side of O = P V'
+inline constexpr int kTileTokens = 64;    ///< a ring slot's tokens, the K side of O = P V'
 inline constexpr int kConsumerRows = 64;  ///< query rows of a consumer warpgroup: M of both products
-inline constexpr int kBoxTokens = 16;   ///< the tensor maps' box (kHopperTileTokens)
+inline constexpr int kBoxTokens = 16;     ///< the tensor maps' box (kHopperTileTokens)
 inline constexpr int kBoxes = kTileTokens / kBoxTokens;
 inline constexpr int kRecordBytes = 128;  ///< 64 key bytes, then 64 value bytes (docs/FORMAT.md section 4)
 inline constexpr int kValueOffset = 64;
@@ -94,7 +96,7 @@ struct SharedLayout {
   static constexpr int kRing = kTableBytes;
   static constexpr int kRecordsBytes = kTileTokens * kRecordBytes;
   static constexpr int kFieldBoxBytes = kBoxTokens * kFields * 2;
-  static constexpr int kFieldBoxStride = 128;  // a bulk tensor copy's destination is 128-byte aligned
+  static constexpr int kFieldBoxStride = 128;   // a bulk tensor copy's destination is 128-byte aligned
   static constexpr int kStageBytes = 9 * 1024;  // records, fields, padding to the next 1024
   static constexpr int kStages = 5;
   static constexpr int kInput = kRing + kSlots * kSlotBytes;
@@ -369,7 +371,7 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
   const int tiles = (work.range.end - work.range.begin + kTileTokens - 1) / kTileTokens;
   const int rows[2] = {row_base + 16 * wg_warp + g, row_base + 16 * wg_warp + g + 8};
   const int limit[2] = {work.limit(rows[0]), work.limit(rows[1])};
-  const int mask_from = work.limit(0);               // the smallest row limit
+  const int mask_from = work.limit(0);                          // the smallest row limit
   const bool real_rows = row_base + 16 * wg_warp < work.count;  // warp-uniform
   // The slot and its phase's parity, advanced by the tiles of a turn; the ring's K descriptor's low word.
   constexpr int kStep = SharedTiles ? 1 : 2;
@@ -474,8 +476,8 @@ __device__ __forceinline__ void load_query(const PartitionParams& p, const CtaWo
 }
 
 /// The first consumer's rows after the merge: out = (O[d] + O[128]) / O[129].
-__device__ __forceinline__ void write_partition(const PartitionParams& p, const CtaWork& work, int row_base, int wg_warp,
-                                                int lane, const float (&reference)[2],
+__device__ __forceinline__ void write_partition(const PartitionParams& p, const CtaWork& work, int row_base,
+                                                int wg_warp, int lane, const float (&reference)[2],
                                                 const float (&acc)[kValueRows / 2]) {
   const int g = lane / 4, c = lane % 4;
 #pragma unroll
