@@ -123,6 +123,10 @@ std::vector<VarlenCase> varlen_cases() {
       // block size 64 and a few sequences of up to 9000 tokens: partitions. Every case it serves (more than 16
       // rows of 4-bit keys in the blocks order at D = 128) runs it too.
       {"q4_d128_g8_spec8_hk8", p4, 64, 8, 128, 64, 3, 9000, 15, true, DType::bf16, CacheOrder::blocks, 0, 8},
+      // The smallest calls it serves, to tell its layouts from its pipeline when a case fails: one kv head and
+      // one sequence of at most one 64-token tile, then two sequences of many tiles.
+      {"q4_d128_g8_hk1_one_tile", p4, 8, 1, 128, 16, 1, 56, 16, false, DType::bf16, CacheOrder::blocks, 0, 8},
+      {"q4_d128_g8_hk1_tiles", p4, 8, 1, 128, 32, 2, 3000, 17, false, DType::bf16, CacheOrder::blocks, 0, 8},
   };
   // Every preset at every head dim, with groups 1 to 16 spread over them.
   const int groups[] = {1, 2, 4, 6, 8, 16, 3, 5, 7, 9, 12, 16};
