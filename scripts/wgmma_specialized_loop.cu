@@ -149,6 +149,19 @@ struct Ring {
   __device__ __forceinline__ std::uint32_t slot_address(int slot) const {
     return base + Layout::kRing + slot * kRingSlotBytes;
   }
+
+  /// A consumer's view of tile `tile`'s slot once it is full: its K and V'^T descriptors and its factors.
+  struct Operands {
+    int slot;
+    std::uint64_t keys, values;
+    const std::uint8_t* factors;
+  };
+  __device__ __forceinline__ Operands wait_full(const std::uint8_t* shared, int tile) const {
+    const int slot = tile % Slots;
+    mbarrier_wait_parity(full(slot), (tile / Slots) & 1);
+    return {slot, descriptor(slot_address(slot)), descriptor(slot_address(slot) + kKeyTileBytes),
+            shared + Layout::kRing + slot * kRingSlotBytes + kKeyTileBytes + kValueTileBytes};
+  }
 };
 
 // Synthetic table, inputs and query; V'^T's ones row (129, or 130 with
@@ -270,12 +283,8 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1)
   std::uint32_t probability[4][4];
   int held = -1;  // Deferred: the slot whose O = P V' is still in flight
   for (int tile = consumer; tile < tiles; tile += 2) {
-    const int slot = tile % Slots, round = tile / Slots;
-    mbarrier_wait_parity(ring.full(slot), round & 1);
-    const std::uint64_t keys = descriptor(ring.slot_address(slot));
-    const std::uint64_t values = descriptor(ring.slot_address(slot) + kKeyTileBytes);
-    const float4* factors =
-        reinterpret_cast<const float4*>(shared + L::kRing + slot * kRingSlotBytes + kKeyTileBytes + kValueTileBytes);
+    const auto [slot, keys, values, factor_bytes] = ring.wait_full(shared, tile);
+    const float4* factors = reinterpret_cast<const float4*>(factor_bytes);
     // S = Q K^T: rows 16 w + g (+ 8), tokens 8i + 2c (+ 1).
     float score[32];
     wgmma_fence();
@@ -376,12 +385,8 @@ __global__ void __launch_bounds__(128 * (Producers + 2), 1)
   float acc_o[2][Rows / 2] = {};
   TokensRows<Rows> rows;
   for (int tile = consumer; tile < tiles; tile += 2) {
-    const int slot = tile % kSlots, round = tile / kSlots;
-    mbarrier_wait_parity(ring.full(slot), round & 1);
-    const std::uint64_t keys = descriptor(ring.slot_address(slot));
-    const std::uint64_t values = descriptor(ring.slot_address(slot) + kKeyTileBytes);
-    const float2* factors =
-        reinterpret_cast<const float2*>(shared + L::kRing + slot * kRingSlotBytes + kKeyTileBytes + kValueTileBytes);
+    const auto [slot, keys, values, factor_bytes] = ring.wait_full(shared, tile);
+    const float2* factors = reinterpret_cast<const float2*>(factor_bytes);
     // S^T = K Q^T: tokens 16 w + g (+ 8), rows 8i + 2c (+ 1).
     float score[Rows / 2];
     wgmma_fence();
