@@ -378,13 +378,15 @@ def query_tokens_lines(records):
              "to the end (bf16_baseline.py), measured the same way; bf16 bytes at the read ceiling: the time the same "
              "work's bf16 K/V, query and output bytes take at the measured read ceiling (a lower bound for any bf16 "
              "kernel; the comparison where the bf16 kernel did not run). TFLOP/s: the QK^T and PV products of the call "
-             "(4 Hq D per query token and position it sees) per second. warp-specialized: the varlen entry on the "
-             "warp-specialized kernel's request (PathRequest::hopper_warp_specialized; shapes it serves), which the "
-             "automatic path does not take yet.", "",
+             "(4 Hq D per query token and position it sees) per second. other kernel: the varlen entry on the Hopper path's "
+             "kernel for several query tokens that the automatic path did not take, where it serves the call: the "
+             "warp-specialized kernel (PathRequest::hopper_warp_specialized) where the automatic path keeps the row "
+             "tiles (64 query rows per kv head and below), the row tiles (PathRequest::hopper) where it takes the "
+             "warp-specialized kernel.", "",
              "| shape | q_len | varlen | path | % read | rows | rows / varlen | q_len 1 step | varlen / q_len 1 | "
              "q_len 1, scalar kernel | varlen / scalar q_len 1 | bf16 | bf16 / varlen | bf16 bytes at the read "
-             "ceiling | that / varlen | TFLOP/s | warp-specialized | that / q_len 1 | its TFLOP/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ceiling | that / varlen | TFLOP/s | other kernel | its time | that / q_len 1 | its TFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ratio(a, b):
         return fmt(a / b if a and b else None, ".2f", "x")
@@ -402,9 +404,10 @@ def query_tokens_lines(records):
 
     for r in varlen:
         rows = next((o for o in ok if o["name"] == r["name"] and o["request"] == "rows"), None)
-        specialized = next((o for o in ok if o["name"] == r["name"] and o["request"] == "varlen_warp_specialized"),
-                           None)
-        specialized_us = specialized and specialized["tq_us"]
+        other = next((o for o in ok if o["name"] == r["name"]
+                      and o["request"] in ("varlen_warp_specialized", "varlen_row_tiles")), None)
+        other_us = other and other["tq_us"]
+        other_kernel = other and ("warp-specialized" if other["request"] == "varlen_warp_specialized" else "row tiles")
         one_token = [o for o in ok if o["q_len"] == 1 and all(o[k] == r[k] for k in same)]
         single = next((o for o in one_token if o["request"] == "automatic"), None)
         scalar = next((o for o in one_token if o["request"] == "cuda_generic_scalar"), None)
@@ -415,8 +418,8 @@ def query_tokens_lines(records):
                      f"{ratio(r['tq_us'], single_us)} | {fmt(scalar_us, '.1f', ' us')} | {ratio(r['tq_us'], scalar_us)} | "
                      f"{fmt(r['bf16_us'], '.1f', ' us')} | {ratio(r['bf16_us'], r['tq_us'])} | "
                      f"{fmt(bf16_floor_us(r), '.1f', ' us')} | {ratio(bf16_floor_us(r), r['tq_us'])} | "
-                     f"{fmt(tflops(r), '.1f')} | {fmt(specialized_us, '.1f', ' us')} | "
-                     f"{ratio(specialized_us, single_us)} | {fmt(tflops(specialized), '.1f')} |")
+                     f"{fmt(tflops(r), '.1f')} | {other_kernel or '-'} | {fmt(other_us, '.1f', ' us')} | "
+                     f"{ratio(other_us, single_us)} | {fmt(tflops(other), '.1f')} |")
     return lines + [""]
 
 

@@ -336,10 +336,13 @@ void run_requests(const Shape& shape, const InstancePlan& plan, const Instances&
 }
 
 /// q_len > 1: the varlen entry and the same tokens as rows of the one-token
-/// entry, both on the automatic path, and where it serves the call the
-/// varlen entry on the warp-specialized kernel's request, one record each
-/// (request "varlen", "rows" and "varlen_warp_specialized"; the others'
-/// outputs compared with the varlen one's).
+/// entry, both on the automatic path, and the varlen entry on the Hopper
+/// path's other kernel for several query tokens: the warp-specialized one's
+/// request where it serves the call and the automatic path keeps the row
+/// tiles, the Hopper request (row tiles) where the automatic path takes the
+/// warp-specialized kernel; one record each (request "varlen", "rows",
+/// "varlen_warp_specialized" or "varlen_row_tiles"; the others' outputs
+/// compared with the varlen one's).
 void run_forms(const Shape& shape, const InstancePlan& plan, const Instances& instances, DecodeWorkspace& workspace,
                const L2Flush& flush, cudaStream_t stream, std::vector<Record>& records) {
   std::vector<float> varlen_output;
@@ -348,17 +351,25 @@ void run_forms(const Shape& shape, const InstancePlan& plan, const Instances& in
     bool varlen;
     PathRequest request;
   };
+  const bool automatic_warp_specialized = tqdecode::plan_decode(instances.args().front()).warp_specialized;
+  const auto serves = [](const DecodeArgs& args, PathRequest request) {
+    try {
+      tqdecode::plan_decode(args, request);
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
   for (const Form form : {Form{"varlen", true, PathRequest::automatic},
                           Form{"varlen_warp_specialized", true, PathRequest::hopper_warp_specialized},
-                          Form{"rows", false, PathRequest::automatic}}) {
+                          Form{"varlen_row_tiles", true, PathRequest::hopper}, Form{"rows", false, PathRequest::automatic}}) {
     const std::vector<DecodeArgs>& args = form.varlen ? instances.args() : instances.rows_args();
     const bool first = form.request == PathRequest::automatic && form.varlen;
-    if (!first) {  // the warp-specialized kernel's form only where it serves the call
-      try {
-        tqdecode::plan_decode(args.front(), form.request);
-      } catch (const std::exception&) {
-        continue;
-      }
+    // The other varlen kernel: the one the automatic path did not take, where it serves the call.
+    if (form.varlen && !first &&
+        ((form.request == PathRequest::hopper_warp_specialized) == automatic_warp_specialized ||
+         !serves(args.front(), form.request))) {
+      continue;
     }
     Record record;
     record.shape = shape;

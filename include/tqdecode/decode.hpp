@@ -28,9 +28,10 @@ const char* decode_path_name(DecodePath path);
 /// applies; `cuda_generic_scalar` is the generic path with its scalar kernel
 /// even where the tensor-core kernel could serve (tests, comparisons);
 /// `hopper_warp_specialized` is the Hopper path with the warp-specialized
-/// kernel for several query tokens per sequence (LaunchPlan::warp_specialized;
-/// not yet measured against the automatic choice, which does not take it),
-/// an error naming what it serves where it cannot serve the call.
+/// kernel for several query tokens per sequence (LaunchPlan::warp_specialized),
+/// an error naming what it serves where it cannot serve the call; `automatic`
+/// takes that kernel for more than 64 query rows per kv head (continuation
+/// chunks), `hopper` always the tensor-core kernel's row tiles.
 enum class PathRequest : std::uint8_t {
   automatic,
   hopper,
@@ -117,7 +118,8 @@ struct LaunchPlan {
   int head_tiles = 1;
   /// PathRequest::hopper_warp_specialized (several query tokens per
   /// sequence of turboquant_4bit_nc in the blocks order at D = 128 with more
-  /// than 16 query rows per kv head, sm_90 and a build with sm_90a code):
+  /// than 16 query rows per kv head, sm_90 and a build with sm_90a code),
+  /// or the automatic path with more than 64 query rows per kv head:
   /// the warp-specialized partition kernel (a producer warpgroup
   /// dequantizes each 64-token tile once into shared memory, two consumer
   /// warpgroups multiply it with up to 64 query rows on warpgroup MMA)

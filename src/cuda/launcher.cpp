@@ -108,7 +108,10 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   if (request == PathRequest::hopper) {
     TQ_REQUIRE(not_hopper.empty(), "path", "the Hopper kernel cannot serve this call: " + not_hopper);
   }
-  if (request == PathRequest::hopper_warp_specialized) {
+  const bool warp_specialized_by_default =
+      request == PathRequest::automatic && not_hopper.empty() &&
+      cuda::warp_specialized_automatic(DecodePath::hopper, args.layout, args.varlen(), rows_per_head);
+  if (request == PathRequest::hopper_warp_specialized || warp_specialized_by_default) {
     TQ_REQUIRE(not_hopper.empty(), "path",
                "the warp-specialized kernel runs on the Hopper path, which cannot serve this call: " + not_hopper);
     TQ_REQUIRE(cuda::warp_specialized_serves(DecodePath::hopper, args.layout, args.varlen(), rows_per_head), "path",
@@ -122,7 +125,10 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     const int tokens_per_cta = cuda::warp_specialized_tokens_per_cta(args.group_size(), args.max_query_len);
     const int query_tiles = (args.max_query_len + tokens_per_cta - 1) / tokens_per_cta;
     LaunchPlan plan{DecodePath::hopper,
-                    "requested; the warp-specialized kernel: " + std::to_string(rows_per_head) +
+                    (warp_specialized_by_default ? std::string(preset_info(args.layout.preset).name) +
+                                                       ", D=" + std::to_string(head_dim) + " on sm_90"
+                                                 : std::string("requested")) +
+                        "; the warp-specialized kernel: " + std::to_string(rows_per_head) +
                         " query rows per kv head (max_query_len " + std::to_string(args.max_query_len) + ") in " +
                         std::to_string(query_tiles) + (query_tiles == 1 ? " query tile" : " query tiles") + " of " +
                         std::to_string(tokens_per_cta) + " token(s)",

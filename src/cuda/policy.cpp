@@ -76,6 +76,10 @@ bool warp_specialized_serves(DecodePath path, const CacheLayout& layout, bool va
          !layout.token_slots() && rows_per_head > 2 * kHeadsPerTile;
 }
 
+bool warp_specialized_automatic(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head) {
+  return warp_specialized_serves(path, layout, varlen, rows_per_head) && rows_per_head > kWarpSpecializedRows;
+}
+
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table, int head_dim) {
   if (path != DecodePath::hopper) return 2;
   // The kernel's shape table (tensor_core/shape.cuh, KernelShape): one CTA

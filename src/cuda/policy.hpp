@@ -100,6 +100,15 @@ inline constexpr int kWarpSpecializedAlign = 64;
 /// Also false where the library was built without sm_90a (warp_specialized_built).
 bool warp_specialized_serves(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head);
 
+/// Whether the automatic path takes the warp-specialized kernel: where it
+/// serves the call with more than 64 rows per kv head (its 128-row CTAs,
+/// which read and dequantize each tile once for twice the rows of the
+/// row-tile kernels' CTAs: 1.2-1.7x faster from 65 rows up, docs/
+/// PERFORMANCE.md). At 64 rows and below its producer warpgroup's
+/// dequantization bounds it at about the row tiles' time at 64 rows and
+/// twice it at 32, so the row tiles keep those calls.
+bool warp_specialized_automatic(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head);
+
 /// Whether this build has the warp-specialized kernel's sm_90a code
 /// (CMAKE_CUDA_ARCHITECTURES with 90a).
 bool warp_specialized_built();

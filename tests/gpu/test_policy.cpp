@@ -273,6 +273,25 @@ TEST(PartitionPolicy, WarpSpecializedKernelServesManyRowsOfTheBlocksOrder) {
   EXPECT_EQ(kWarpSpecializedAlign % 64, 0);  // whole 64-token tiles per partition
 }
 
+// The automatic path takes the warp-specialized kernel where it serves more
+// than 64 rows per kv head (its 128-row CTAs); at 64 rows and below the row
+// tiles measure as fast or faster.
+TEST(PartitionPolicy, AutomaticPathTakesTheWarpSpecializedKernelPast64Rows) {
+  const CacheLayout blocks = make_layout(Preset::turboquant_4bit_nc, 128, 16, 8);
+  for (const int rows : {17, 32, 48, 64}) {  // q_len 3-8 at group 8
+    EXPECT_FALSE(warp_specialized_automatic(DecodePath::hopper, blocks, true, rows)) << rows;
+  }
+  for (const int rows : {65, 72, 80, 128, 1024}) {  // q_len 9 at group 8, 5 at group 16, chunks
+    EXPECT_EQ(warp_specialized_automatic(DecodePath::hopper, blocks, true, rows), warp_specialized_built()) << rows;
+  }
+  EXPECT_FALSE(warp_specialized_automatic(DecodePath::hopper, blocks, false, 128));  // one token per sequence
+  EXPECT_FALSE(warp_specialized_automatic(DecodePath::cuda_generic, blocks, true, 128));
+  EXPECT_FALSE(
+      warp_specialized_automatic(DecodePath::hopper, make_layout(Preset::turboquant_k8v4, 128, 16, 8), true, 128));
+  EXPECT_FALSE(warp_specialized_automatic(
+      DecodePath::hopper, make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 8, true), true, 128));
+}
+
 // The benchmark shapes (Hq 64, Hk 8 unless stated): the wide shape with one
 // (grids of at most two waves), two, four or eight kv heads per CTA,
 // whichever grid has the fewest waves (the fewest heads on a tie), or for

@@ -163,7 +163,15 @@ TEST_P(VarlenGpu, MatchesCpuReferenceOnSameCacheBytes) {
   EXPECT_EQ(plan.path, one_token_plan.path) << plan.reason;
   EXPECT_EQ(plan.generic_kernel, one_token_plan.generic_kernel) << plan.reason;
   if (c.name.ends_with("_rows") && plan.path == DecodePath::hopper) EXPECT_EQ(plan.kv_heads_per_cta, 8) << plan.reason;
-  if (c.name.ends_with("_four_head_tiles") && plan.path == DecodePath::hopper) EXPECT_EQ(plan.head_tiles, 4) << plan.reason;
+  if (plan.path == DecodePath::hopper) {
+    // More than 64 rows per kv head: the warp-specialized kernel (where built); the Hopper request keeps the row tiles.
+    EXPECT_EQ(plan.warp_specialized, cuda::warp_specialized_automatic(DecodePath::hopper, device.args().layout, true,
+                                                                      cuda::tensor_core_rows_per_head(device.args())))
+        << plan.reason;
+    const LaunchPlan row_tiles = plan_decode(device.args(), PathRequest::hopper);
+    EXPECT_FALSE(row_tiles.warp_specialized) << row_tiles.reason;
+    if (c.name.ends_with("_four_head_tiles")) EXPECT_EQ(row_tiles.head_tiles, 4) << row_tiles.reason;
+  }
   std::vector<PathRequest> requests = {PathRequest::automatic, PathRequest::cuda_generic,
                                        PathRequest::cuda_generic_scalar};
   if (plan.path == DecodePath::hopper) requests.push_back(PathRequest::hopper);
