@@ -558,6 +558,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (role == 0) {
       TQ_RELEASE_REGISTERS(kProducerRegisters);
       produce(p, maps, shared, dynamic_shared, barriers, work, warp, lane, p.scale * kLog2e);
+      // The merge below reuses the ring: every slot store of this warpgroup precedes it by this barrier too,
+      // not only through the slots' mbarriers.
+      if constexpr (!kSharedTiles) asm volatile("bar.arrive 2, 384;\n" ::: "memory");
       return;
     }
     TQ_CLAIM_REGISTERS(kConsumerRegisters);
@@ -575,10 +578,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       write_partition(p, work, row_base, wg_warp, lane, reference, acc);
       return;
     }
-    // Both consumers past their last product (the ring is free: every tile was filled before it was
-    // consumed), then the second's state through shared memory, element by element.
+    // Both consumers past their last product and the producers past their last store (the ring is free),
+    // then the second's state through shared memory, element by element.
     float* merge = reinterpret_cast<float*>(shared + L::kMerge) + (threadIdx.x % 128);
-    asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    asm volatile("bar.sync 2, 384;\n" ::: "memory");
     if (consumer == 1) {
       merge[0] = reference[0], merge[128] = reference[1];
 #pragma unroll
