@@ -101,7 +101,7 @@ struct SharedLayout {
   static constexpr int kStages = 5;
   static constexpr int kInput = kRing + kSlots * kSlotBytes;
   static constexpr int kBarriers = kInput + kStages * kStageBytes;
-  static constexpr int kBytes = kBarriers + (2 * kSlots + kStages) * 8;
+  static constexpr int kBytes = kBarriers + (2 * kSlots + 2 * kStages) * 8;
   /// Dynamic shared memory to ask for: the layout starts at the first 1024-byte boundary of it.
   static constexpr int kAllocationBytes = kBytes + 1024;
   /// After the loop: the second consumer's state for the first (70 floats a thread), over the ring.
@@ -115,7 +115,8 @@ struct SharedLayout {
 
 /// The ring's and the input stages' barriers and addresses (shared-memory
 /// addresses). full[slot]: the 128 producer threads; empty[slot]: a
-/// consumer warpgroup's 128; input[stage]: warp 0's expect_tx.
+/// consumer warpgroup's 128; input[stage]: warp 0's expect_tx; read[stage]:
+/// one arrival per producer warp once it has read the stage.
 struct Barriers {
   std::uint32_t base;
   __device__ __forceinline__ std::uint32_t full(int slot) const { return base + SharedLayout::kBarriers + 8 * slot; }
@@ -124,6 +125,9 @@ struct Barriers {
   }
   __device__ __forceinline__ std::uint32_t input(int stage) const {
     return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kSlots + stage);
+  }
+  __device__ __forceinline__ std::uint32_t read(int stage) const {
+    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kSlots + SharedLayout::kStages + stage);
   }
   __device__ __forceinline__ std::uint32_t slot_address(int slot) const {
     return base + SharedLayout::kRing + slot * SharedLayout::kSlotBytes;
@@ -348,9 +352,12 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
     }
     fence_proxy_async_shared();  // the generic-proxy stores before the products' reads
     mbarrier_arrive(barriers.full(slot));
-    if (tile + L::kStages < tiles) {
-      asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every producer warp has read the stage
-      if (warp == 0) issue(tile + L::kStages, stage);
+    // The stage's refill waits only for the warps' reads of it, not for the warps themselves.
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(barriers.read(stage));
+    if (warp == 0 && tile + L::kStages < tiles) {
+      mbarrier_wait_parity(barriers.read(stage), stage_parity);
+      issue(tile + L::kStages, stage);
     }
     if (++slot == L::kSlots) slot = 0, slot_parity ^= 1u;
     if (++stage == L::kStages) stage = 0, stage_parity ^= 1u;
@@ -549,7 +556,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbarrier_init(barriers.full(slot), 128);
         mbarrier_init(barriers.empty(slot), kSharedTiles ? 256 : 128);  // the consumers that read the slot
       }
-      for (int stage = 0; stage < L::kStages; ++stage) mbarrier_init(barriers.input(stage), 1);
+      for (int stage = 0; stage < L::kStages; ++stage) {
+        mbarrier_init(barriers.input(stage), 1);
+        mbarrier_init(barriers.read(stage), 4);  // the producer warps
+      }
       fence_barrier_init();
     }
     fence_proxy_async_shared();  // the constant rows before the products' reads
