@@ -64,6 +64,12 @@ void plan_scalar_query_tiles(const DecodeArgs& args, const cuda::DeviceInfo& dev
   plan.reason += "; " + std::to_string(tokens_per_cta) + " query token(s) of a sequence per CTA";
 }
 
+// Why the automatic path took the Hopper path: the preset and head size it serves on sm_90.
+std::string hopper_automatic_text(const DecodeArgs& args) {
+  return std::string(preset_info(args.layout.preset).name) + ", D=" + std::to_string(args.layout.head_dim) +
+         " on sm_90";
+}
+
 // The tensor-core kernel's row tiles, where there are several or the call
 // has several query tokens per sequence.
 std::string row_tiles_text(const DecodeArgs& args, int head_tiles) {
@@ -125,9 +131,7 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     const int tokens_per_cta = cuda::warp_specialized_tokens_per_cta(args.group_size(), args.max_query_len);
     const int query_tiles = (args.max_query_len + tokens_per_cta - 1) / tokens_per_cta;
     LaunchPlan plan{DecodePath::hopper,
-                    (warp_specialized_by_default ? std::string(preset_info(args.layout.preset).name) +
-                                                       ", D=" + std::to_string(head_dim) + " on sm_90"
-                                                 : std::string("requested")) +
+                    (warp_specialized_by_default ? hopper_automatic_text(args) : std::string("requested")) +
                         "; the warp-specialized kernel: " + std::to_string(rows_per_head) +
                         " query rows per kv head (max_query_len " + std::to_string(args.max_query_len) + ") in " +
                         std::to_string(query_tiles) + (query_tiles == 1 ? " query tile" : " query tiles") + " of " +
@@ -148,11 +152,10 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
                                                     args.layout.num_kv_heads, max_context, device.sm_count,
                                                     args.layout.head_dim, cuda::token_slots_read(args),
                                                     args.layout.renormalize_keys);
-    const std::string reason = (request == PathRequest::hopper ? std::string("requested")
-                                                               : std::string(preset_info(args.layout.preset).name) +
-                                                                     ", D=" + std::to_string(args.layout.head_dim) + " on sm_90" +
-                                                                     token_slots_text(args, grid)) +
-                               row_tiles_text(args, head_tiles);
+    const std::string reason =
+        (request == PathRequest::hopper ? std::string("requested")
+                                        : hopper_automatic_text(args) + token_slots_text(args, grid)) +
+        row_tiles_text(args, head_tiles);
     LaunchPlan plan{DecodePath::hopper, reason, grid.num_partitions, cuda::kPartitionAlign, grid.wide_table,
                     grid.kv_heads_per_cta};
     plan.head_tiles = head_tiles;
