@@ -73,10 +73,14 @@ inline constexpr int kZeroRow = 128;
 inline constexpr int kOnesRow = 129;
 inline constexpr float kLazyRescaleLog2 = 4.0f;
 
-inline constexpr int kProducerRegisters = 104;
-inline constexpr int kConsumerRegisters = 192;
-inline constexpr int kThreads = 3 * 128;
-static_assert(128 * (kProducerRegisters + 2 * kConsumerRegisters) <= 65536, "the register file of one CTA per SM");
+/// Producer warpgroups (alternate tiles: one warp of each per scheduler hides
+/// the other's lookup latency), then two consumer warpgroups.
+inline constexpr int kProducerGroups = 2;
+inline constexpr int kProducerRegisters = 96;
+inline constexpr int kConsumerRegisters = 160;
+inline constexpr int kThreads = (kProducerGroups + 2) * 128;
+static_assert(128 * (kProducerGroups * kProducerRegisters + 2 * kConsumerRegisters) <= 65536,
+              "the register file of one CTA per SM");
 
 /// Shared memory: the wide table at the start of the dynamic shared memory
 /// (a lookup's address is then the byte permute's result, no base to add);
@@ -100,8 +104,11 @@ struct SharedLayout {
   static constexpr int kStageBytes = 9 * 1024;  // records, fields, padding to the next 1024
   static constexpr int kStages = 5;
   static constexpr int kInput = kRing + kSlots * kSlotBytes;
+  /// A full and an empty barrier per slot and tile parity (tile % kRingBarriers): each is then used by one
+  /// producer warpgroup and (alternate tiles) one consumer, in tile order, so no waiter is two phases behind.
+  static constexpr int kRingBarriers = kSlots * kProducerGroups;
   static constexpr int kBarriers = kInput + kStages * kStageBytes;
-  static constexpr int kBytes = kBarriers + (2 * kSlots + 2 * kStages) * 8;
+  static constexpr int kBytes = kBarriers + (2 * kRingBarriers + 2 * kStages) * 8;
   /// Dynamic shared memory to ask for: the layout starts at the first 1024-byte boundary of it.
   static constexpr int kAllocationBytes = kBytes + 1024;
   /// After the loop: the second consumer's state for the first (70 floats a thread), over the ring.
@@ -114,20 +121,21 @@ struct SharedLayout {
 };
 
 /// The ring's and the input stages' barriers and addresses (shared-memory
-/// addresses). full[slot]: the 128 producer threads; empty[slot]: a
-/// consumer warpgroup's 128; input[stage]: warp 0's expect_tx; read[stage]:
-/// one arrival per producer warp once it has read the stage.
+/// addresses). full[tile % kRingBarriers]: a producer warpgroup's 128 threads;
+/// empty[tile % kRingBarriers]: the consumers that read the tile;
+/// input[stage]: the issuing warp's expect_tx; read[stage]: one arrival per
+/// producer warp once it has read the stage.
 struct Barriers {
   std::uint32_t base;
-  __device__ __forceinline__ std::uint32_t full(int slot) const { return base + SharedLayout::kBarriers + 8 * slot; }
-  __device__ __forceinline__ std::uint32_t empty(int slot) const {
-    return base + SharedLayout::kBarriers + 8 * (SharedLayout::kSlots + slot);
+  __device__ __forceinline__ std::uint32_t full(int index) const { return base + SharedLayout::kBarriers + 8 * index; }
+  __device__ __forceinline__ std::uint32_t empty(int index) const {
+    return base + SharedLayout::kBarriers + 8 * (SharedLayout::kRingBarriers + index);
   }
   __device__ __forceinline__ std::uint32_t input(int stage) const {
-    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kSlots + stage);
+    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kRingBarriers + stage);
   }
   __device__ __forceinline__ std::uint32_t read(int stage) const {
-    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kSlots + SharedLayout::kStages + stage);
+    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kRingBarriers + SharedLayout::kStages + stage);
   }
   __device__ __forceinline__ std::uint32_t slot_address(int slot) const {
     return base + SharedLayout::kRing + slot * SharedLayout::kSlotBytes;
@@ -294,24 +302,35 @@ __device__ __forceinline__ CtaWork cta_work(const PartitionParams& p, const Quer
   return work;
 }
 
-/// The producer warpgroup's loop (warp 0 also issues the copies).
+/// Producer warpgroup `group`'s loop over tiles group, group + kProducerGroups,
+/// ...; its warp 0 issues the copies: the first kStages tiles (group 0), then
+/// each tile kStages past one it has dequantized, once its warps have read
+/// that stage.
 __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTensorMaps& maps, std::uint8_t* shared,
                                         const std::uint8_t* table, const Barriers& barriers, const CtaWork& work,
-                                        int warp, int lane, float score_scale) {
+                                        int group, int warp, int lane, float score_scale) {
   using L = SharedLayout;
   const int tiles = (work.range.end - work.range.begin + kTileTokens - 1) / kTileTokens;
   // Block sizes are powers of two (kBlockSizes): shifts, not divisions, on warp 0's issue path.
   const int block_shift = __ffs(p.layout.block_size) - 1;
   const int slot_mask = p.layout.block_size - 1;
   const std::int32_t* table_row = p.block_table + static_cast<std::int64_t>(work.batch) * p.block_table_stride;
-  // Warp 0, lane kBoxes s + q: the block of box q of the next tile that stage s takes (0 past the range:
-  // NOTE only entries of this sequence's block-table row below its range's end are ever read).
+  // Warp 0, lane kBoxes s + q: the block of box q of the next tile this warp issues into stage s (0 past the
+  // range: NOTE only entries of this sequence's block-table row below its range's end are ever read).
   const auto load_block = [&](int tile) {
     const int token = work.range.begin + tile * kTileTokens + kBoxTokens * (lane % kBoxes);
     return tile < tiles && token < work.range.end ? __ldg(table_row + (token >> block_shift)) : 0;
   };
+  // After the first kStages, this group issues tile t + kStages for each of its tiles t, so stage s next takes
+  // the first tile past those of s's tiles u >= kStages with u % kProducerGroups == the issuing group's.
+  static_assert(kProducerGroups == 1 || (kProducerGroups == 2 && L::kStages % 2 == 1));
+  const int lane_stage = lane / kBoxes;
+  const int issue_parity = (group + L::kStages) % kProducerGroups;
+  const int first_issue =
+      (lane_stage + L::kStages) % kProducerGroups == issue_parity ? lane_stage + L::kStages
+                                                                  : lane_stage + kProducerGroups * L::kStages;
   int block = 0;
-  if (warp == 0 && lane < kBoxes * L::kStages) block = load_block(lane / kBoxes);
+  if (warp == 0 && lane < kBoxes * L::kStages) block = load_block(group == 0 ? lane_stage : first_issue);
   const auto issue = [&](int tile, int stage) {  // warp 0, converged
     int blocks[kBoxes];
 #pragma unroll
@@ -330,18 +349,24 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
       }
     }
     __syncwarp();
-    // The stage's next tile, kStages on: its entries land long before its issue.
-    if (lane / kBoxes == stage) block = load_block(tile + L::kStages);
+    // This warp's next tile in the stage: its entries land long before its issue.
+    if (lane_stage == stage) block = load_block(tile + kProducerGroups * L::kStages);
   };
-  if (warp == 0) {
+  if (warp == 0 && group == 0) {
     for (int tile = 0; tile < L::kStages && tile < tiles; ++tile) issue(tile, tile);
+    __syncwarp();
+    if (lane < kBoxes * L::kStages) block = load_block(first_issue);
   }
-  int slot = 0, stage = 0;
-  unsigned slot_parity = 0, stage_parity = 0;  // of the slot's and the stage's current use
-  for (int tile = 0; tile < tiles; ++tile) {
+  for (int tile = group; tile < tiles; tile += kProducerGroups) {
     const int first = work.range.begin + tile * kTileTokens + kBoxTokens * warp;
+    // The tile's stage and slot, the stage's phase parity; the slot is free once its previous tile is released.
+    const int stage = tile % L::kStages, slot = tile % L::kSlots;
+    const unsigned stage_parity = (tile / L::kStages) & 1u;
     mbarrier_wait_parity(barriers.input(stage), stage_parity);
-    mbarrier_wait_parity(barriers.empty(slot), slot_parity ^ 1u);
+    if (tile >= L::kSlots) {
+      const int previous = tile - L::kSlots;
+      mbarrier_wait_parity(barriers.empty(previous % L::kRingBarriers), (previous / L::kRingBarriers) & 1u);
+    }
     const std::uint8_t* input = shared + L::kInput + stage * L::kStageBytes;
     std::uint8_t* ring_slot = shared + L::kRing + slot * L::kSlotBytes;
     const int valid = work.range.end - first;
@@ -351,7 +376,7 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
       dequantize_tile<true>(table, input, ring_slot, warp, lane, max(0, valid), score_scale);
     }
     fence_proxy_async_shared();  // the generic-proxy stores before the products' reads
-    mbarrier_arrive(barriers.full(slot));
+    mbarrier_arrive(barriers.full(tile % L::kRingBarriers));
     // The stage's refill waits only for the warps' reads of it, not for the warps themselves.
     __syncwarp();
     if (lane == 0) mbarrier_arrive(barriers.read(stage));
@@ -359,8 +384,6 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
       mbarrier_wait_parity(barriers.read(stage), stage_parity);
       issue(tile + L::kStages, stage);
     }
-    if (++slot == L::kSlots) slot = 0, slot_parity ^= 1u;
-    if (++stage == L::kStages) stage = 0, stage_parity ^= 1u;
   }
 }
 
@@ -380,14 +403,13 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
   const int limit[2] = {work.limit(rows[0]), work.limit(rows[1])};
   const int mask_from = work.limit(0);                          // the smallest row limit
   const bool real_rows = row_base + 16 * wg_warp < work.count;  // warp-uniform
-  // The slot and its phase's parity, advanced by the tiles of a turn; the ring's K descriptor's low word.
+  // The ring's K descriptor's low word.
   constexpr int kStep = SharedTiles ? 1 : 2;
-  int slot = SharedTiles ? 0 : consumer;
-  unsigned parity = 0;
   const std::uint32_t ring_low = descriptor_low(barriers.slot_address(0));
-  for (int tile = slot; tile < tiles; tile += kStep) {
+  for (int tile = SharedTiles ? 0 : consumer; tile < tiles; tile += kStep) {
     const int first = work.range.begin + tile * kTileTokens;
-    mbarrier_wait_parity(barriers.full(slot), parity);
+    const int slot = tile % L::kSlots, ring_barrier = tile % L::kRingBarriers;
+    mbarrier_wait_parity(barriers.full(ring_barrier), (tile / L::kRingBarriers) & 1u);
     const std::uint32_t keys_low = ring_low + slot * (L::kSlotBytes >> 4);
     const std::uint32_t values_low = keys_low + (L::kKeyBytes >> 4);
     const float* factors =
@@ -454,9 +476,7 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
     wgmma_wait_all();
     keep(acc);
     keep_words(probability);
-    mbarrier_arrive(barriers.empty(slot));
-    slot += kStep;
-    if (slot >= L::kSlots) slot -= L::kSlots, parity ^= 1u;
+    mbarrier_arrive(barriers.empty(ring_barrier));
   }
 }
 
@@ -552,9 +572,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           __float2half(row == kOnesRow ? 1.0f : 0.0f);
     }
     if (threadIdx.x == 0) {
-      for (int slot = 0; slot < L::kSlots; ++slot) {
-        mbarrier_init(barriers.full(slot), 128);
-        mbarrier_init(barriers.empty(slot), kSharedTiles ? 256 : 128);  // the consumers that read the slot
+      for (int index = 0; index < L::kRingBarriers; ++index) {
+        mbarrier_init(barriers.full(index), 128);                          // the tile's producer warpgroup
+        mbarrier_init(barriers.empty(index), kSharedTiles ? 256 : 128);  // the consumers that read the tile
       }
       for (int stage = 0; stage < L::kStages; ++stage) {
         mbarrier_init(barriers.input(stage), 1);
@@ -565,16 +585,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async_shared();  // the constant rows before the products' reads
     __syncthreads();
     const int role = warp / 4, wg_warp = warp % 4;
-    if (role == 0) {
+    if (role < kProducerGroups) {
       TQ_RELEASE_REGISTERS(kProducerRegisters);
-      produce(p, maps, shared, dynamic_shared, barriers, work, warp, lane, p.scale * kLog2e);
-      // The merge below reuses the ring: every slot store of this warpgroup precedes it by this barrier too,
+      produce(p, maps, shared, dynamic_shared, barriers, work, role, wg_warp, lane, p.scale * kLog2e);
+      // The merge below reuses the ring: every slot store of the producers precedes it by this barrier too,
       // not only through the slots' mbarriers.
-      if constexpr (!kSharedTiles) asm volatile("bar.arrive 2, 384;\n" ::: "memory");
+      if constexpr (!kSharedTiles) asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
       return;
     }
     TQ_CLAIM_REGISTERS(kConsumerRegisters);
-    const int consumer = role - 1;
+    const int consumer = role - kProducerGroups;
     const int row_base = kSharedTiles ? kConsumerRows * consumer : 0;
     std::uint32_t query[8][4];
     load_query(p, work, row_base, wg_warp, lane, power_of_two(-table_exponent), query);
@@ -591,7 +611,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Both consumers past their last product and the producers past their last store (the ring is free),
     // then the second's state through shared memory, element by element.
     float* merge = reinterpret_cast<float*>(shared + L::kMerge) + (threadIdx.x % 128);
-    asm volatile("bar.sync 2, 384;\n" ::: "memory");
+    asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads) : "memory");
     if (consumer == 1) {
       merge[0] = reference[0], merge[128] = reference[1];
 #pragma unroll
