@@ -30,8 +30,9 @@ const char* decode_path_name(DecodePath path);
 /// `hopper_warp_specialized` is the Hopper path with the warp-specialized
 /// kernel for several query tokens per sequence (LaunchPlan::warp_specialized),
 /// an error naming what it serves where it cannot serve the call; `automatic`
-/// takes that kernel for more than 64 query rows per kv head (continuation
-/// chunks), `hopper` always the tensor-core kernel's row tiles.
+/// takes that kernel for more than 32 query rows per kv head (speculation
+/// past 4 tokens at group 8, continuation chunks), `hopper` always the
+/// tensor-core kernel's row tiles.
 enum class PathRequest : std::uint8_t {
   automatic,
   hopper,
@@ -119,9 +120,9 @@ struct LaunchPlan {
   /// PathRequest::hopper_warp_specialized (several query tokens per
   /// sequence of turboquant_4bit_nc in the blocks order at D = 128 with more
   /// than 16 query rows per kv head, sm_90 and a build with sm_90a code),
-  /// or the automatic path with more than 64 query rows per kv head:
-  /// the warp-specialized partition kernel (a producer warpgroup
-  /// dequantizes each 64-token tile once into shared memory, two consumer
+  /// or the automatic path with more than 32 query rows per kv head:
+  /// the warp-specialized partition kernel (two producer warpgroups
+  /// dequantize each 64-token tile once into shared memory, two consumer
   /// warpgroups multiply it with up to 64 query rows on warpgroup MMA)
   /// between the query rotation and the reducer, query_tokens_per_cta
   /// tokens per CTA, partitions aligned to 64 tokens.

@@ -77,7 +77,7 @@ bool warp_specialized_serves(DecodePath path, const CacheLayout& layout, bool va
 }
 
 bool warp_specialized_automatic(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head) {
-  return warp_specialized_serves(path, layout, varlen, rows_per_head) && rows_per_head > kWarpSpecializedRows;
+  return warp_specialized_serves(path, layout, varlen, rows_per_head) && rows_per_head > kWarpSpecializedAutomaticPast;
 }
 
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table, int head_dim) {

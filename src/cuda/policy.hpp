@@ -89,6 +89,9 @@ bool tensor_core_four_head_tiles(DecodePath path, const CacheLayout& layout, int
 /// 64-token tiles).
 inline constexpr int kWarpSpecializedRows = 64;
 inline constexpr int kWarpSpecializedAlign = 64;
+/// Rows per kv head past which the automatic path takes it
+/// (warp_specialized_automatic): a four-head-tile CTA's.
+inline constexpr int kWarpSpecializedAutomaticPast = 4 * kHeadsPerTile;
 
 /// Whether the warp-specialized partition kernel (PathRequest::
 /// hopper_warp_specialized; tensor_core/warp_specialized.cuh: every 64-token
@@ -101,12 +104,12 @@ inline constexpr int kWarpSpecializedAlign = 64;
 bool warp_specialized_serves(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head);
 
 /// Whether the automatic path takes the warp-specialized kernel: where it
-/// serves the call with more than 64 rows per kv head (its 128-row CTAs,
-/// which read and dequantize each tile once for twice the rows of the
-/// row-tile kernels' CTAs: 1.2-1.7x faster from 65 rows up, docs/
-/// PERFORMANCE.md). At 64 rows and below its producer warpgroup's
-/// dequantization bounds it at about the row tiles' time at 64 rows and
-/// twice it at 32, so the row tiles keep those calls.
+/// serves the call with more rows per kv head than one four-head-tile CTA
+/// holds (32), so that the row tiles would read each token twice or more
+/// (docs/PERFORMANCE.md: 1.3x faster at 64 rows, 1.3-1.7x past). A 64-row
+/// CTA costs about the same at any of its rows (the producers' dequantization
+/// and the consumers' 64-row products), so at 32 rows and below the row
+/// tiles, which do work for 32, keep the call (1.5x faster there).
 bool warp_specialized_automatic(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head);
 
 /// Whether this build has the warp-specialized kernel's sm_90a code

@@ -274,14 +274,14 @@ TEST(PartitionPolicy, WarpSpecializedKernelServesManyRowsOfTheBlocksOrder) {
 }
 
 // The automatic path takes the warp-specialized kernel where it serves more
-// than 64 rows per kv head (its 128-row CTAs); at 64 rows and below the row
-// tiles measure as fast or faster.
-TEST(PartitionPolicy, AutomaticPathTakesTheWarpSpecializedKernelPast64Rows) {
+// rows per kv head than one four-head-tile CTA holds (32); at 32 rows and
+// below the row tiles measure faster.
+TEST(PartitionPolicy, AutomaticPathTakesTheWarpSpecializedKernelPast32Rows) {
   const CacheLayout blocks = make_layout(Preset::turboquant_4bit_nc, 128, 16, 8);
-  for (const int rows : {17, 32, 48, 64}) {  // q_len 3-8 at group 8
+  for (const int rows : {17, 24, 32}) {  // q_len 3-4 at group 8, 2 at group 16
     EXPECT_FALSE(warp_specialized_automatic(DecodePath::hopper, blocks, true, rows)) << rows;
   }
-  for (const int rows : {65, 72, 80, 128, 1024}) {  // q_len 9 at group 8, 5 at group 16, chunks
+  for (const int rows : {33, 40, 48, 64, 65, 80, 128, 1024}) {  // q_len 5-8 and 9 at group 8, 5 at group 16, chunks
     EXPECT_EQ(warp_specialized_automatic(DecodePath::hopper, blocks, true, rows), warp_specialized_built()) << rows;
   }
   EXPECT_FALSE(warp_specialized_automatic(DecodePath::hopper, blocks, false, 128));  // one token per sequence

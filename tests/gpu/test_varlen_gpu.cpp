@@ -164,7 +164,7 @@ TEST_P(VarlenGpu, MatchesCpuReferenceOnSameCacheBytes) {
   EXPECT_EQ(plan.generic_kernel, one_token_plan.generic_kernel) << plan.reason;
   if (c.name.ends_with("_rows") && plan.path == DecodePath::hopper) EXPECT_EQ(plan.kv_heads_per_cta, 8) << plan.reason;
   if (plan.path == DecodePath::hopper) {
-    // More than 64 rows per kv head: the warp-specialized kernel (where built); the Hopper request keeps the row tiles.
+    // More than 32 rows per kv head: the warp-specialized kernel (where built); the Hopper request keeps the row tiles.
     EXPECT_EQ(plan.warp_specialized, cuda::warp_specialized_automatic(DecodePath::hopper, device.args().layout, true,
                                                                       cuda::tensor_core_rows_per_head(device.args())))
         << plan.reason;

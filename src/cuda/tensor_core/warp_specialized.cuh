@@ -9,12 +9,14 @@
 // of its rows for its partition, or the empty values.
 //
 // The roles are split as FlashAttention-3 splits them:
-// - Producer warpgroup (warps 0-3, setmaxnreg.dec to 104 registers): warp 0
-//   copies each tile's boxes (per 16 tokens the 128-byte records of the kv
-//   head, 128-byte swizzled, and its three fp16 fields) into the next of
-//   kStages input stages by bulk tensor copies, kStages tiles ahead, the
-//   block-table entries loaded a stage's turn ahead; warp w dequantizes
-//   the tile's tokens 16w .. 16w + 15 into a slot of a ring of kSlots:
+// - Two producer warpgroups (warps 0-7, setmaxnreg.dec to 96 registers) on
+//   alternate tiles, so that each scheduler has two producer warps to hide
+//   the lookups' latency: a group's warp 0 copies tiles' boxes (per 16
+//   tokens the 128-byte records of the kv head, 128-byte swizzled, and its
+//   three fp16 fields) into the next of kStages input stages by bulk tensor
+//   copies, kStages tiles ahead, the block-table entries loaded a stage's
+//   turn ahead; warp w of the group dequantizes the tile's tokens 16w ..
+//   16w + 15 into a slot of a ring of kSlots:
 //     K [token][dim]: fp16 centroid pairs from the wide table (the
 //       centroids x 2^table_exponent, prologue.cuh), the B operand of S;
 //     V'^T [column][token]: columns 0-127 code x scale (the code made
@@ -25,7 +27,7 @@
 //     factors [token]: norm x scale x log2 e (0 past the range, whose
 //       scale and zero are 0 too, so stale stage bytes never reach the
 //       products as NaN).
-// - Two consumer warpgroups (setmaxnreg.inc to 192) take alternate tiles
+// - Two consumer warpgroups (setmaxnreg.inc to 160) take alternate tiles
 //   of a 64-row CTA, or every tile for 64 rows each of a 128-row CTA:
 //   S = Q K^T (m64n64k16 x 8, the query rows in registers as A), the
 //   scores times their token's factor, masked past the range and each
