@@ -397,10 +397,12 @@ def query_tokens_lines(records):
         return nbytes / (r["read_tbps"] * 1e6) if r.get("read_tbps") else None
 
     def tflops(r):
+        if not r or not r["tq_us"]:
+            return None
         # Token j of q new tokens of a sequence of length L sees L - q + j + 1 positions.
         q = r["q_len"]
         positions = q * r["tokens"] - r["B"] * q * q + r["B"] * q * (q + 1) // 2
-        return 4 * r["Hq"] * r["D"] * positions / (r["tq_us"] * 1e6) if r and r["tq_us"] else None
+        return 4 * r["Hq"] * r["D"] * positions / (r["tq_us"] * 1e6)
 
     for r in varlen:
         rows = next((o for o in ok if o["name"] == r["name"] and o["request"] == "rows"), None)
