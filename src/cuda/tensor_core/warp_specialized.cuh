@@ -326,6 +326,10 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
   // After the first kStages, this group issues tile t + kStages for each of its tiles t, so stage s next takes
   // the first tile past those of s's tiles u >= kStages with u % kProducerGroups == the issuing group's.
   static_assert(kProducerGroups == 1 || (kProducerGroups == 2 && L::kStages % 2 == 1));
+  // The input barriers are per stage, not per (stage, tile parity): a group waiting on tile t's stage cannot see
+  // the phase of tile t - 2 kStages because it first waited for tile t - kSlots's release, a tile of the other
+  // group (kSlots odd) that group took after its tile t - kStages (kStages > kSlots), so that one had landed.
+  static_assert(kProducerGroups == 1 || (L::kSlots % 2 == 1 && L::kStages > L::kSlots));
   const int lane_stage = lane / kBoxes;
   const int issue_parity = (group + L::kStages) % kProducerGroups;
   const int first_issue =
