@@ -9,7 +9,7 @@ arguments, reads the same cache bytes and computes the same function. A call
 with an argument that function does not take set (some vLLM revisions add
 masks, ``sliding_window`` and ``mm_prefix_range``) goes to vLLM's own
 function instead. It is vLLM's general-plugin hook (the
-``vllm.general_plugins`` entry point of ``python/pyproject.toml``), which
+``vllm.general_plugins`` entry point of the root ``pyproject.toml``), which
 vLLM calls in every process it starts. Importing this module does not import
 vLLM.
 """
