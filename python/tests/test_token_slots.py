@@ -15,6 +15,7 @@ import os
 import sys
 import tempfile
 import unittest
+import unittest.mock
 
 try:
     import torch
@@ -311,6 +312,15 @@ class VllmPluginTest(unittest.TestCase):
                 self.assertTrue(torch.equal(routed(**call, sliding_window=None, mm_prefix_range=None), expected))
                 self.assertEqual(routed(**call, sliding_window=1024), "triton")
                 self.assertEqual(routed(**call, mm_prefix_range=torch.zeros(1, 2)), "triton")
+                # A tqdecode built without CUDA leaves vLLM's function in place.
+                for module in (source, backend):
+                    setattr(module, vllm_plugin.FUNCTION, original)
+                with unittest.mock.patch.object(vllm_plugin, "_has_cuda_ops", return_value=False):
+                    with self.assertLogs(vllm_plugin.__name__, "WARNING") as logs:
+                        self.assertFalse(vllm_plugin.register())
+                self.assertIn("built without CUDA", logs.output[0])
+                self.assertIs(source.triton_turboquant_decode_attention, original)
+                self.assertIs(backend.triton_turboquant_decode_attention, original)
             finally:
                 sys.path.remove(root)
                 for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:

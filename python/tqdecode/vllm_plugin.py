@@ -20,10 +20,20 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import logging
 import sys
 
 SOURCE_MODULE = "vllm.v1.attention.ops.triton_turboquant_decode"
 FUNCTION = "triton_turboquant_decode_attention"
+_log = logging.getLogger(__name__)
+
+
+def _has_cuda_ops() -> bool:
+    """Whether this tqdecode's binding has its CUDA kernels (a build without
+    nvcc has only the CPU ops, which cannot serve vLLM's CUDA tensors)."""
+    import torch
+
+    return torch._C._dispatch_has_kernel_for_dispatch_key("tqdecode::decode", "CUDA")
 
 
 def register() -> bool:
@@ -32,7 +42,8 @@ def register() -> bool:
     Replaces the function in its module and in every module already imported
     that holds it by name (the backend does ``from ... import``); modules
     imported later find the replacement. Returns False, and changes nothing,
-    when vLLM is not installed or has no such function.
+    when vLLM is not installed or has no such function, or (with a warning)
+    when this tqdecode was built without its CUDA kernels.
     """
     if importlib.util.find_spec("vllm") is None:
         return False
@@ -43,10 +54,14 @@ def register() -> bool:
     replaced = getattr(source, FUNCTION, None)
     if replaced is None:
         return False
+    if not _has_cuda_ops():
+        _log.warning("tqdecode was built without CUDA (no nvcc at build time): vLLM keeps its own %s", FUNCTION)
+        return False
     routed = route(replaced)
     for module in list(sys.modules.values()):
         if module is not None and getattr(module, FUNCTION, None) is replaced:
             setattr(module, FUNCTION, routed)
+    _log.info("vLLM's %s now runs tqdecode.token_slots_decode_attention", FUNCTION)
     return True
 
 
