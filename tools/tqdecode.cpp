@@ -15,6 +15,7 @@
 #include "tqdecode/decode.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
+#include "tqdecode/version.hpp"
 #if defined(TQDECODE_WITH_CUDA)
 #include <cuda_runtime.h>
 
@@ -186,8 +187,8 @@ int run_demo(const DemoOptions& options) {
 }
 
 int run_info() {
-  std::printf("tqdecode %s build\n", cuda_available() ? "CUDA" : "CPU-only or no-GPU");
 #if defined(TQDECODE_WITH_CUDA)
+  std::printf("tqdecode %s, CUDA build\n", TQDECODE_VERSION_STRING);
   int count = 0;
   if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) {
     cudaDeviceProp properties;
@@ -197,6 +198,8 @@ int run_info() {
   } else {
     std::printf("no CUDA device present\n");
   }
+#else
+  std::printf("tqdecode %s, CPU-only build\n", TQDECODE_VERSION_STRING);
 #endif
   std::printf("fast Hopper kernel available: %s\n", is_available() ? "yes" : "no");
   return 0;

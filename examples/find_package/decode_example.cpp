@@ -9,6 +9,7 @@
 #include <tqdecode/numeric.hpp>
 #include <tqdecode/reference.hpp>
 #include <tqdecode/store.hpp>
+#include <tqdecode/version.hpp>
 
 #if defined(TQDECODE_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -185,11 +186,11 @@ int run() {
   tqdecode::exact_attention(query.data(), key.data(), value.data(), token_offsets.data(), kBatch, kNumQHeads,
                             kNumKvHeads, kHeadDim, args.scale, nullptr, exact.data());
   const double error = relative_l2(decoded, reference), quantization_error = relative_l2(decoded, exact);
-  std::printf(
-      "tqdecode %s: %s path (%s)\n  relative L2 error against the CPU reference %.2e (bf16 output)\n"
-      "  against exact attention on the unquantized K/V %.3f\n",
-      tqdecode::preset_info(preset).name, tqdecode::decode_path_name(choice.path), choice.reason.c_str(), error,
-      quantization_error);
+  std::printf("tqdecode " TQDECODE_VERSION_STRING
+              ", %s: %s path (%s)\n  relative L2 error against the CPU reference %.2e (bf16 output)\n"
+              "  against exact attention on the unquantized K/V %.3f\n",
+              tqdecode::preset_info(preset).name, tqdecode::decode_path_name(choice.path), choice.reason.c_str(), error,
+              quantization_error);
   return error < 1e-2 && quantization_error < 0.2 ? 0 : 1;
 }
 

@@ -29,6 +29,7 @@
 #include "tqdecode/format.hpp"
 #include "tqdecode/reference.hpp"
 #include "tqdecode/store.hpp"
+#include "tqdecode/version.hpp"
 
 #if defined(TQDECODE_WITH_CUDA)
 #include <c10/cuda/CUDAGuard.h>
@@ -562,6 +563,8 @@ bool is_available() {
   return translating_errors([] { return tqdecode::is_available(); });
 }
 
+std::string version() { return TQDECODE_VERSION_STRING; }
+
 void set_device_checks(bool enabled) {
   translating_errors([&] { workspaces().set_device_checks(enabled); });
 }
@@ -719,6 +722,7 @@ TORCH_LIBRARY(tqdecode, m) {
       "-> (Tensor centroids, Tensor Pi, Tensor PiT)");
   m.def("cache_layout(str preset, int head_dim, int block_size, int num_kv_heads, str cache_order=\"blocks\") -> int[]");
   m.def("is_available() -> bool");
+  m.def("version() -> str");
   m.def("set_max_batch(int max_batch) -> ()");
   m.def("pool_stats() -> (int max_batch, str[] signatures, int[] bucket_batch, int[] partition_rows, int[] bytes)");
   m.def("set_device_checks(bool enabled) -> ()");
@@ -757,6 +761,7 @@ TORCH_LIBRARY_IMPL(tqdecode, CompositeExplicitAutograd, m) {
   m.impl("make_model_constants", &tqdecode_torch::make_model_constants);
   m.impl("cache_layout", &tqdecode_torch::cache_layout);
   m.impl("is_available", &tqdecode_torch::is_available);
+  m.impl("version", &tqdecode_torch::version);
   m.impl("set_max_batch", &tqdecode_torch::set_max_batch);
   m.impl("pool_stats", &tqdecode_torch::pool_stats);
   m.impl("set_device_checks", &tqdecode_torch::set_device_checks);

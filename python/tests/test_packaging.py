@@ -10,6 +10,7 @@ Ninja is missing (scripts/python_env.sh installs scikit-build-core).
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,17 @@ except ImportError:
 import tqdecode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def project_version():
+    """The version CMakeLists.txt's project() sets: the library's, the binding's and the package's."""
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as cmake:
+        return re.search(r"project\(tqdecode VERSION ([0-9.]+)", cmake.read()).group(1)
+
+
+class VersionTest(unittest.TestCase):
+    def test_the_binding_reports_the_projects_version(self):
+        self.assertEqual(tqdecode.__version__, project_version())
 
 # Runs in a fresh interpreter: one decode of a seeded problem on the CPU,
 # saved with the path of the tqdecode it imported.
@@ -65,6 +77,7 @@ class WheelTest(unittest.TestCase):
                  "-Ccmake.define.TQDECODE_CUDA=OFF", f"-Cbuild-dir={os.path.join(work, 'build')}", ROOT])
             wheels = os.listdir(dist)
             self.assertEqual(len(wheels), 1, wheels)
+            self.assertTrue(wheels[0].startswith(f"tqdecode-{project_version()}-"), wheels[0])
             with zipfile.ZipFile(os.path.join(dist, wheels[0])) as wheel:
                 names = set(wheel.namelist())
                 for module in ("_C.so", "__init__.py", "_library.py", "hf_cache.py", "vllm_plugin.py"):

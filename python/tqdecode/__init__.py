@@ -20,6 +20,9 @@ import torch
 
 from ._library import check_decode, check_store, fail, ops, output_rows
 
+# The compiled library's version (CMakeLists.txt's project(); the package's metadata takes the same).
+__version__: str = ops.version()
+
 __all__ = [
     "CacheLayout",
     "DecodePath",
