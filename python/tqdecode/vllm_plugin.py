@@ -61,7 +61,9 @@ def register() -> bool:
     for module in list(sys.modules.values()):
         if module is not None and getattr(module, FUNCTION, None) is replaced:
             setattr(module, FUNCTION, routed)
-    _log.info("vLLM's %s now runs tqdecode.token_slots_decode_attention", FUNCTION)
+    from . import __version__
+
+    _log.info("vLLM's %s now runs tqdecode %s's token_slots_decode_attention", FUNCTION, __version__)
     return True
 
 
