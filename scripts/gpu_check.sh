@@ -5,6 +5,7 @@
 #   gpu_tests.log   all GoogleTest suites (GPU tests run for real)
 #   sanitizer.log   compute-sanitizer memcheck + racecheck on every CTA shape (split grids)
 #   pytest.log      the PyTorch binding tests
+#   install.log     examples/find_package built against a fresh install and run (its GPU branch)
 #   demo.txt        tqdecode demo
 # Set GTEST_SOURCE to a GoogleTest source tree on machines without libgtest-dev.
 set -uo pipefail
@@ -38,6 +39,7 @@ compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/tqdecode_gpu_
   --gtest_filter="$small$memcheck_only" >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \
   >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
+ctest --test-dir build -R install.find_package --output-on-failure -V >"$LOG_DIR/install.log" 2>&1 || status=1
 if [ "$python_flag" = -DTQDECODE_PYTHON=ON ]; then
   if python3 -c "import pytest" 2>/dev/null; then
     PYTHONPATH="$PWD/python" python3 -m pytest -p no:cacheprovider -q -rs python/tests >"$LOG_DIR/pytest.log" 2>&1 || status=1
