@@ -271,6 +271,19 @@ class TokenSlotsTest(unittest.TestCase):
 
 
 class VllmPluginTest(unittest.TestCase):
+    def test_signature_is_the_installed_vllms(self):
+        if importlib.util.find_spec("vllm") is None:
+            self.skipTest("vLLM is not installed here: the signature is checked against its source where it is")
+        from tqdecode import vllm_plugin
+        source = importlib.import_module(vllm_plugin.SOURCE_MODULE)
+        theirs = inspect.signature(getattr(source, vllm_plugin.FUNCTION)).parameters
+        ours = inspect.signature(tqdecode.token_slots_decode_attention).parameters
+        # vLLM revisions that add arguments (mask arguments) are served by route(); every argument tqdecode
+        # takes must be vLLM's, at the same position with the same default.
+        self.assertEqual(list(ours), list(theirs)[:len(ours)])
+        for name, parameter in ours.items():
+            self.assertEqual(parameter.default, theirs[name].default, name)
+
     def test_without_vllm_nothing_happens(self):
         from tqdecode import vllm_plugin
         if importlib.util.find_spec("vllm") is not None:
@@ -312,6 +325,19 @@ class VllmPluginTest(unittest.TestCase):
                 self.assertTrue(torch.equal(routed(**call, sliding_window=None, mm_prefix_range=None), expected))
                 self.assertEqual(routed(**call, sliding_window=1024), "triton")
                 self.assertEqual(routed(**call, mm_prefix_range=torch.zeros(1, 2)), "triton")
+                # fp8 keys where vLLM stores them as float8e4b15 (GPUs below sm_89) stay with vLLM, by keyword
+                # or by position; other presets there, and fp8 keys elsewhere, come to tqdecode.
+                fp8 = Case("turboquant_k8v4")
+                fp8_args, fp8_kwargs = fp8.args()
+                fp8_call = {**dict(zip(names, fp8_args)), **fp8_kwargs}
+                self.assertTrue(fp8_call["key_fp8"])
+                fp8_expected = tqdecode.token_slots_decode_attention(**fp8_call)
+                self.assertTrue(torch.equal(routed(**fp8_call), fp8_expected))
+                positional = [fp8_call[name] for name in names] + [True]
+                with unittest.mock.patch.object(vllm_plugin, "_stores_e4b15_keys", return_value=True):
+                    self.assertEqual(routed(**fp8_call), "triton")
+                    self.assertEqual(routed(*positional), "triton")
+                    self.assertTrue(torch.equal(routed(**call), expected))
                 # A tqdecode built without CUDA leaves vLLM's function in place.
                 for module in (source, backend):
                     setattr(module, vllm_plugin.FUNCTION, original)

@@ -67,20 +67,36 @@ def register() -> bool:
     return True
 
 
+@functools.cache
+def _stores_e4b15_keys(device) -> bool:
+    """Whether vLLM stores fp8 keys on `device` as Triton's float8e4b15 (CUDA
+    GPUs below sm_89, vLLM's ``_use_fp8_e4b15``) rather than the e4m3fn
+    tqdecode reads."""
+    import torch
+
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9)
+
+
 def route(original):
     """``original`` (vLLM's decode function) as tqdecode serves it: a call
     :func:`tqdecode.token_slots_decode_attention` can name goes there, with
     any argument it does not take dropped when None; a call that sets such an
-    argument, or passes more positional arguments than it takes, goes to
-    ``original``."""
+    argument, passes more positional arguments than it takes, or has fp8 keys
+    on a GPU where vLLM stores them as float8e4b15, goes to ``original``."""
     from . import token_slots_decode_attention
 
-    taken = tuple(inspect.signature(token_slots_decode_attention).parameters)
+    signature = inspect.signature(token_slots_decode_attention)
+    taken = tuple(signature.parameters)
+    key_fp8_index = taken.index("key_fp8")
 
     @functools.wraps(original)
     def decode_attention(*args, **kwargs):
         others = [name for name in kwargs if name not in taken]
         if len(args) > len(taken) or any(kwargs[name] is not None for name in others):
+            return original(*args, **kwargs)
+        key_fp8 = args[key_fp8_index] if len(args) > key_fp8_index else kwargs.get("key_fp8", False)
+        query = args[0] if args else kwargs["query"]
+        if key_fp8 and _stores_e4b15_keys(query.device):
             return original(*args, **kwargs)
         for name in others:
             del kwargs[name]
