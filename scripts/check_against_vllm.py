@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Runs vLLM's own TurboQuant store and decode kernels beside tqdecode's, on
+the CPU, on the same data (docs/VLLM.md, "Checked against vLLM").
+
+vLLM's CUDA TurboQuant backend stores with `triton_turboquant_store` and
+decodes with `triton_turboquant_decode_attention` (Triton kernels,
+vllm/v1/attention/ops/). This tool loads those two modules from a vLLM
+wheel or installed tree, without the rest of vLLM (stand-ins for
+`vllm.triton_utils` and `vllm.platforms`: Triton itself, a platform that is
+not CUDA, so fp8 keys are e4m3fn as on Hopper), and runs their kernels in
+Triton's interpreter (TRITON_INTERPRET=1, on the CPU). Then, for every
+preset at head sizes 64, 128 and 256:
+
+- store: vLLM's store and tqdecode.store (cache_order="token_slots") write
+  the same K/V into two caches; every byte must be equal, except fp8 key
+  bytes, which the interpreter converts with its own emulation: there
+  tqdecode's bytes must equal the hardware conversion (round to nearest
+  even, saturating at 448; torch's e4m3fn cast of the clamped value), and
+  the bytes where the interpreter differs are counted;
+- decode: vLLM's decode and tqdecode.token_slots_decode_attention (the CPU
+  reference) read the same cache (written by tqdecode.store), both norm
+  correction modes; rows with tokens must agree to a relative L2 error of
+  1e-2 (bf16 outputs; vLLM keeps the rotated query in fp32), rows of
+  sequences with no tokens are zeros in tqdecode (vLLM leaves them unset).
+
+    python3 scripts/check_against_vllm.py --vllm vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+
+It needs the PyTorch binding (PYTHONPATH=python after the build, or the
+installed package), Triton, and numpy older than 2.4 (Triton 3.6's
+interpreter turns loaded scalars into one-element arrays, which numpy 2.4
+no longer converts to an index). Exit status 0 when every check passes.
+"""
+import argparse
+import importlib.util
+import math
+import os
+import sys
+import tempfile
+import types
+import zipfile
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
+
+import numpy  # noqa: E402
+import torch  # noqa: E402
+
+import tqdecode  # noqa: E402
+
+PRESETS = ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "turboquant_k8v4")
+MODULES = ("triton_decode_attention", "triton_turboquant_decode", "triton_turboquant_store")
+
+
+def load_vllm_ops(source: Path):
+    """vLLM's decode and store modules from a wheel or a directory holding `vllm/`."""
+    import triton
+    import triton.language
+
+    if source.is_file():
+        unpacked = Path(tempfile.mkdtemp(prefix="vllm-ops-"))
+        with zipfile.ZipFile(source) as wheel:
+            for name in MODULES:
+                wheel.extract(f"vllm/v1/attention/ops/{name}.py", unpacked)
+        source = unpacked
+    ops_dir = source / "vllm/v1/attention/ops"
+    for name in MODULES:
+        if not (ops_dir / f"{name}.py").is_file():
+            sys.exit(f"check_against_vllm.py: {ops_dir / name}.py not found; --vllm takes a vLLM wheel or a "
+                     "directory holding vllm/")
+
+    class Platform:  # not CUDA: fp8 keys as e4m3fn (vLLM's choice on sm_89 and newer)
+        @staticmethod
+        def is_rocm():
+            return False
+
+        @staticmethod
+        def is_cuda_alike():
+            return False
+
+    stand_ins = {
+        "vllm": types.ModuleType("vllm"),
+        "vllm.platforms": types.ModuleType("vllm.platforms"),
+        "vllm.triton_utils": types.ModuleType("vllm.triton_utils"),
+        "vllm.v1": types.ModuleType("vllm.v1"),
+        "vllm.v1.attention": types.ModuleType("vllm.v1.attention"),
+        "vllm.v1.attention.ops": types.ModuleType("vllm.v1.attention.ops"),
+    }
+    stand_ins["vllm.platforms"].current_platform = Platform()
+    stand_ins["vllm.triton_utils"].triton = triton
+    stand_ins["vllm.triton_utils"].tl = triton.language
+    stand_ins["vllm.triton_utils"].HAS_TRITON = True
+    for name, module in stand_ins.items():
+        module.__path__ = []
+        sys.modules[name] = module
+    loaded = {}
+    for name in MODULES:
+        qualified = f"vllm.v1.attention.ops.{name}"
+        spec = importlib.util.spec_from_file_location(qualified, ops_dir / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[qualified] = module
+        spec.loader.exec_module(module)
+        loaded[name] = module
+    return (loaded["triton_turboquant_store"].triton_turboquant_store,
+            loaded["triton_turboquant_decode"].triton_turboquant_decode_attention)
+
+
+def engine_key_packed_size(layout):
+    """vLLM's key_packed_size: the key data and, for codebook keys, the 2-byte norm."""
+    return layout.key_packed_size + (0 if layout.key_fp8 else 2)
+
+
+def fp8_hardware_bytes(values: torch.Tensor) -> torch.Tensor:
+    """fp32 -> e4m3fn as the GPU converts (cvt.rn.satfinite): nearest even, saturating at 448."""
+    return values.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def check_store(vllm_store, preset, head_dim, generator):
+    num_kv_heads, block_size, num_blocks, tokens = 2, 16, 6, 70
+    layout = tqdecode.cache_layout(preset, head_dim, block_size, num_kv_heads, cache_order="token_slots")
+    centroids, Pi, PiT = tqdecode.make_model_constants(preset, head_dim, seed=1)
+    key = (torch.randn(tokens, num_kv_heads, head_dim, generator=generator) * 2 + 0.3).to(torch.bfloat16)
+    value = (torch.randn(tokens, num_kv_heads, head_dim, generator=generator) * 1.5 - 0.2).to(torch.bfloat16)
+    slots = torch.randperm(num_blocks * block_size, generator=generator)[:tokens]
+    slots[5] = -1  # skipped by both
+    ours = tqdecode.allocate_cache(num_blocks, block_size, num_kv_heads, head_dim, preset, cache_order="token_slots")
+    ours.random_(0, 256, generator=generator)  # junk both stores must leave where they do not write
+    theirs = ours.clone()
+    tqdecode.store(key, value, ours, slots, Pi, centroids, preset, cache_order="token_slots")
+    if layout.key_fp8:
+        rotation, midpoints = torch.eye(head_dim), torch.zeros(1)
+    else:
+        rotation, midpoints = PiT.float().contiguous(), ((centroids[1:] + centroids[:-1]) / 2).float().contiguous()
+    vllm_store(key, value, theirs, slots.to(torch.int32), rotation, midpoints, 0 if layout.key_fp8 else layout.key_bits,
+               engine_key_packed_size(layout), layout.value_bits, key_fp8=layout.key_fp8)
+    differ = ours != theirs
+    if not layout.key_fp8:
+        return int(differ.sum()) == 0, f"{int(differ.sum())} of {ours.numel()} bytes differ"
+    # fp8 keys: tqdecode's key bytes against the hardware conversion; the rest byte for byte.
+    key_bytes = torch.zeros_like(differ)
+    key_bytes[..., :head_dim] = True
+    stored = slots >= 0
+    block, row = slots[stored] // block_size, slots[stored] % block_size
+    hardware = fp8_hardware_bytes(key.float()[stored])
+    keys_match = torch.equal(ours[block, row, :, :head_dim], hardware)
+    other = int((differ & ~key_bytes).sum())
+    interpreter = int((differ & key_bytes).sum())
+    return keys_match and other == 0, (f"{other} non-key bytes differ; key bytes equal the hardware conversion: "
+                                       f"{keys_match}; the interpreter's fp8 emulation differs on {interpreter}")
+
+
+def check_decode(vllm_decode, preset, head_dim, norm_correction, generator):
+    num_kv_heads, num_q_heads, block_size = 2, 8, 16
+    seq_lens = torch.tensor([37, 1, 160, 0, 95], dtype=torch.int32)
+    max_blocks = 12
+    layout = tqdecode.cache_layout(preset, head_dim, block_size, num_kv_heads, cache_order="token_slots")
+    num_blocks = len(seq_lens) * max_blocks
+    centroids, Pi, PiT = tqdecode.make_model_constants(preset, head_dim, seed=2)
+    cache = tqdecode.allocate_cache(num_blocks, block_size, num_kv_heads, head_dim, preset, cache_order="token_slots")
+    tokens = num_blocks * block_size
+    key = (torch.randn(tokens, num_kv_heads, head_dim, generator=generator) * 1.7).to(torch.bfloat16)
+    value = torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(torch.bfloat16)
+    tqdecode.store(key, value, cache, torch.arange(tokens), Pi, centroids, preset, cache_order="token_slots")
+    block_table = torch.randperm(num_blocks, generator=generator).to(torch.int32).reshape(len(seq_lens), max_blocks)
+    query = torch.randn(len(seq_lens), num_q_heads, head_dim, generator=generator).to(torch.bfloat16)
+    scale = 1 / math.sqrt(head_dim)
+    args = (query, cache, block_table, seq_lens, Pi, centroids, scale, 0 if layout.key_fp8 else layout.key_bits,
+            engine_key_packed_size(layout), layout.value_bits)
+    kwargs = {"key_fp8": layout.key_fp8, "norm_correction": norm_correction}
+    ours = tqdecode.token_slots_decode_attention(*args, **kwargs).float()
+    theirs = vllm_decode(*args, **kwargs, PiT=None if PiT is None else PiT.float().contiguous(),
+                         max_num_kv_splits=4).float()
+    live = seq_lens > 0
+    error = ((ours[live] - theirs[live]).norm() / theirs[live].norm()).item()
+    empty_zero = bool((ours[~live] == 0).all())
+    return error < 1e-2 and empty_zero, f"relative L2 {error:.2e} on rows with tokens; empty rows zero: {empty_zero}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vllm", type=Path, required=True, help="a vLLM wheel, or a directory holding vllm/")
+    options = parser.parse_args()
+    if tuple(int(part) for part in numpy.__version__.split(".")[:2]) >= (2, 4):
+        sys.exit(f"check_against_vllm.py: numpy {numpy.__version__}: Triton's interpreter needs numpy older than "
+                 "2.4 (e.g. pip install --target DIR 'numpy<2.4' and put DIR first on PYTHONPATH)")
+    vllm_store, vllm_decode = load_vllm_ops(options.vllm)
+    generator = torch.Generator().manual_seed(0)
+    failures = 0
+    for preset in PRESETS:
+        for head_dim in (64, 128, 256):
+            checks = [("store", check_store(vllm_store, preset, head_dim, generator))]
+            for norm_correction in ((False,) if preset == "turboquant_k8v4" else (False, True)):
+                name = "decode, norm correction" if norm_correction else "decode"
+                checks.append((name, check_decode(vllm_decode, preset, head_dim, norm_correction, generator)))
+            for name, (ok, detail) in checks:
+                failures += not ok
+                print(f"{'ok  ' if ok else 'FAIL'} {preset:20s} D {head_dim:3d} {name:24s} {detail}")
+    print(f"check_against_vllm.py: {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
