@@ -21,7 +21,11 @@ preset at head sizes 64, 128 and 256:
   reference) read the same cache (written by tqdecode.store), both norm
   correction modes; rows with tokens must agree to a relative L2 error of
   1e-2 (bf16 outputs; vLLM keeps the rotated query in fp32), rows of
-  sequences with no tokens are zeros in tqdecode (vLLM leaves them unset).
+  sequences with no tokens are zeros in tqdecode (vLLM leaves them unset);
+- continuation chunk (D = 128, norm correction as the presets set it): 40
+  rows of one request as vLLM sends them (its block-table row expanded,
+  seq_lens rising by one), which tqdecode runs as one varlen call, against
+  vLLM's kernel on the same rows, within the same 1e-2.
 
     python3 scripts/check_against_vllm.py --vllm vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 
@@ -175,6 +179,32 @@ def check_decode(vllm_decode, preset, head_dim, norm_correction, generator):
     return error < 1e-2 and empty_zero, f"relative L2 {error:.2e} on rows with tokens; empty rows zero: {empty_zero}"
 
 
+def check_continuation(vllm_decode, preset, generator, rows=40):
+    """A request's continuation chunk as vLLM 0.33.0 sends it: `rows` query rows over the request's block-table
+    row expanded with stride 0, seq_lens rising by one to its length (tqdecode reads it as one varlen call)."""
+    head_dim, num_kv_heads, num_q_heads, block_size, length = 128, 2, 8, 16, 200
+    layout = tqdecode.cache_layout(preset, head_dim, block_size, num_kv_heads, cache_order="token_slots")
+    blocks = (length + block_size - 1) // block_size
+    centroids, Pi, PiT = tqdecode.make_model_constants(preset, head_dim, seed=3)
+    cache = tqdecode.allocate_cache(blocks + 3, block_size, num_kv_heads, head_dim, preset, cache_order="token_slots")
+    tokens = (blocks + 3) * block_size
+    key = torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(torch.bfloat16)
+    value = torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(torch.bfloat16)
+    tqdecode.store(key, value, cache, torch.arange(tokens), Pi, centroids, preset, cache_order="token_slots")
+    table = torch.randperm(blocks + 3, generator=generator)[:blocks].to(torch.int32)[None]
+    query = torch.randn(rows, num_q_heads, head_dim, generator=generator).to(torch.bfloat16)
+    seq_lens = torch.arange(length - rows + 1, length + 1, dtype=torch.int32)
+    args = (query, cache, table.expand(rows, -1), seq_lens, Pi, centroids, 1 / math.sqrt(head_dim),
+            0 if layout.key_fp8 else layout.key_bits, engine_key_packed_size(layout), layout.value_bits)
+    kwargs = {"key_fp8": layout.key_fp8, "norm_correction": not layout.key_fp8}
+    one_call = tqdecode._continuation_chunk(query, args[2], seq_lens)
+    ours = tqdecode.token_slots_decode_attention(*args, **kwargs).float()
+    theirs = vllm_decode(*args, **kwargs, PiT=None if PiT is None else PiT.float().contiguous(),
+                         max_num_kv_splits=4).float()
+    error = ((ours - theirs).norm() / theirs.norm()).item()
+    return error < 1e-2 and one_call, f"{rows} rows, one varlen call: {one_call}; relative L2 {error:.2e}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vllm", type=Path, required=True, help="a vLLM wheel, or a directory holding vllm/")
@@ -191,6 +221,8 @@ def main():
             for norm_correction in ((False,) if preset == "turboquant_k8v4" else (False, True)):
                 name = "decode, norm correction" if norm_correction else "decode"
                 checks.append((name, check_decode(vllm_decode, preset, head_dim, norm_correction, generator)))
+            if head_dim == 128:
+                checks.append(("continuation chunk", check_continuation(vllm_decode, preset, generator)))
             for name, (ok, detail) in checks:
                 failures += not ok
                 print(f"{'ok  ' if ok else 'FAIL'} {preset:20s} D {head_dim:3d} {name:24s} {detail}")
