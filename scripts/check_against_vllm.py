@@ -33,6 +33,16 @@ It needs the PyTorch binding (PYTHONPATH=python after the build, or the
 installed package), Triton, and numpy older than 2.4 (Triton 3.6's
 interpreter turns loaded scalars into one-element arrays, which numpy 2.4
 no longer converts to an index). Exit status 0 when every check passes.
+
+With --device cuda the same checks run with both libraries on the GPU
+(vLLM's kernels compiled by Triton; tqdecode's CUDA store and decode), and
+then each preset's decode step at (16, 8192), Hq 32, Hk 8, D 128 is timed
+for both, eager and back to back. For a GPU machine without internet, take
+the three modules out of the wheel beforehand and pass their root:
+
+    unzip WHEEL 'vllm/v1/attention/ops/triton_turboquant_*.py' \
+      vllm/v1/attention/ops/triton_decode_attention.py -d DIR
+    python3 scripts/check_against_vllm.py --vllm DIR --device cuda
 """
 import argparse
 import importlib.util
@@ -44,7 +54,11 @@ import types
 import zipfile
 from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
+# On the CPU vLLM's kernels run in Triton's interpreter, which must be chosen before Triton is imported.
+ON_GPU = sys.argv[sys.argv.index("--device") + 1:][:1] == ["cuda"] if "--device" in sys.argv else False
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+DEVICE = torch_device = None  # set in main()
 
 import numpy  # noqa: E402
 import torch  # noqa: E402
@@ -72,14 +86,14 @@ def load_vllm_ops(source: Path):
             sys.exit(f"check_against_vllm.py: {ops_dir / name}.py not found; --vllm takes a vLLM wheel or a "
                      "directory holding vllm/")
 
-    class Platform:  # not CUDA: fp8 keys as e4m3fn (vLLM's choice on sm_89 and newer)
+    class Platform:  # CUDA on the GPU (vLLM then picks the fp8 format by capability), else e4m3fn as on Hopper
         @staticmethod
         def is_rocm():
             return False
 
         @staticmethod
         def is_cuda_alike():
-            return False
+            return ON_GPU
 
     stand_ins = {
         "vllm": types.ModuleType("vllm"),
@@ -108,6 +122,11 @@ def load_vllm_ops(source: Path):
             loaded["triton_turboquant_decode"].triton_turboquant_decode_attention)
 
 
+def on_device(*values):
+    """The tensors among `values` on DEVICE (a tensor already there is itself, so an expanded view stays one)."""
+    return tuple(v.to(DEVICE) if isinstance(v, torch.Tensor) else v for v in values)
+
+
 def engine_key_packed_size(layout):
     """vLLM's key_packed_size: the key data and, for codebook keys, the 2-byte norm."""
     return layout.key_packed_size + (0 if layout.key_fp8 else 2)
@@ -126,16 +145,19 @@ def check_store(vllm_store, preset, head_dim, generator):
     value = (torch.randn(tokens, num_kv_heads, head_dim, generator=generator) * 1.5 - 0.2).to(torch.bfloat16)
     slots = torch.randperm(num_blocks * block_size, generator=generator)[:tokens]
     slots[5] = -1  # skipped by both
-    ours = tqdecode.allocate_cache(num_blocks, block_size, num_kv_heads, head_dim, preset, cache_order="token_slots")
-    ours.random_(0, 256, generator=generator)  # junk both stores must leave where they do not write
-    theirs = ours.clone()
-    tqdecode.store(key, value, ours, slots, Pi, centroids, preset, cache_order="token_slots")
+    junk = tqdecode.allocate_cache(num_blocks, block_size, num_kv_heads, head_dim, preset, cache_order="token_slots")
+    junk.random_(0, 256, generator=generator)  # both stores must leave it where they do not write
+    ours, theirs = junk.to(DEVICE).clone(), junk.to(DEVICE).clone()
     if layout.key_fp8:
         rotation, midpoints = torch.eye(head_dim), torch.zeros(1)
     else:
         rotation, midpoints = PiT.float().contiguous(), ((centroids[1:] + centroids[:-1]) / 2).float().contiguous()
-    vllm_store(key, value, theirs, slots.to(torch.int32), rotation, midpoints, 0 if layout.key_fp8 else layout.key_bits,
-               engine_key_packed_size(layout), layout.value_bits, key_fp8=layout.key_fp8)
+    key_d, value_d, Pi_d, centroids_d, rotation, midpoints = on_device(key, value, Pi, centroids, rotation, midpoints)
+    tqdecode.store(key_d, value_d, ours, slots.to(DEVICE), Pi_d, centroids_d, preset, cache_order="token_slots")
+    vllm_store(key_d, value_d, theirs, slots.to(torch.int32).to(DEVICE), rotation, midpoints,
+               0 if layout.key_fp8 else layout.key_bits, engine_key_packed_size(layout), layout.value_bits,
+               key_fp8=layout.key_fp8)
+    ours, theirs = ours.cpu(), theirs.cpu()
     differ = ours != theirs
     if not layout.key_fp8:
         return int(differ.sum()) == 0, f"{int(differ.sum())} of {ours.numel()} bytes differ"
@@ -170,9 +192,10 @@ def check_decode(vllm_decode, preset, head_dim, norm_correction, generator):
     args = (query, cache, block_table, seq_lens, Pi, centroids, scale, 0 if layout.key_fp8 else layout.key_bits,
             engine_key_packed_size(layout), layout.value_bits)
     kwargs = {"key_fp8": layout.key_fp8, "norm_correction": norm_correction}
-    ours = tqdecode.token_slots_decode_attention(*args, **kwargs).float()
-    theirs = vllm_decode(*args, **kwargs, PiT=None if PiT is None else PiT.float().contiguous(),
-                         max_num_kv_splits=4).float()
+    args = on_device(*args)
+    ours = tqdecode.token_slots_decode_attention(*args, **kwargs).float().cpu()
+    theirs = vllm_decode(*args, **kwargs, PiT=on_device(None if PiT is None else PiT.float().contiguous())[0],
+                         max_num_kv_splits=4).float().cpu()
     live = seq_lens > 0
     error = ((ours[live] - theirs[live]).norm() / theirs[live].norm()).item()
     empty_zero = bool((ours[~live] == 0).all())
@@ -191,31 +214,95 @@ def check_continuation(vllm_decode, preset, generator, rows=40):
     key = torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(torch.bfloat16)
     value = torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(torch.bfloat16)
     tqdecode.store(key, value, cache, torch.arange(tokens), Pi, centroids, preset, cache_order="token_slots")
-    table = torch.randperm(blocks + 3, generator=generator)[:blocks].to(torch.int32)[None]
+    table = torch.randperm(blocks + 3, generator=generator)[:blocks].to(torch.int32)[None].to(DEVICE)  # then expanded
     query = torch.randn(rows, num_q_heads, head_dim, generator=generator).to(torch.bfloat16)
     seq_lens = torch.arange(length - rows + 1, length + 1, dtype=torch.int32)
     args = (query, cache, table.expand(rows, -1), seq_lens, Pi, centroids, 1 / math.sqrt(head_dim),
             0 if layout.key_fp8 else layout.key_bits, engine_key_packed_size(layout), layout.value_bits)
     kwargs = {"key_fp8": layout.key_fp8, "norm_correction": not layout.key_fp8}
-    one_call = tqdecode._continuation_chunk(query, args[2], seq_lens)
-    ours = tqdecode.token_slots_decode_attention(*args, **kwargs).float()
-    theirs = vllm_decode(*args, **kwargs, PiT=None if PiT is None else PiT.float().contiguous(),
-                         max_num_kv_splits=4).float()
+    args = on_device(*args)
+    one_call = tqdecode._continuation_chunk(args[0], args[2], args[3])
+    ours = tqdecode.token_slots_decode_attention(*args, **kwargs).float().cpu()
+    theirs = vllm_decode(*args, **kwargs, PiT=on_device(None if PiT is None else PiT.float().contiguous())[0],
+                         max_num_kv_splits=4).float().cpu()
     error = ((ours - theirs).norm() / theirs.norm()).item()
     return error < 1e-2 and one_call, f"{rows} rows, one varlen call: {one_call}; relative L2 {error:.2e}"
 
 
+def time_decodes(vllm_decode, preset, batch=16, context=8192, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                 calls=20, rounds=11):
+    """Both decodes of one step on the GPU, eager and back to back (CUDA events around `calls` calls, median of
+    `rounds`; not the benchmark's single-step method): vLLM's with the buffers its backend passes, tqdecode's with
+    a buf_holder. Microseconds per call, (vLLM, tqdecode)."""
+    block_size = 16
+    layout = tqdecode.cache_layout(preset, head_dim, block_size, num_kv_heads, cache_order="token_slots")
+    blocks_per_seq = context // block_size
+    centroids, Pi, PiT = on_device(*tqdecode.make_model_constants(preset, head_dim, seed=4))
+    cache = torch.randint(0, 256, (batch * blocks_per_seq, block_size, num_kv_heads, layout.slot_bytes),
+                          dtype=torch.uint8, device=DEVICE)
+    # Finite fp16 fields (norm, scale, zero) so that no score or value is NaN.
+    field_offsets = [layout.key_packed_size + (0 if layout.key_fp8 else 2) + layout.value_packed_size + k
+                     for k in (0, 2)] + ([] if layout.key_fp8 else [layout.key_packed_size])
+    for offset in field_offsets:
+        cache[..., offset:offset + 2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8).to(DEVICE)
+    if layout.key_fp8:
+        cache[..., :head_dim] &= 0x77  # finite e4m3 values
+    block_table = torch.randperm(batch * blocks_per_seq, device=DEVICE).to(torch.int32).reshape(batch, -1)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
+    query = torch.randn(batch, num_q_heads, head_dim, device=DEVICE).to(torch.bfloat16)
+    args = (query, cache, block_table, seq_lens, Pi, centroids, 1 / math.sqrt(head_dim),
+            0 if layout.key_fp8 else layout.key_bits, engine_key_packed_size(layout), layout.value_bits)
+    kwargs = {"key_fp8": layout.key_fp8, "norm_correction": layout.norm_correction,
+              "PiT": None if PiT is None else PiT.float().contiguous()}
+    splits = 32
+    buffers = {"mid_o_buf": torch.empty(batch, num_q_heads, splits, head_dim + 1, device=DEVICE),
+               "output_buf": torch.empty(batch, num_q_heads, head_dim, dtype=query.dtype, device=DEVICE),
+               "lse_buf": torch.empty(batch, num_q_heads, device=DEVICE), "max_num_kv_splits": splits}
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    runs = {"vllm": lambda: vllm_decode(*args, **kwargs, **buffers, buf_holder=holder),
+            "tqdecode": lambda: tqdecode.token_slots_decode_attention(*args, **kwargs, buf_holder=holder)}
+    times = {}
+    for name, run in runs.items():
+        for _ in range(3):
+            run()
+        samples = []
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                run()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / calls)
+        times[name] = sorted(samples)[rounds // 2]
+    return times["vllm"], times["tqdecode"]
+
+
 def main():
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vllm", type=Path, required=True, help="a vLLM wheel, or a directory holding vllm/")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: vLLM's kernels in Triton's interpreter beside tqdecode's CPU ops; cuda: both on "
+                             "the GPU, and each preset's step timed")
+    parser.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets [all four]")
     options = parser.parse_args()
-    if tuple(int(part) for part in numpy.__version__.split(".")[:2]) >= (2, 4):
+    DEVICE = torch.device(options.device)
+    presets = options.presets.split(",")
+    for preset in presets:
+        if preset not in PRESETS:
+            parser.error(f"--presets: {preset!r} is not accepted; accepted: {', '.join(PRESETS)}")
+    if not ON_GPU and tuple(int(part) for part in numpy.__version__.split(".")[:2]) >= (2, 4):
         sys.exit(f"check_against_vllm.py: numpy {numpy.__version__}: Triton's interpreter needs numpy older than "
                  "2.4 (e.g. pip install --target DIR 'numpy<2.4' and put DIR first on PYTHONPATH)")
     vllm_store, vllm_decode = load_vllm_ops(options.vllm)
     generator = torch.Generator().manual_seed(0)
     failures = 0
-    for preset in PRESETS:
+    for preset in presets:
         for head_dim in (64, 128, 256):
             checks = [("store", check_store(vllm_store, preset, head_dim, generator))]
             for norm_correction in ((False,) if preset == "turboquant_k8v4" else (False, True)):
@@ -226,9 +313,14 @@ def main():
             for name, (ok, detail) in checks:
                 failures += not ok
                 print(f"{'ok  ' if ok else 'FAIL'} {preset:20s} D {head_dim:3d} {name:24s} {detail}")
-    print(f"check_against_vllm.py: {failures} failed")
+    print(f"check_against_vllm.py: {failures} failed on {options.device}")
+    if ON_GPU:
+        print(f"{torch.cuda.get_device_name()}: (16, 8192), Hq 32, Hk 8, D 128, eager back-to-back calls (CUDA "
+              "events, median of 11 rounds of 20; not the benchmark's single-step method):")
+        for preset in presets:
+            theirs, ours = time_decodes(vllm_decode, preset)
+            print(f"  {preset:20s} vLLM {theirs:8.1f} us  tqdecode {ours:8.1f} us  ({theirs / ours:.2f}x)")
     return 1 if failures else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
