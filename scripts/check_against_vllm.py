@@ -58,7 +58,7 @@ from pathlib import Path
 ON_GPU = sys.argv[sys.argv.index("--device") + 1:][:1] == ["cuda"] if "--device" in sys.argv else False
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
-DEVICE = torch_device = None  # set in main()
+DEVICE = None  # set in main()
 
 import numpy  # noqa: E402
 import torch  # noqa: E402
