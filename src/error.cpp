@@ -12,8 +12,9 @@ const char* dtype_name(DType dtype) {
   switch (dtype) {
     case DType::f32: return "float32";
     case DType::f16: return "float16";
-    default: return "bfloat16";
+    case DType::bf16: return "bfloat16";
   }
+  return "an unknown dtype";  // a value cast from outside the enum
 }
 
 }  // namespace tqdecode

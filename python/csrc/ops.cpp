@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -21,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tqdecode/constants.hpp"
@@ -94,6 +96,30 @@ void check_contiguous(const Tensor& tensor, const char* argument) {
   TQ_REQUIRE(tensor.is_contiguous(), argument, "must be contiguous");
 }
 
+// A Python int the library takes as an int: refused outside int's range, not truncated into it.
+int int_argument(int64_t value, const char* argument) {
+  TQ_REQUIRE(value >= std::numeric_limits<int>::min() && value <= std::numeric_limits<int>::max(), argument,
+             std::to_string(value) + " is outside the range of a 32-bit int");
+  return static_cast<int>(value);
+}
+
+// Whether no two elements share memory: ordered by stride, each dimension of
+// several elements steps past the extent of those inside it. Sufficient, and
+// true of every dense, padded or permuted layout.
+bool elements_distinct(const Tensor& tensor) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t dim = 0; dim < tensor.dim(); ++dim) {
+    if (tensor.size(dim) > 1) dims.emplace_back(tensor.stride(dim), tensor.size(dim));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride < extent) return false;
+    extent += stride * (size - 1);
+  }
+  return true;
+}
+
 
 // An fp32 model constant (centroids, Pi, PiT) that MSE presets need.
 const Tensor& required_constant(const OptionalTensor& tensor, const char* argument, const tqdecode::CacheLayout& layout,
@@ -135,34 +161,53 @@ tqdecode::CacheLayout cache_layout_of(const Tensor& kv_cache, tqdecode::Preset p
   check_dtype(kv_cache, "kv_cache", at::kByte);
   check_dim(kv_cache, "kv_cache", 4, "[num_blocks, block_size, num_kv_heads, slot_bytes]");
   TQ_REQUIRE(kv_cache.size(0) >= 1, "kv_cache", "has no blocks");
-  const int block_size = static_cast<int>(kv_cache.size(1));
-  const int num_kv_heads = static_cast<int>(kv_cache.size(2));
+  const int block_size = int_argument(kv_cache.size(1), "kv_cache");
+  const int num_kv_heads = int_argument(kv_cache.size(2), "kv_cache");
   if (order == tqdecode::CacheOrder::token_slots) {
     TQ_REQUIRE(kv_cache.stride(3) == 1, "kv_cache", "the slot dimension must have stride 1");
     // fp8 keys have no centroid vector: the engine's norm_correction does not apply to them.
     const bool renormalize = norm_correction && !tqdecode::preset_info(preset).key_fp8;
-    const tqdecode::CacheLayout layout =
-        tqdecode::make_token_slots_layout(preset, head_dim, block_size, num_kv_heads, kv_cache.stride(0),
-                                          kv_cache.stride(1), kv_cache.stride(2), renormalize);
-    TQ_REQUIRE(kv_cache.size(3) >= layout.slot_bytes(), "kv_cache",
+    // The slot size first: a small slot would otherwise read as overlapping strides.
+    const tqdecode::CacheLayout dense =
+        tqdecode::make_token_slots_layout(preset, head_dim, block_size, num_kv_heads, renormalize);
+    TQ_REQUIRE(kv_cache.size(3) >= dense.slot_bytes(), "kv_cache",
                "slot size " + std::to_string(kv_cache.size(3)) + " is smaller than the " +
-                   std::to_string(layout.slot_bytes()) + " bytes of a " + layout.info().name +
+                   std::to_string(dense.slot_bytes()) + " bytes of a " + dense.info().name +
                    " slot with head_dim " + std::to_string(head_dim));
+    // A dimension of one entry has no step: torch gives it any stride (a
+    // permuted view), so it takes one that nests the others.
+    const int64_t token_stride = kv_cache.stride(1);
+    const int64_t head_stride = num_kv_heads > 1 ? kv_cache.stride(2) : token_stride * block_size;
+    const int64_t block_stride =
+        kv_cache.size(0) > 1 ? kv_cache.stride(0) : token_stride * block_size + head_stride * num_kv_heads;
+    const tqdecode::CacheLayout layout = [&] {
+      try {
+        return tqdecode::make_token_slots_layout(preset, head_dim, block_size, num_kv_heads, block_stride,
+                                                 token_stride, head_stride, renormalize);
+      } catch (const tqdecode::Error& error) {
+        const std::string& field = error.argument();
+        if (field != "block_stride" && field != "token_stride" && field != "head_stride") throw;
+        // The strides are the tensor's: name it, with the library's reason.
+        fail("kv_cache", "strides " + shape_text(kv_cache.strides()) + " are not a token_slots cache: " +
+                             std::string(error.what()).substr(std::string_view("tqdecode: ").size()));
+      }
+    }();
     return layout;
   }
-  TQ_REQUIRE(kv_cache.stride(3) == 1 && kv_cache.stride(2) == kv_cache.size(3) &&
-              kv_cache.stride(1) == kv_cache.size(2) * kv_cache.size(3),
-          "kv_cache", "a block [block_size, num_kv_heads, slot_bytes] must be contiguous; only stride(0) may be padded");
+  // is_contiguous ignores the strides of dimensions of one entry, which have no step.
+  TQ_REQUIRE(kv_cache[0].is_contiguous(), "kv_cache",
+             "a block [block_size, num_kv_heads, slot_bytes] must be contiguous; only stride(0) may be padded");
   tqdecode::CacheLayout layout = tqdecode::make_layout(preset, head_dim, block_size, num_kv_heads);
   const int64_t block_bytes = kv_cache.size(1) * kv_cache.size(2) * kv_cache.size(3);
   TQ_REQUIRE(block_bytes >= layout.natural_block_bytes(), "kv_cache",
           "slot_bytes " + std::to_string(kv_cache.size(3)) + " is smaller than the " +
               std::to_string(layout.bytes_per_token_head()) + " bytes per (token, kv head) of " + layout.info().name +
               " with head_dim " + std::to_string(head_dim));
-  TQ_REQUIRE(kv_cache.stride(0) >= block_bytes, "kv_cache",
-          "stride(0) " + std::to_string(kv_cache.stride(0)) + " is smaller than a block of " +
+  const int64_t block_stride = kv_cache.size(0) > 1 ? kv_cache.stride(0) : block_bytes;
+  TQ_REQUIRE(block_stride >= block_bytes, "kv_cache",
+          "stride(0) " + std::to_string(block_stride) + " is smaller than a block of " +
               std::to_string(block_bytes) + " bytes: blocks would overlap");
-  layout.block_stride = kv_cache.stride(0);
+  layout.block_stride = block_stride;
   return layout;
 }
 
@@ -222,11 +267,15 @@ DecodeCall decode_call(const DecodeInputs& in) {
   TQ_REQUIRE(query.stride(2) == 1, "query", "the head_dim dimension must have stride 1");
   check_device(in.kv_cache, "kv_cache", device);
 
-  const tqdecode::Preset preset = tqdecode::preset_from_parameters(static_cast<int>(in.mse_bits),
-                                                                   static_cast<int>(in.value_quant_bits), in.key_fp8);
-  const int head_dim = static_cast<int>(query.size(2));
+  const tqdecode::Preset preset = tqdecode::preset_from_parameters(
+      int_argument(in.mse_bits, "mse_bits"), int_argument(in.value_quant_bits, "value_quant_bits"), in.key_fp8);
+  const int head_dim = int_argument(query.size(2), "query");
   const tqdecode::CacheLayout layout =
       cache_layout_of(in.kv_cache, preset, head_dim, parse_cache_order(in.cache_order), in.norm_correction);
+  TQ_REQUIRE(query.size(1) >= 1 && query.size(1) % layout.num_kv_heads == 0, "query",
+             "num_q_heads query.shape[1] = " + std::to_string(query.size(1)) +
+                 " is not a positive multiple of num_kv_heads kv_cache.shape[2] = " +
+                 std::to_string(layout.num_kv_heads));
 
   int64_t batch = query.size(0);
   const char* batch_source = "the batch size query.shape[0]";
@@ -242,12 +291,19 @@ DecodeCall decode_call(const DecodeInputs& in) {
                    std::to_string(tqdecode::kMaxQueryLen));
     batch = starts.size(0) - 1;
     batch_source = "the batch size query_start_loc.shape[0] - 1";
+    TQ_REQUIRE(query.size(0) <= batch * in.max_query_len, "query",
+               std::to_string(query.size(0)) + " tokens (shape[0]) do not fit " + std::to_string(batch) +
+                   " sequences of at most max_query_len = " + std::to_string(in.max_query_len) +
+                   " tokens; accepted: the query_start_loc[batch] tokens it describes, at most batch * max_query_len");
   }
   check_device(in.block_table, "block_table", device);
   check_dtype(in.block_table, "block_table", at::kInt);
   check_dim(in.block_table, "block_table", 2, "[batch, max_blocks_per_seq]");
   check_size(in.block_table, "block_table", 0, batch, batch_source);
-  TQ_REQUIRE(in.block_table.stride(1) == 1, "block_table", "rows must be contiguous (stride(1) == 1)");
+  TQ_REQUIRE(in.block_table.size(1) >= 1, "block_table",
+             "has no columns; accepted: [batch, max_blocks_per_seq] with max_blocks_per_seq >= 1");
+  TQ_REQUIRE(in.block_table.stride(1) == 1 || in.block_table.size(1) == 1, "block_table",
+             "rows must be contiguous (stride(1) == 1)");
   check_device(in.seq_lens, "seq_lens", device);
   check_dtype(in.seq_lens, "seq_lens", at::kInt);
   check_dim(in.seq_lens, "seq_lens", 1, "[batch]");
@@ -303,8 +359,9 @@ void set_output(tqdecode::DecodeArgs& args, const Tensor& out, const Tensor& que
     fail("out", "shape " + shape_text(out.sizes()) + " does not match the query shape " + shape_text(query.sizes()));
   }
   TQ_REQUIRE(out.stride(2) == 1, "out", "the head_dim dimension must have stride 1");
-  TQ_REQUIRE((out.stride(0) != 0 || out.size(0) <= 1) && (out.stride(1) != 0 || out.size(1) <= 1), "out",
-             "rows overlap (a stride of 0 on a dimension of several elements); accepted: distinct rows and heads");
+  TQ_REQUIRE(elements_distinct(out), "out",
+             "elements overlap (strides " + shape_text(out.strides()) +
+                 "); accepted: distinct rows, heads and dims, e.g. stride(1) >= head_dim");
   args.output = out.data_ptr();
   args.output_stride_batch = out.stride(0);
   args.output_stride_head = out.stride(1);
@@ -447,7 +504,7 @@ std::tuple<Tensor, Tensor, Tensor> make_model_constants(std::string_view preset,
     TQ_REQUIRE(rotation == "hadamard" || rotation == "dense", "rotation",
             "'" + std::string(rotation) + "' is not a rotation; accepted: hadamard, dense");
     const tqdecode::ModelConstants constants = tqdecode::make_model_constants(
-        tqdecode::parse_preset(preset, "preset"), static_cast<int>(head_dim), static_cast<std::uint64_t>(seed),
+        tqdecode::parse_preset(preset, "preset"), int_argument(head_dim, "head_dim"), static_cast<std::uint64_t>(seed),
         rotation == "hadamard" ? tqdecode::RotationKind::hadamard : tqdecode::RotationKind::dense);
     // fp8 keys use no constants: empty vectors give [0] and [0, 0] tensors.
     const int64_t side = constants.Pi.empty() ? 0 : head_dim;
@@ -469,10 +526,11 @@ std::vector<int64_t> cache_layout(std::string_view preset, int64_t head_dim, int
     const tqdecode::Preset parsed = tqdecode::parse_preset(preset, "preset");
     const tqdecode::CacheLayout layout =
         parse_cache_order(cache_order) == tqdecode::CacheOrder::token_slots
-            ? tqdecode::make_token_slots_layout(parsed, static_cast<int>(head_dim), static_cast<int>(block_size),
-                                                static_cast<int>(num_kv_heads), false)
-            : tqdecode::make_layout(parsed, static_cast<int>(head_dim), static_cast<int>(block_size),
-                                    static_cast<int>(num_kv_heads));
+            ? tqdecode::make_token_slots_layout(parsed, int_argument(head_dim, "head_dim"),
+                                                int_argument(block_size, "block_size"),
+                                                int_argument(num_kv_heads, "num_kv_heads"), false)
+            : tqdecode::make_layout(parsed, int_argument(head_dim, "head_dim"), int_argument(block_size, "block_size"),
+                                    int_argument(num_kv_heads, "num_kv_heads"));
     const tqdecode::PresetInfo info = layout.info();
     return std::vector<int64_t>{info.key_bits,      info.value_bits,         info.key_fp8,
                                 info.norm_correction, layout.key_bytes(),    layout.value_bytes(),

@@ -224,7 +224,7 @@ class TokenSlotsTest(unittest.TestCase):
 
     def check_continuation(self, device):
         call, kwargs = self.continuation(device)
-        self.assertTrue(tqdecode._continuation_chunk(call[0], call[2], call[3]))
+        self.assertTrue(tqdecode._continuation_chunk(call[0], call[2], call[3], call[1].shape[1]))
         as_rows = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
         got = tqdecode.token_slots_decode_attention(*call, **kwargs)
         cosine, relative = errors(got, as_rows)
@@ -248,7 +248,7 @@ class TokenSlotsTest(unittest.TestCase):
         from_zero = torch.arange(0, 40, dtype=torch.int32)  # a row of no position
         for rows, lengths in ((40, gap), (40, from_zero), (tqdecode.CONTINUATION_MIN_ROWS - 1, None)):
             call, kwargs = self.continuation("cpu", rows, lengths)
-            self.assertFalse(tqdecode._continuation_chunk(call[0], call[2], call[3]))
+            self.assertFalse(tqdecode._continuation_chunk(call[0], call[2], call[3], call[1].shape[1]))
             expected = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
             self.assertTrue(torch.equal(tqdecode.token_slots_decode_attention(*call, **kwargs), expected))
 
@@ -265,6 +265,14 @@ class TokenSlotsTest(unittest.TestCase):
         args, kwargs = case.args()
         with self.assertRaisesRegex(ValueError, "tqdecode: kv_cache"):
             tqdecode.token_slots_decode_attention(args[0], case.kv_cache[..., :100], *args[2:], **kwargs)
+        with self.assertRaisesRegex(ValueError, r"tqdecode: kv_cache: strides \[0, .* block_stride: 0 bytes"):
+            tqdecode.token_slots_decode_attention(args[0], args[1][:1].expand(args[1].shape[0], -1, -1, -1),
+                                                  *args[2:], **kwargs)
+        # A continuation chunk past its table's 13 blocks (a 14th column of -1): the rows' own first bad
+        # element is named, row 18's position 208 in block 13.
+        call, kwargs = self.continuation("cpu", lengths=torch.arange(191, 231, dtype=torch.int32))
+        with self.assertRaisesRegex(ValueError, r"tqdecode: block_table\[18\]\[13\]: -1 is out of range"):
+            tqdecode.token_slots_decode_attention(*call, **kwargs)
         with self.assertRaisesRegex(ValueError, "tqdecode: cache_order"):
             tqdecode.store(case.key, case.value, case.kv_cache, case.slot_mapping, case.Pi, case.centroids,
                            case.preset, cache_order="interleaved")

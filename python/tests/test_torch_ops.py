@@ -606,7 +606,8 @@ class BadArgumentsTest(unittest.TestCase):
         c = self.case
         self.assert_names("mse_bits", mse_bits=2)
         self.assert_names("block_size", kv_cache=torch.zeros(4, 8, 2, 134, dtype=torch.uint8))
-        self.assert_names("num_q_heads", query=torch.zeros(5, 7, 128, dtype=torch.bfloat16), sinks=None)
+        self.assert_names("query: num_q_heads", query=torch.zeros(5, 7, 128, dtype=torch.bfloat16), sinks=None)
+        self.assert_names("block_table: has no columns", block_table=c.block_table[:, :0])
         self.assert_names("head_dim", query=torch.zeros(5, 8, 96, dtype=torch.bfloat16), Pi=torch.eye(96))
         self.assert_names("kv_cache", kv_cache=c.kv_cache[..., :100])  # a block is not one byte range
         self.assert_names("kv_cache", kv_cache=torch.zeros(4, 16, 2, 100, dtype=torch.uint8))  # slots too small
@@ -616,6 +617,19 @@ class BadArgumentsTest(unittest.TestCase):
             tqdecode.make_model_constants("turboquant_4bit_nc", 128, rotation="givens")
         with self.assertRaisesRegex(ValueError, "tqdecode: max_batch"):
             tqdecode.set_max_batch(-1)
+
+    def test_ints_past_32_bits_and_non_tensors(self):
+        """Refused naming the argument, not truncated or failing inside torch."""
+        c = self.case
+        self.assert_names("mse_bits", mse_bits=2**32 + 4)
+        self.assert_names("value_quant_bits", value_quant_bits=2**32 + 4)
+        self.assert_names("scale", scale=None)
+        self.assert_names("Pi", Pi=c.Pi.tolist())
+        self.assert_names("centroids", centroids=c.centroids.tolist())
+        with self.assertRaisesRegex(ValueError, "tqdecode: head_dim: 4294967424 is outside"):
+            tqdecode.cache_layout("turboquant_4bit_nc", 2**32 + 128, 16, 2)
+        with self.assertRaisesRegex(ValueError, "tqdecode: head_dim"):
+            tqdecode.make_model_constants("turboquant_4bit_nc", 2**32 + 64)
 
     def test_values_checked_by_the_cpu_path(self):
         c = self.case
@@ -650,6 +664,12 @@ class BadArgumentsTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "tqdecode: PiT"):
             torch.ops.tqdecode.decode(c.query, c.kv_cache, c.block_table, c.seq_lens, c.centroids, None,
                                       c.scale, 4, 4, False)
+        batch, heads, head_dim = c.query.shape
+        overlapping_heads = torch.empty(c.query.numel(), dtype=c.query.dtype).as_strided(
+            c.query.shape, (heads * head_dim, head_dim // 2, 1))
+        with self.assertRaisesRegex(ValueError, r"tqdecode: out: elements overlap \(strides \[1024, 64, 1\]\)"):
+            torch.ops.tqdecode.decode_out(c.query, c.kv_cache, c.block_table, c.seq_lens, c.centroids, c.PiT,
+                                          c.scale, 4, 4, False, out=overlapping_heads)
         with self.assertRaisesRegex(ValueError, "tqdecode: slot_mapping"):
             torch.ops.tqdecode.store(c.key, c.value, c.kv_cache, c.slot_mapping.int(), c.Pi, c.centroids,
                                      c.config.preset)
@@ -710,9 +730,13 @@ class SeedCallsTest(unittest.TestCase):
                                                         args[2][:1].expand(batch, -1), first(args[3]), *args[4:],
                                                         **kwargs)
         self.assertTrue(torch.equal(expanded, repeated), device)
-        with self.assertRaisesRegex(ValueError, "tqdecode: output_buf: rows overlap"):
+        with self.assertRaisesRegex(ValueError, "tqdecode: output_buf: elements overlap"):
             tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=torch.empty(
                 1, heads, head_dim, dtype=case.query.dtype, device=device).expand(batch, -1, -1))
+        with self.assertRaisesRegex(ValueError, "tqdecode: output_buf: elements overlap"):  # heads half a head apart
+            tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=torch.empty(
+                batch * heads * head_dim, dtype=case.query.dtype, device=device).as_strided(
+                    (batch, heads, head_dim), (heads * head_dim, head_dim // 2, 1)))
         with self.assertRaisesRegex(ValueError, r"tqdecode: output_buf: .*accepted: \[N, 8, 128\] or \[N, 1024\]"):
             tqdecode.turboquant_decode_attention(*args, **kwargs, output_buf=torch.empty(
                 batch - 1, heads, head_dim, dtype=case.query.dtype, device=device))
@@ -821,6 +845,46 @@ class PoolTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "tqdecode: max_batch: .*set_max_batch"):
             with torch.cuda.graph(graph):
                 self.decode(6)
+
+
+class OneEntryDimensionsTest(unittest.TestCase):
+    """torch gives a dimension of one entry any stride (a permuted view has
+    them): a cache of one block, or of one kv head, stores and decodes in
+    both orders as its contiguous self does."""
+
+    def test_any_stride_on_a_dimension_of_one_entry(self):
+        preset, head_dim, block_size = "turboquant_4bit_nc", 128, 16
+        centroids, Pi, _ = tqdecode.make_model_constants(preset, head_dim, seed=3)
+        g = torch.Generator().manual_seed(3)
+        for order in ("blocks", "token_slots"):
+            for num_blocks, num_kv_heads in ((1, 2), (3, 1)):
+                layout = tqdecode.cache_layout(preset, head_dim, block_size, num_kv_heads, order)
+                tokens = num_blocks * block_size - 3
+                key, value = torch.randn(2, tokens, num_kv_heads, head_dim, generator=g)
+                query = torch.randn(1, 4 * num_kv_heads, head_dim, generator=g).to(torch.bfloat16)
+                block_table = torch.arange(num_blocks, dtype=torch.int32)[None]
+                seq_lens = torch.tensor([tokens], dtype=torch.int32)
+
+                def cache_and_output(odd_strides):
+                    cache = tqdecode.allocate_cache(num_blocks, block_size, num_kv_heads, head_dim, preset,
+                                                    cache_order=order)
+                    if odd_strides:
+                        cache = cache.as_strided(cache.shape, [1 if n == 1 else s
+                                                               for n, s in zip(cache.shape, cache.stride())])
+                    tqdecode.store(key, value, cache, torch.arange(tokens), Pi, centroids, preset,
+                                   cache_order=order)
+                    call = (query, cache, block_table, seq_lens, Pi, centroids, head_dim ** -0.5)
+                    if order == "blocks":
+                        return cache, tqdecode.turboquant_decode_attention(*call, **layout.decode_kwargs())
+                    return cache, tqdecode.token_slots_decode_attention(
+                        *call, 4, layout.key_packed_size, 4, norm_correction=True)
+
+                name = f"{order}, {num_blocks} blocks, {num_kv_heads} kv heads"
+                dense_cache, expected = cache_and_output(False)
+                odd_cache, got = cache_and_output(True)
+                self.assertNotEqual(odd_cache.stride(), dense_cache.stride(), name)
+                self.assertTrue(torch.equal(odd_cache.contiguous(), dense_cache), name)
+                self.assertTrue(torch.equal(got, expected), name)
 
 
 class MaxBatchTest(unittest.TestCase):

@@ -126,6 +126,8 @@ class VarlenCpuTest(unittest.TestCase):
             varlen(case, query, decreasing)
         with self.assertRaisesRegex(ValueError, "tqdecode: max_query_len"):
             varlen(case, query, starts, max_query_len=100)  # sequence 3 has 128
+        with self.assertRaisesRegex(ValueError, "tqdecode: query: 151 tokens .* max_query_len = 20"):
+            varlen(case, query, starts, max_query_len=20)  # 5 sequences of at most 20 hold 100
         with self.assertRaisesRegex(ValueError, r"tqdecode: query_start_loc\[5\]"):
             varlen(case, query[:-1], starts, max_query_len=128)  # T != query_start_loc[B]
         too_short = case.seq_lens.clone()

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._library import check_decode, check_store, fail, ops, output_rows
+from ._library import check_decode, check_is_tensor, check_store, elements_distinct, fail, ops, output_rows
 
 # The compiled library's version (CMakeLists.txt's project(); the package's metadata takes the same).
 __version__: str = ops.version()
@@ -187,9 +187,13 @@ def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep=True):
         return None, None, True  # fp8 keys are neither rotated nor codebook-quantized
     if centroids is None:
         fail("centroids", "is required by MSE presets (key_fp8=False)")
-    if PiT is None:
+    check_is_tensor(centroids, "centroids")
+    if PiT is not None:
+        check_is_tensor(PiT, "PiT")
+    else:
         if Pi is None:
             fail("Pi", "is required by MSE presets (key_fp8=False) when PiT is not given")
+        check_is_tensor(Pi, "Pi")
         head_dim = query.shape[-1]
         if Pi.dim() != 2 or Pi.shape[0] != head_dim or Pi.shape[1] != head_dim:
             fail("Pi", f"shape {list(Pi.shape)} is not [head_dim, head_dim] = [{head_dim}, {head_dim}]")
@@ -224,8 +228,17 @@ def _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_b
         sinks = sinks.to(torch.float32).contiguous()  # engines may keep sinks in the model dtype
     check_decode(query, kv_cache, block_table, seq_lens, sinks, query_start_loc)
     centroids, PiT, stable = _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep_constants)
-    return (query, kv_cache, block_table, seq_lens, centroids, PiT, float(scale), int(mse_bits), int(value_quant_bits),
-            bool(key_fp8), sinks, stable, cache_order, bool(norm_correction))
+    return (query, kv_cache, block_table, seq_lens, centroids, PiT, _number(scale, "scale", float),
+            _number(mse_bits, "mse_bits", int), _number(value_quant_bits, "value_quant_bits", int), bool(key_fp8),
+            sinks, stable, cache_order, bool(norm_correction))
+
+
+def _number(value, argument, kind):
+    """``kind(value)`` (int or float, as the ops take it), or ValueError naming the argument."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        fail(argument, f"expected {'an int' if kind is int else 'a float'}, got {type(value).__name__} {value!r}")
 
 
 def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits,
@@ -275,15 +288,18 @@ def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cent
 CONTINUATION_MIN_ROWS = 32
 
 
-def _continuation_chunk(query, block_table, seq_lens) -> bool:
-    """Whether these rows are one request's consecutive positions over one block-table row (a varlen call)."""
+def _continuation_chunk(query, block_table, seq_lens, block_size) -> bool:
+    """Whether these rows are one request's consecutive positions over one
+    block-table row (a varlen call), all within the row's blocks (else the
+    rows' own call names the first length out of range)."""
     rows = query.shape[0]
     if rows < CONTINUATION_MIN_ROWS or block_table.dim() != 2 or block_table.stride(0) != 0:
         return False
     if torch.compiler.is_compiling() or (query.is_cuda and torch.cuda.is_current_stream_capturing()):
         return False
     steps = seq_lens[1:] - seq_lens[:-1]
-    return bool(((steps == 1).all() & (seq_lens[0] >= 1)).item())
+    capacity = block_table.shape[1] * block_size
+    return bool(((steps == 1).all() & (seq_lens[0] >= 1) & (seq_lens[-1] <= capacity)).item())
 
 
 def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits,
@@ -317,7 +333,7 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
                     PiT, buf_holder, None, cache_order="token_slots", norm_correction=norm_correction)
     batch, heads, head_dim = query.shape
     decode, decode_out = ops.decode, ops.decode_out
-    if _continuation_chunk(query, block_table, seq_lens):
+    if _continuation_chunk(query, block_table, seq_lens, kv_cache.shape[1]):
         # One sequence of seq_lens[-1] positions whose last `batch` are the rows' tokens.
         starts = torch.arange(0, 2 * batch, batch, dtype=torch.int32, device=query.device)
         args = (*args[:2], block_table[:1], seq_lens[-1:], starts, batch, *args[4:])
@@ -325,7 +341,7 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
     if (isinstance(output_buf, torch.Tensor) and output_buf.dim() == 3 and output_buf.dtype == query.dtype
             and output_buf.device == query.device and output_buf.shape[0] >= batch and output_buf.shape[1] >= heads
             and output_buf.shape[2] >= head_dim and output_buf.stride(2) == 1
-            and all(output_buf.stride(dim) != 0 or n <= 1 for dim, n in ((0, batch), (1, heads)))):
+            and elements_distinct(output_buf[:batch, :heads, :head_dim])):
         out = output_buf[:batch, :heads, :head_dim]
         decode_out(*args, out=out)
         return out

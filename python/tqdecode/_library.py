@@ -33,9 +33,25 @@ def fail(argument: str, message: str):
     raise ValueError(f"tqdecode: {argument}: {message}")
 
 
+def check_is_tensor(value, argument) -> None:
+    if not isinstance(value, torch.Tensor):
+        fail(argument, f"expected a torch.Tensor, got {type(value).__name__}")
+
+
+def elements_distinct(tensor) -> bool:
+    """Whether no two elements share memory: ordered by stride, each dimension
+    of several elements steps past the extent of those inside it (the C++
+    ops' rule; true of every dense, padded or permuted layout)."""
+    extent = 1
+    for stride, size in sorted((tensor.stride(dim), size) for dim, size in enumerate(tensor.shape) if size > 1):
+        if stride < extent:
+            return False
+        extent += stride * (size - 1)
+    return True
+
+
 def _check_tensor(tensor, argument, dtypes, dim, shape, device):
-    if not isinstance(tensor, torch.Tensor):
-        fail(argument, f"expected a torch.Tensor, got {type(tensor).__name__}")
+    check_is_tensor(tensor, argument)
     if tensor.device != device:
         fail(argument, f"is on {tensor.device}; every tensor of the call must be on {device}")
     if tensor.dtype not in dtypes:
@@ -55,8 +71,7 @@ def check_decode(query, kv_cache, block_table, seq_lens, sinks, query_start_loc=
     """The decode checks that need no cache layout; with ``query_start_loc``
     those of several query tokens per sequence (query ``[num_tokens, Hq, D]``,
     batch ``query_start_loc.shape[0] - 1``)."""
-    if not isinstance(query, torch.Tensor):
-        fail("query", f"expected a torch.Tensor, got {type(query).__name__}")
+    check_is_tensor(query, "query")
     device = query.device
     rows = "[num_tokens, num_q_heads, head_dim]" if query_start_loc is not None else "[batch, num_q_heads, head_dim]"
     _check_tensor(query, "query", (torch.bfloat16, torch.float16), 3, rows, device)
@@ -81,9 +96,9 @@ def check_output(out, query, argument) -> None:
     _check_tensor(out, argument, (query.dtype,), 3, "[batch, num_q_heads, head_dim]", query.device)
     if out.shape != query.shape:
         fail(argument, f"shape {list(out.shape)} does not match the query shape {list(query.shape)}")
-    if any(out.stride(dim) == 0 and out.shape[dim] > 1 for dim in range(2)):
-        fail(argument, "rows overlap (a stride of 0 on a dimension of several elements); accepted: distinct rows and "
-                       "heads")
+    if not elements_distinct(out):
+        fail(argument, f"elements overlap (strides {list(out.stride())}); accepted: distinct rows, heads and dims, "
+                       "e.g. stride(1) >= head_dim")
 
 
 def output_rows(output_buf, query, argument):
@@ -92,8 +107,7 @@ def output_rows(output_buf, query, argument):
     (what the decode writes). Accepted: ``[N, Hq, D]`` or ``[N, Hq * D]`` with
     N >= B, the query's dtype and device, the last dimension contiguous."""
     batch, heads, head_dim = query.shape
-    if not isinstance(output_buf, torch.Tensor):
-        fail(argument, f"expected a torch.Tensor, got {type(output_buf).__name__}")
+    check_is_tensor(output_buf, argument)
     accepted = f"accepted: [N, {heads}, {head_dim}] or [N, {heads * head_dim}] with N >= batch {batch}"
     shape = list(output_buf.shape)
     if shape[1:] not in ([heads, head_dim], [heads * head_dim]) or shape[0] < batch:

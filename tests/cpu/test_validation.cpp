@@ -45,6 +45,11 @@ struct BadDecode {
   bool content;  ///< caught by validate_decode_host_contents only
 };
 
+TEST(DecodeValidation, AValueOutsideTheDtypeEnumIsNotNamedAsAnother) {
+  EXPECT_STREQ(dtype_name(static_cast<DType>(77)), "an unknown dtype");
+  EXPECT_STREQ(dtype_name(DType::bf16), "bfloat16");
+}
+
 TEST(DecodeValidation, EveryBadInputNamesTheArgumentAndWritesNothing) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -60,6 +65,8 @@ TEST(DecodeValidation, EveryBadInputNamesTheArgumentAndWritesNothing) {
       {"no q heads", [](DecodeArgs& a, Inputs&) { a.num_q_heads = 0; }, "num_q_heads", false},
       {"group of 17", [](DecodeArgs& a, Inputs&) { a.num_q_heads = 34; }, "num_q_heads", false},
       {"fp32 query", [](DecodeArgs& a, Inputs&) { a.query_dtype = DType::f32; }, "query_dtype", false},
+      {"dtype outside the enum", [](DecodeArgs& a, Inputs&) { a.query_dtype = static_cast<DType>(77); }, "query_dtype",
+       false},
       {"no blocks", [](DecodeArgs& a, Inputs&) { a.num_blocks = 0; }, "num_blocks", false},
       {"no table columns", [](DecodeArgs& a, Inputs&) { a.max_blocks_per_seq = 0; }, "max_blocks_per_seq", false},
       {"query batch stride", [](DecodeArgs& a, Inputs&) { a.query_stride_batch = -1; }, "query_stride_batch", false},
