@@ -174,25 +174,32 @@ tqdecode::CacheLayout cache_layout_of(const Tensor& kv_cache, tqdecode::Preset p
                "slot size " + std::to_string(kv_cache.size(3)) + " is smaller than the " +
                    std::to_string(dense.slot_bytes()) + " bytes of a " + dense.info().name +
                    " slot with head_dim " + std::to_string(head_dim));
-    // A dimension of one entry has no step: torch gives it any stride (a
-    // permuted view), so it takes one that nests the others.
-    const int64_t token_stride = kv_cache.stride(1);
-    const int64_t head_stride = num_kv_heads > 1 ? kv_cache.stride(2) : token_stride * block_size;
-    const int64_t block_stride =
-        kv_cache.size(0) > 1 ? kv_cache.stride(0) : token_stride * block_size + head_stride * num_kv_heads;
-    const tqdecode::CacheLayout layout = [&] {
+    const auto layout_with = [&](int64_t block_stride, int64_t token_stride, int64_t head_stride) {
+      return tqdecode::make_token_slots_layout(preset, head_dim, block_size, num_kv_heads, block_stride, token_stride,
+                                               head_stride, renormalize);
+    };
+    try {
+      return layout_with(kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2));
+    } catch (const tqdecode::Error& error) {
+      const std::string& field = error.argument();
+      if (field != "block_stride" && field != "token_stride" && field != "head_stride") throw;
       try {
-        return tqdecode::make_token_slots_layout(preset, head_dim, block_size, num_kv_heads, block_stride,
-                                                 token_stride, head_stride, renormalize);
-      } catch (const tqdecode::Error& error) {
-        const std::string& field = error.argument();
-        if (field != "block_stride" && field != "token_stride" && field != "head_stride") throw;
+        // A dimension of one entry has no step, and torch gives it any stride
+        // (a permuted view): such a stride is replaced by one that nests the
+        // others. Strides that are valid as given are kept (the kernels'
+        // choices read them).
+        const bool one_block = kv_cache.size(0) == 1, one_head = num_kv_heads == 1;
+        if (!one_block && !one_head) throw;
+        const int64_t token_stride = kv_cache.stride(1);
+        const int64_t head_stride = one_head ? kv_cache.size(3) : kv_cache.stride(2);
+        return layout_with(one_block ? token_stride * block_size + head_stride * num_kv_heads : kv_cache.stride(0),
+                           token_stride, head_stride);
+      } catch (const tqdecode::Error& reason) {
         // The strides are the tensor's: name it, with the library's reason.
         fail("kv_cache", "strides " + shape_text(kv_cache.strides()) + " are not a token_slots cache: " +
-                             std::string(error.what()).substr(std::string_view("tqdecode: ").size()));
+                             std::string(reason.what()).substr(std::string_view("tqdecode: ").size()));
       }
-    }();
-    return layout;
+    }
   }
   // is_contiguous ignores the strides of dimensions of one entry, which have no step.
   TQ_REQUIRE(kv_cache[0].is_contiguous(), "kv_cache",
@@ -203,7 +210,8 @@ tqdecode::CacheLayout cache_layout_of(const Tensor& kv_cache, tqdecode::Preset p
           "slot_bytes " + std::to_string(kv_cache.size(3)) + " is smaller than the " +
               std::to_string(layout.bytes_per_token_head()) + " bytes per (token, kv head) of " + layout.info().name +
               " with head_dim " + std::to_string(head_dim));
-  const int64_t block_stride = kv_cache.size(0) > 1 ? kv_cache.stride(0) : block_bytes;
+  // One block's stride has no step (torch gives it any): kept where valid, else the block's bytes.
+  const int64_t block_stride = kv_cache.size(0) > 1 || kv_cache.stride(0) >= block_bytes ? kv_cache.stride(0) : block_bytes;
   TQ_REQUIRE(block_stride >= block_bytes, "kv_cache",
           "stride(0) " + std::to_string(block_stride) + " is smaller than a block of " +
               std::to_string(block_bytes) + " bytes: blocks would overlap");
