@@ -2,14 +2,17 @@
 # Builds the PyTorch binding into ./build (-DTQDECODE_PYTHON=ON) and runs
 # python/tests: with pytest when it is installed, else with unittest (the
 # tests are unittest-based, so both run all of them). Uses the torch of
-# $PYTHON (default: python3 on PATH); needs no network. Extra arguments go to
+# $PYTHON (default: .venv/bin/python3, made by scripts/python_env.sh, when it
+# exists, else python3 on PATH); needs no network. Extra arguments go to
 # the test runner, e.g. `python/run_tests.sh -k graph`; extra CMake options
 # go in TQDECODE_CMAKE_ARGS, e.g. TQDECODE_CMAKE_ARGS="-DTQDECODE_TESTS=OFF"
 # on a machine without GoogleTest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=$(command -v "${PYTHON:-python3}")
+default_python=python3
+[ -x .venv/bin/python3 ] && default_python=.venv/bin/python3
+PYTHON=$(command -v "${PYTHON:-$default_python}")
 "$PYTHON" -c "import torch" || { echo "run_tests.sh: $PYTHON cannot import torch" >&2; exit 1; }
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
