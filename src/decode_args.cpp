@@ -1,6 +1,8 @@
 #include "tqdecode/decode_args.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "tqdecode/error.hpp"
@@ -55,6 +57,11 @@ void validate_decode_shapes(const DecodeArgs& args, bool output_required) {
           std::to_string(args.num_blocks) + " is out of range; accepted: >= 1");
   TQ_REQUIRE(args.max_blocks_per_seq >= 1, "max_blocks_per_seq",
           std::to_string(args.max_blocks_per_seq) + " is out of range; accepted: >= 1");
+  // The kernels take a sequence's positions, up to the table's coverage, as int.
+  TQ_REQUIRE(std::int64_t{args.max_blocks_per_seq} * args.layout.block_size <= std::numeric_limits<int>::max(),
+             "max_blocks_per_seq",
+             std::to_string(args.max_blocks_per_seq) + " blocks of " + std::to_string(args.layout.block_size) +
+                 " tokens pass 2^31 - 1 positions; accepted: max_blocks_per_seq * block_size < 2^31");
   require_non_negative_stride(args.query_stride_batch, "query_stride_batch");
   require_non_negative_stride(args.query_stride_head, "query_stride_head");
   require_non_negative_stride(args.block_table_stride, "block_table_stride");

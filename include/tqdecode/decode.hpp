@@ -179,8 +179,10 @@ struct DeviceCheckReport {
 /// batch B uses the first rows, so pointers are the same for every B and
 /// across capture and replay. A batch larger than the bucket grows it to the
 /// next power of two (at least B, at most 2^20 rows), once, with a warning on
-/// stderr naming the pool and its new size: graphs captured earlier then hold
-/// stale pointers. The first allocation of a signature and every growth
+/// stderr naming the pool and its new size; the replaced buffers stay
+/// allocated until the workspace is destroyed, so graphs captured earlier
+/// and calls of other threads that acquired them still run on them (they
+/// count in Stats::total_bytes). The first allocation of a signature and every growth
 /// synchronise the device, so they cannot happen while the stream captures a
 /// CUDA graph: decode() then throws Error naming max_batch (run one decode of
 /// each shape before capture, with max_batch at least the largest batch
@@ -242,7 +244,7 @@ class DecodeWorkspace {
   };
   struct Stats {
     std::vector<Entry> entries;
-    std::int64_t total_bytes = 0;
+    std::int64_t total_bytes = 0;  ///< every pool and the allocations growths replaced
   };
   Stats stats() const;
 

@@ -45,8 +45,9 @@ void launch_partitions_generic(const PartitionParams& params, const QueryRows& q
           std::to_string(params.partition_align) + " is out of range; accepted: >= 1");
   TQ_REQUIRE(params.max_blocks_per_seq >= 1, "max_blocks_per_seq",
           std::to_string(params.max_blocks_per_seq) + " is out of range; accepted: >= 1");
-  TQ_REQUIRE(params.batch >= 0 && params.batch <= 65535, "batch",
-          std::to_string(params.batch) + " is out of range for the generic kernel; accepted: 0 to 65535");
+  TQ_REQUIRE(params.batch >= 0 && params.batch <= kMaxGridSequences, "batch",
+             std::to_string(params.batch) + " is out of range for the generic kernel; accepted: 0 to " +
+                 std::to_string(kMaxGridSequences));
   const bool key_fp8 = params.layout.key_fp8();
   TQ_REQUIRE(key_fp8 || params.centroids != nullptr, "centroids", "is null; MSE presets need the codebook");
   const int group = params.num_q_heads / params.layout.num_kv_heads;

@@ -20,6 +20,8 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 
 /// Tokens per tile of the Hopper kernel: its copies' box and its mma's M side.
 inline constexpr int kHopperTileTokens = 16;
+/// Sequences of one GPU call: every partition kernel's grid has them in z.
+inline constexpr int kMaxGridSequences = 65535;
 
 /// token_slots: the bytes of the 16-byte windows covering a slot (which
 /// starts up to 14 bytes into its first): the bulk copies' box width

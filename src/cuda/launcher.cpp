@@ -25,13 +25,14 @@ bool device_present() {
 }
 
 // Everything a plan depends on: shapes and strides fixed at capture, never
-// tensor values. token_slots: the token and head strides and the norm
-// correction choose how the slots are read and the grid.
-using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, int, bool, int, int, std::int64_t, std::int64_t,
-                           bool>;
+// tensor values. The cache pointer's and the block stride's 16-byte
+// alignment and a block stride past 31 bits each gate kernels on their own;
+// token_slots: the token and head strides and the norm correction choose
+// how the slots are read and the grid.
+using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, int, bool, bool, bool, int, int, std::int64_t,
+                           std::int64_t, bool>;
 
 PlanKey plan_key(const DecodeArgs& args, int device, PathRequest request) {
-  const bool aligned16 = args.layout.block_stride % 16 == 0 && reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0;
   const bool slots = args.layout.token_slots();
   return {device,
           args.batch,
@@ -43,7 +44,9 @@ PlanKey plan_key(const DecodeArgs& args, int device, PathRequest request) {
           static_cast<int>(args.layout.preset),
           static_cast<int>(args.query_dtype),
           static_cast<int>(request),
-          aligned16,
+          reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0,
+          args.layout.block_stride % 16 == 0,
+          args.layout.block_stride >= (std::int64_t{1} << 31),
           static_cast<int>(args.layout.order),
           args.varlen() ? args.max_query_len : 0,
           slots ? args.layout.token_stride : 0,
@@ -212,6 +215,10 @@ LaunchPlan plan_decode(const DecodeArgs& args, PathRequest request) {
     TQ_REQUIRE(request == PathRequest::automatic, "path", "no CUDA device is present; accepted: automatic, cpu_reference");
     return {DecodePath::cpu_reference, "no CUDA device is present", 1, 1};
   }
+  // Before any pool is acquired or grown, and for every kernel alike.
+  TQ_REQUIRE(args.batch <= cuda::kMaxGridSequences, "batch",
+             std::to_string(args.batch) + " sequences do not fit one GPU call; accepted: 0 to " +
+                 std::to_string(cuda::kMaxGridSequences) + " (the grid's z dimension), or the cpu_reference path");
   const cuda::DeviceInfo& device = cuda::current_device_info();
   static std::mutex mutex;
   static std::map<PlanKey, LaunchPlan> plans;
@@ -255,7 +262,7 @@ void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* st
   const cuda::DeviceInfo& device = cuda::current_device_info();
   // Query slots: one per sequence, or max_query_len per sequence (varlen).
   const int query_slots = call.batch * call.query_tokens_bound();
-  const PooledBuffers& buffers = workspace.impl().acquire(
+  const PooledBuffers buffers = workspace.impl().acquire(
       {device.device, call.layout.num_kv_heads, call.num_q_heads, call.layout.head_dim, static_cast<int>(call.query_dtype)},
       {query_slots, std::int64_t(query_slots) * plan.num_partitions}, device.sm_count, stream);
   if (pooled_output) {

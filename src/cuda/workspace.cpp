@@ -104,8 +104,8 @@ int grown_bucket(int batch) {
 
 }  // namespace
 
-const PooledBuffers& DecodeWorkspace::Impl::acquire(const PoolSignature& signature, const PoolDemand& demand,
-                                                    int sm_count, CUstream_st* stream) {
+PooledBuffers DecodeWorkspace::Impl::acquire(const PoolSignature& signature, const PoolDemand& demand, int sm_count,
+                                             CUstream_st* stream) {
   std::lock_guard<std::mutex> lock(mutex);
   auto found = pools.find(signature);
   const auto holds = [&](const PooledBuffers& buffers) {
@@ -137,10 +137,11 @@ const PooledBuffers& DecodeWorkspace::Impl::acquire(const PoolSignature& signatu
   if (found != pools.end()) {
     bucket = std::max(found->second.bucket_batch, grown_bucket(batch));
     partition_rows = std::max<std::int64_t>(partition_rows, found->second.partition_rows);
-    // Work still using the old buffers (on any stream) finishes first.
+    // Checks still counting into the old record (on any stream) finish first.
     TQ_CUDA_CHECK(cudaDeviceSynchronize());
     TQ_CUDA_CHECK(cudaMemcpy(&carried, found->second.check_state, sizeof carried, cudaMemcpyDeviceToHost));
-    TQ_CUDA_CHECK(cudaFree(found->second.allocation));
+    retired.push_back(found->second.allocation);
+    retired_bytes += found->second.bytes;
     const int old_bucket = found->second.bucket_batch;
     pools.erase(found);
     const PooledBuffers& grown =
@@ -148,8 +149,8 @@ const PooledBuffers& DecodeWorkspace::Impl::acquire(const PoolSignature& signatu
     std::fprintf(stderr,
                  "tqdecode: warning: batch %d (query rows) exceeds the pool bucket of %d rows of %s, or its "
                  "partition rows; the pool grew to %d rows and %d partition rows (%lld bytes; %lld bytes in %zu "
-                 "pools of this workspace) and CUDA graphs captured earlier now hold stale buffer pointers (raise "
-                 "max_batch or TQDECODE_MAX_BATCH)\n",
+                 "pools of this workspace and the buffers growths replaced, which CUDA graphs captured earlier keep "
+                 "using and which are freed with the workspace; raise max_batch or TQDECODE_MAX_BATCH)\n",
                  batch, old_bucket, signature_text(signature).c_str(), bucket, grown.partition_rows,
                  static_cast<long long>(grown.bytes), static_cast<long long>(total_bytes()), pools.size());
     return grown;
@@ -159,13 +160,14 @@ const PooledBuffers& DecodeWorkspace::Impl::acquire(const PoolSignature& signatu
 }
 
 std::int64_t DecodeWorkspace::Impl::total_bytes() const {
-  std::int64_t total = 0;
+  std::int64_t total = retired_bytes;
   for (const auto& [signature, buffers] : pools) total += buffers.bytes;
   return total;
 }
 
 DecodeWorkspace::Impl::~Impl() {
   for (auto& [signature, buffers] : pools) cudaFree(buffers.allocation);
+  for (void* allocation : retired) cudaFree(allocation);
 }
 
 DecodeWorkspace::DecodeWorkspace(int max_batch)

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "kernel_params.hpp"
 #include "tqdecode/decode.hpp"
@@ -48,16 +49,20 @@ struct DecodeWorkspace::Impl {
   std::atomic<bool> programmatic_launch{true};
   mutable std::mutex mutex;
   std::map<PoolSignature, PooledBuffers> pools;
+  /// Allocations a growth replaced: a call of another thread that acquired
+  /// them before, or a graph captured on them, may still use them, so they
+  /// are freed with the workspace, not at the growth.
+  std::vector<void*> retired;
+  std::int64_t retired_bytes = 0;
 
-  /// Buffers for a call needing `demand` on `stream`; allocates on the
-  /// first call of a signature and grows (with a warning) when the demand
-  /// exceeds the pool: the bucket to the next power of two of the query
-  /// rows, the partition rows to at least what the call needs. Throws Error
-  /// naming max_batch when either would happen while `stream` captures a
-  /// CUDA graph.
-  const PooledBuffers& acquire(const PoolSignature& signature, const PoolDemand& demand, int sm_count,
-                               CUstream_st* stream);
-  /// Bytes held by every pool; the caller holds `mutex`.
+  /// Buffers for a call needing `demand` on `stream` (a copy: the map may
+  /// change once the mutex is released); allocates on the first call of a
+  /// signature and grows (with a warning) when the demand exceeds the pool:
+  /// the bucket to the next power of two of the query rows, the partition
+  /// rows to at least what the call needs. Throws Error naming max_batch
+  /// when either would happen while `stream` captures a CUDA graph.
+  PooledBuffers acquire(const PoolSignature& signature, const PoolDemand& demand, int sm_count, CUstream_st* stream);
+  /// Bytes held by every pool and the allocations growths replaced; the caller holds `mutex`.
   std::int64_t total_bytes() const;
   ~Impl();
 };

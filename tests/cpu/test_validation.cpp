@@ -69,6 +69,8 @@ TEST(DecodeValidation, EveryBadInputNamesTheArgumentAndWritesNothing) {
        false},
       {"no blocks", [](DecodeArgs& a, Inputs&) { a.num_blocks = 0; }, "num_blocks", false},
       {"no table columns", [](DecodeArgs& a, Inputs&) { a.max_blocks_per_seq = 0; }, "max_blocks_per_seq", false},
+      {"table past 2^31 positions", [](DecodeArgs& a, Inputs&) { a.max_blocks_per_seq = (1 << 27) + 1; },
+       "max_blocks_per_seq", false},
       {"query batch stride", [](DecodeArgs& a, Inputs&) { a.query_stride_batch = -1; }, "query_stride_batch", false},
       {"query head stride", [](DecodeArgs& a, Inputs&) { a.query_stride_head = -64; }, "query_stride_head", false},
       {"table stride", [](DecodeArgs& a, Inputs&) { a.block_table_stride = -4; }, "block_table_stride", false},

@@ -672,6 +672,16 @@ TEST(DecodeGpuArguments, MisalignedPiTIsRefusedAndNothingIsWritten) {
   cudaFree(shifted);
 }
 
+// A device allocation holding the scenario's cache `offset` bytes past its
+// (256-byte aligned) start, for pointers off the alignment the kernels want.
+std::uint8_t* cache_copy_at(const Scenario& scenario, int offset) {
+  std::uint8_t* allocation = nullptr;
+  EXPECT_EQ(cudaMalloc(&allocation, scenario.cache.size() + offset), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(allocation + offset, scenario.cache.data(), scenario.cache.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  return allocation;
+}
+
 // The scalar kernel reads token_slots caches in 2-byte pieces: an odd
 // cache pointer is refused, naming it, before anything is launched.
 TEST(DecodeGpuArguments, OddTokenSlotsCachePointerIsRefusedAndNothingIsWritten) {
@@ -680,9 +690,7 @@ TEST(DecodeGpuArguments, OddTokenSlotsCachePointerIsRefusedAndNothingIsWritten) 
   c.order = CacheOrder::token_slots;
   const Scenario scenario = build(c);
   DeviceScenario device(scenario);
-  std::uint8_t* shifted = nullptr;
-  ASSERT_EQ(cudaMalloc(&shifted, scenario.cache.size() + 1), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(shifted + 1, scenario.cache.data(), scenario.cache.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  std::uint8_t* shifted = cache_copy_at(scenario, 1);
   DecodeArgs args = device.args();
   args.cache = shifted + 1;
   for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic_scalar}) {
@@ -697,6 +705,53 @@ TEST(DecodeGpuArguments, OddTokenSlotsCachePointerIsRefusedAndNothingIsWritten) 
     for (const float value : device.output()) ASSERT_TRUE(std::isnan(value)) << "the output was written";
   }
   cudaFree(shifted);
+}
+
+// The plan cache keys the cache pointer's 16-byte alignment apart from the
+// block stride's: token_slots pages of a stride off 16 bytes take the
+// tensor-core kernel from an aligned pointer only, whichever call comes first.
+TEST(DecodeGpuArguments, PlansKeyThePointersAlignmentApartFromTheBlockStrides) {
+  TQ_SKIP_WITHOUT_GPU();
+  DecodeCase c{"pages", Preset::turboquant_k3v4_nc, 16, 2, 128, 16, {300, 5}};
+  c.order = CacheOrder::token_slots;
+  c.padding = 2;
+  const Scenario scenario = build(c);
+  ASSERT_NE(scenario.layout.block_stride % 16, 0);
+  DeviceScenario device(scenario);
+  std::uint8_t* shifted = cache_copy_at(scenario, 2);
+  DecodeArgs misaligned = device.args();
+  misaligned.cache = shifted + 2;
+  std::vector<float> expected(scenario.query.size());
+  decode_reference(scenario.host_args(nullptr), expected.data());
+  plan_decode(device.args());  // the aligned pointer's plan first
+  const LaunchPlan misaligned_plan = plan_decode(misaligned);
+  EXPECT_TRUE(misaligned_plan.path == DecodePath::cuda_generic && misaligned_plan.generic_kernel == GenericKernel::scalar)
+      << misaligned_plan.reason;
+  DecodeWorkspace workspace;
+  device.poison_output();
+  decode(misaligned, workspace, nullptr);
+  expect_close(device.output(), expected, "misaligned pointer after an aligned one");
+  cudaFree(shifted);
+}
+
+// Every GPU kernel has a call's sequences in its grid's z dimension: more
+// are refused, naming batch, before a pool is allocated or anything launched.
+TEST(DecodeGpuArguments, MoreSequencesThanAGridTakesAreRefusedBeforeAnyPool) {
+  TQ_SKIP_WITHOUT_GPU();
+  const Scenario scenario = build({"many", Preset::turboquant_4bit_nc, 8, 8, 128, 16, {40, 3}});
+  DeviceScenario device(scenario);
+  DecodeArgs args = device.args();
+  args.batch = 65536;  // refused on its shape: the two-row tables are never read
+  device.poison_output();
+  DecodeWorkspace workspace;
+  try {
+    decode(args, workspace, nullptr);
+    ADD_FAILURE() << "65536 sequences were accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.argument(), "batch") << error.what();
+  }
+  EXPECT_TRUE(workspace.stats().entries.empty()) << "a pool was allocated";
+  for (const float value : device.output()) ASSERT_TRUE(std::isnan(value)) << "the output was written";
 }
 
 // With device checks off (the default), a length past the block table's

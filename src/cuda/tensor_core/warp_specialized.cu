@@ -29,8 +29,8 @@ void launch_partitions_warp_specialized(const PartitionParams& params, const Que
                  " rows (group x tokens)");
   TQ_REQUIRE(params.partition_align % ws::kTileTokens == 0, "partition_align",
              std::to_string(params.partition_align) + " is out of range; accepted: multiples of 64");
-  TQ_REQUIRE(params.batch >= 0 && params.batch <= 65535, "batch",
-             std::to_string(params.batch) + " is out of range; accepted: 0 to 65535");
+  TQ_REQUIRE(params.batch >= 0 && params.batch <= kMaxGridSequences, "batch",
+             std::to_string(params.batch) + " is out of range; accepted: 0 to " + std::to_string(kMaxGridSequences));
   if (params.batch == 0) return;
   const int query_tiles = (query_rows.max_query_len + query_rows.tokens_per_cta - 1) / query_rows.tokens_per_cta;
   const dim3 grid(params.num_partitions * query_tiles, layout.num_kv_heads, params.batch);
