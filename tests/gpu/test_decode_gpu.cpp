@@ -625,25 +625,49 @@ TEST(DecodeGpuQuery, StridedQueriesOnAndOffSixteenByteBoundariesMatchTheDenseQue
   }
 }
 
+// Decodes `batch` sequences of 40 tokens (Hq 32, D 128) into the workspace's pooled output, which it returns.
+void* pooled_decode(DecodeWorkspace& workspace, int batch) {
+  const Scenario scenario = build({"pool", Preset::turboquant_4bit_nc, 32, 8, 128, 16, std::vector<int>(batch, 40)});
+  DeviceScenario device(scenario);
+  DecodeArgs args = device.args();
+  args.output = nullptr;  // ask for the pooled output
+  void* const output = decode(args, workspace);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return output;
+}
+
 // A pool sized for one bucket serves every batch up to it from the same pointers.
 TEST(DecodeGpuPool, PointersStableAcrossBatchSizes) {
   TQ_SKIP_WITHOUT_GPU();
   DecodeWorkspace workspace(64);
   std::vector<void*> outputs;
-  for (int batch : {1, 7, 64}) {
-    const Scenario scenario = build({"pool", Preset::turboquant_4bit_nc, 32, 8, 128, 16, std::vector<int>(batch, 40)});
-    DeviceScenario device(scenario);
-    DecodeArgs args = device.args();
-    args.output = nullptr;  // ask for the pooled output
-    outputs.push_back(decode(args, workspace));
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  }
+  for (int batch : {1, 7, 64}) outputs.push_back(pooled_decode(workspace, batch));
   EXPECT_EQ(outputs[0], outputs[1]);
   EXPECT_EQ(outputs[1], outputs[2]);
   const DecodeWorkspace::Stats stats = workspace.stats();
   ASSERT_EQ(stats.entries.size(), 1u);
   EXPECT_EQ(stats.entries[0].bucket_batch, 64);
   EXPECT_GT(stats.total_bytes, 0);
+}
+
+// A growth retires the buffers it replaces until the workspace ends: a call
+// of another thread that acquired them, or a graph captured on them, still
+// runs on valid memory; stats count them.
+TEST(DecodeGpuPool, AGrowthKeepsTheReplacedBuffersUntilTheWorkspaceEnds) {
+  TQ_SKIP_WITHOUT_GPU();
+  DecodeWorkspace workspace(8);
+  std::vector<void*> outputs = {pooled_decode(workspace, 8)};
+  std::vector<std::uint16_t> first_rows(8 * 32 * 128);  // bf16
+  ASSERT_EQ(cudaMemcpy(first_rows.data(), outputs[0], first_rows.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  outputs.push_back(pooled_decode(workspace, 9));
+  ASSERT_NE(outputs[0], outputs[1]);
+  std::vector<std::uint16_t> retired(first_rows.size());
+  ASSERT_EQ(cudaMemcpy(retired.data(), outputs[0], retired.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(retired, first_rows) << "the replaced pool's output was reused or freed";
+  const DecodeWorkspace::Stats stats = workspace.stats();
+  ASSERT_EQ(stats.entries.size(), 1u);
+  EXPECT_EQ(stats.entries[0].bucket_batch, 16);
+  EXPECT_GT(stats.total_bytes, stats.entries[0].bytes);
 }
 
 // The GPU rotations copy PiT in 16-byte units: a misaligned PiT is refused,
