@@ -34,7 +34,7 @@ status=0
 # draws its false report (docs/RELIABILITY.md, resolved findings).
 small='DecodeGpuQuery.*:Split/CtaShapes.*:DecodeGpuArguments.LengthsPast*:Grid/DecodeGpu.*/q4_d64:DecodeGpuGraph.*:StoreGpu*'
 small+=':Grid/DecodeGpu.*/q4_d256_g16_row_tiles:Grid/VarlenGpu.*/q4_d128_g8_spec4:VarlenGpuGraph.*'
-memcheck_only=':VarlenGpuArguments.*:Grid/VarlenGpu.*/k3v4_nc_d256_g16:Grid/VarlenGpu.*/q4_d128_g1_hk8_four_head_tiles'
+memcheck_only=':VarlenGpuArguments.*:DecodeGpuArguments.PlansKey*:DecodeGpuPool.AGrowth*:Grid/VarlenGpu.*/k3v4_nc_d256_g16:Grid/VarlenGpu.*/q4_d128_g1_hk8_four_head_tiles'
 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests \
   --gtest_filter="$small$memcheck_only" >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \
