@@ -264,9 +264,11 @@ PathChoice choose_decode_path(const DecodeArgs& args, PathRequest request = Path
 
 /// One decode step: writes args.output [B, Hq, D] (query dtype). Device
 /// pointers on the CUDA paths, host pointers on the CPU path. When
-/// args.output is null the pooled output buffer is written and returned.
-/// Asynchronous on `stream` for CUDA paths; throws Error (nothing written)
-/// for invalid arguments.
+/// args.output is null the pooled output buffer is written and returned:
+/// the workspace owns it, the next call of the same shape signature on the
+/// workspace overwrites it, and it stays allocated (also past a growth)
+/// until the workspace is destroyed. Asynchronous on `stream` for CUDA
+/// paths; throws Error (nothing written) for invalid arguments.
 void* decode(const DecodeArgs& args, DecodeWorkspace& workspace, CUstream_st* stream = nullptr,
              PathRequest request = PathRequest::automatic);
 
