@@ -54,9 +54,13 @@ import types
 import zipfile
 from pathlib import Path
 
-# On the CPU vLLM's kernels run in Triton's interpreter, which must be chosen before Triton is imported.
-ON_GPU = sys.argv[sys.argv.index("--device") + 1:][:1] == ["cuda"] if "--device" in sys.argv else False
-if not ON_GPU:
+# On the CPU vLLM's kernels run in Triton's interpreter, which must be chosen before Triton is imported
+# (and must be off on the GPU, whatever the shell exports).
+ON_GPU = "--device=cuda" in sys.argv or (
+    "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1:][:1] == ["cuda"])
+if ON_GPU:
+    os.environ.pop("TRITON_INTERPRET", None)
+else:
     os.environ["TRITON_INTERPRET"] = "1"
 DEVICE = None  # set in main()
 
@@ -160,7 +164,10 @@ def check_store(vllm_store, preset, head_dim, generator):
     ours, theirs = ours.cpu(), theirs.cpu()
     differ = ours != theirs
     if not layout.key_fp8:
-        return int(differ.sum()) == 0, f"{int(differ.sum())} of {ours.numel()} bytes differ"
+        # Where they differ (block, row, head, byte of the slot): key codes, norm, value codes or fields.
+        where = differ.nonzero()[:4].tolist()
+        return int(differ.sum()) == 0, f"{int(differ.sum())} of {ours.numel()} bytes differ" + (
+            f", first at (block, row, head, byte) {where}" if where else "")
     # fp8 keys: tqdecode's key bytes against the hardware conversion; the rest byte for byte.
     key_bytes = torch.zeros_like(differ)
     key_bytes[..., :head_dim] = True
@@ -169,9 +176,13 @@ def check_store(vllm_store, preset, head_dim, generator):
     hardware = fp8_hardware_bytes(key.float()[stored])
     keys_match = torch.equal(ours[block, row, :, :head_dim], hardware)
     other = int((differ & ~key_bytes).sum())
-    interpreter = int((differ & key_bytes).sum())
+    key_differ = int((differ & key_bytes).sum())
+    if ON_GPU:  # vLLM's conversion is the hardware's there too: every byte must agree
+        return keys_match and other == 0 and key_differ == 0, (
+            f"{other} non-key bytes differ; key bytes equal the hardware conversion: {keys_match}; "
+            f"vLLM's key bytes differ on {key_differ}")
     return keys_match and other == 0, (f"{other} non-key bytes differ; key bytes equal the hardware conversion: "
-                                       f"{keys_match}; the interpreter's fp8 emulation differs on {interpreter}")
+                                       f"{keys_match}; the interpreter's fp8 emulation differs on {key_differ}")
 
 
 def check_decode(vllm_decode, preset, head_dim, norm_correction, generator):
@@ -221,7 +232,7 @@ def check_continuation(vllm_decode, preset, generator, rows=40):
             0 if layout.key_fp8 else layout.key_bits, engine_key_packed_size(layout), layout.value_bits)
     kwargs = {"key_fp8": layout.key_fp8, "norm_correction": not layout.key_fp8}
     args = on_device(*args)
-    one_call = tqdecode._continuation_chunk(args[0], args[2], args[3])
+    one_call = tqdecode._continuation_chunk(args[0], args[2], args[3], args[1].shape[1])
     ours = tqdecode.token_slots_decode_attention(*args, **kwargs).float().cpu()
     theirs = vllm_decode(*args, **kwargs, PiT=on_device(None if PiT is None else PiT.float().contiguous())[0],
                          max_num_kv_splits=4).float().cpu()
@@ -264,7 +275,8 @@ def time_decodes(vllm_decode, preset, batch=16, context=8192, num_q_heads=32, nu
 
     holder = Holder()
     runs = {"vllm": lambda: vllm_decode(*args, **kwargs, **buffers, buf_holder=holder),
-            "tqdecode": lambda: tqdecode.token_slots_decode_attention(*args, **kwargs, buf_holder=holder)}
+            # The same buffers, as the plugin route hands them over (tqdecode writes output_buf, ignores the rest).
+            "tqdecode": lambda: tqdecode.token_slots_decode_attention(*args, **kwargs, **buffers, buf_holder=holder)}
     times = {}
     for name, run in runs.items():
         for _ in range(3):

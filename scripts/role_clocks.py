@@ -34,7 +34,8 @@ if len(sys.argv) != 2:
     sys.exit(__doc__)
 tree = Path(__file__).resolve().parent.parent
 root = Path(sys.argv[1])
-shutil.copytree(tree, root, ignore=shutil.ignore_patterns("build*", ".git", ".device", ".venv", "__pycache__"))
+shutil.rmtree(root, ignore_errors=True)  # a rerun on the same machine starts from the tree again
+shutil.copytree(tree, root, ignore=shutil.ignore_patterns("build", "build-*", ".git", ".device", ".venv", "__pycache__"))
 kernel = root / "src/cuda/tensor_core/warp_specialized.cuh"
 launcher = root / "src/cuda/tensor_core/warp_specialized.cu"
 bench = root / "bench/tqdecode_bench.cu"
@@ -156,7 +157,10 @@ void dump_role_clocks() {
   namespace ws = tensor_core::specialized;
   constexpr int kRow = 4 * ws::kRoleSlots + 1;
   std::vector<long long> h(ws::kRoleCtas * kRow);
-  cudaMemcpyFromSymbol(h.data(), ws::role_clocks, h.size() * sizeof(long long));
+  if (cudaMemcpyFromSymbol(h.data(), ws::role_clocks, h.size() * sizeof(long long)) != cudaSuccess) {
+    std::printf("  role clocks: reading the record failed\n");
+    return;
+  }
   std::vector<int> ctas;
   for (int c = 0; c < ws::kRoleCtas; ++c)
     if (h[c * kRow + 4 * ws::kRoleSlots] != 0) ctas.push_back(c);
@@ -181,7 +185,11 @@ void dump_role_clocks() {
     std::printf(" loop %.0f\n", median(per_tile[4]));
   }
   std::fill(h.begin(), h.end(), 0LL);
-  cudaMemcpyToSymbol(ws::role_clocks, h.data(), h.size() * sizeof(long long));
+  // The copy runs on the legacy stream, which the bench's stream does not wait for: done before the next run.
+  if (cudaMemcpyToSymbol(ws::role_clocks, h.data(), h.size() * sizeof(long long)) != cudaSuccess ||
+      cudaDeviceSynchronize() != cudaSuccess) {
+    std::printf("  role clocks: clearing the record failed\n");
+  }
 }
 }  // namespace tqdecode::cuda
 '''
