@@ -138,7 +138,8 @@ struct LaunchPlan {
   int query_tokens_per_cta = 1;
 };
 
-/// True when a CUDA device is present and this build has CUDA.
+/// True when a CUDA device is present and this build has kernels for the
+/// current one (its architecture built, or PTX it can compile).
 bool cuda_available();
 
 /// True when the fast Hopper kernel can run on the current device.

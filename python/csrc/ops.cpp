@@ -629,6 +629,20 @@ bool is_available() {
   return translating_errors([] { return tqdecode::is_available(); });
 }
 
+// Whether CUDA device `device` exists and this build has kernels for it.
+bool runs_on_device([[maybe_unused]] int64_t device) {
+  return translating_errors([&] {
+#if defined(TQDECODE_WITH_CUDA)
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) return false;
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    return tqdecode::cuda_available();
+#else
+    return false;
+#endif
+  });
+}
+
 std::string version() { return TQDECODE_VERSION_STRING; }
 
 void set_device_checks(bool enabled) {
@@ -788,6 +802,7 @@ TORCH_LIBRARY(tqdecode, m) {
       "-> (Tensor centroids, Tensor Pi, Tensor PiT)");
   m.def("cache_layout(str preset, int head_dim, int block_size, int num_kv_heads, str cache_order=\"blocks\") -> int[]");
   m.def("is_available() -> bool");
+  m.def("runs_on_device(int device) -> bool");
   m.def("version() -> str");
   m.def("set_max_batch(int max_batch) -> ()");
   m.def("pool_stats() -> (int max_batch, str[] signatures, int[] bucket_batch, int[] partition_rows, int[] bytes)");
@@ -827,6 +842,7 @@ TORCH_LIBRARY_IMPL(tqdecode, CompositeExplicitAutograd, m) {
   m.impl("make_model_constants", &tqdecode_torch::make_model_constants);
   m.impl("cache_layout", &tqdecode_torch::cache_layout);
   m.impl("is_available", &tqdecode_torch::is_available);
+  m.impl("runs_on_device", &tqdecode_torch::runs_on_device);
   m.impl("version", &tqdecode_torch::version);
   m.impl("set_max_batch", &tqdecode_torch::set_max_batch);
   m.impl("pool_stats", &tqdecode_torch::pool_stats);

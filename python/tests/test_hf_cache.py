@@ -230,6 +230,12 @@ class TinyModelTest(unittest.TestCase):
         sliding = LlamaConfig(**{**self.model.config.to_dict(), "layer_types": ["sliding_attention"] * 4})
         with self.assertRaisesRegex(ValueError, "layer 0 is 'sliding_attention'"):
             TQDecodeCache(sliding)
+        from transformers import MistralConfig  # a window on every layer, without layer_types
+        windowed = MistralConfig(**{k: v for k, v in self.model.config.to_dict().items() if k != "model_type"})
+        with self.assertRaisesRegex(ValueError, "config: sliding_window 4096"):
+            TQDecodeCache(windowed)
+        with self.assertWarnsRegex(UserWarning, "leave none to compress"):
+            TQDecodeCache(self.model.config, boundary_layers=2)  # 4 layers
         self.model.set_attn_implementation("sdpa")
         with self.assertRaisesRegex(RuntimeError, "attention implementation is 'sdpa'"):
             self.model(input_ids=torch.tensor([self.tokens[:4]]), past_key_values=TQDecodeCache(self.model.config, boundary_layers=1))

@@ -321,6 +321,8 @@ class VllmPluginTest(unittest.TestCase):
                 routed = source.triton_turboquant_decode_attention
                 self.assertIsNot(routed, original)
                 self.assertIs(backend.triton_turboquant_decode_attention, routed)
+                self.assertTrue(vllm_plugin.register())  # the plugin hook and the engine may both call it
+                self.assertIs(source.triton_turboquant_decode_attention, routed)
                 # The engine's call (keywords, as vLLM's backend passes them) gives tqdecode's result; later vLLM
                 # revisions' mask arguments pass when None and send the call to vLLM's function when set.
                 case = Case("turboquant_4bit_nc")
@@ -346,11 +348,14 @@ class VllmPluginTest(unittest.TestCase):
                     self.assertEqual(routed(**fp8_call), "triton")
                     self.assertEqual(routed(*positional), "triton")
                     self.assertTrue(torch.equal(routed(**call), expected))
+                # A device this build has no kernels for (an architecture it was not built for) stays with vLLM.
+                with unittest.mock.patch.object(vllm_plugin, "_serves", return_value=False):
+                    self.assertEqual(routed(**call), "triton")
                 # A tqdecode built without CUDA leaves vLLM's function in place.
                 for module in (source, backend):
                     setattr(module, vllm_plugin.FUNCTION, original)
                 with unittest.mock.patch.object(vllm_plugin, "_has_cuda_ops", return_value=False):
-                    with self.assertLogs(vllm_plugin.__name__, "WARNING") as logs:
+                    with self.assertLogs(vllm_plugin._log.name, "WARNING") as logs:
                         self.assertFalse(vllm_plugin.register())
                 self.assertIn("built without CUDA", logs.output[0])
                 self.assertIs(source.triton_turboquant_decode_attention, original)

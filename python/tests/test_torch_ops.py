@@ -777,6 +777,7 @@ class OpCheckTest(unittest.TestCase):
             (ops.make_model_constants.default, ("turboquant_3bit_nc", 64, 3, "dense"), {}),
             (ops.cache_layout.default, ("turboquant_k8v4", 128, 16, 2), {}),
             (ops.is_available.default, (), {}),
+            (ops.runs_on_device.default, (0,), {}),
             (ops.version.default, (), {}),
             (ops.pool_stats.default, (), {}),
             (ops.set_device_checks.default, (False,), {}),

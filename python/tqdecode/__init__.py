@@ -31,6 +31,7 @@ __all__ = [
     "decode_path",
     "device_check_report",
     "is_available",
+    "runs_on_device",
     "make_model_constants",
     "pool_stats",
     "set_device_checks",
@@ -411,6 +412,14 @@ def decode_path(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, ms
 def is_available() -> bool:
     """True when the fast Hopper kernel can run on the current CUDA device."""
     return bool(ops.is_available())
+
+
+def runs_on_device(device=None) -> bool:
+    """True when CUDA device ``device`` (default: the current one) exists and
+    this build has kernels for it (its architecture, or PTX it compiles)."""
+    if not torch.cuda.is_available():
+        return False
+    return bool(ops.runs_on_device(_device_index(device)))
 
 
 def set_max_batch(max_batch: int) -> None:

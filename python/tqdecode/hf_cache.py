@@ -29,6 +29,7 @@ model stays usable with any cache.
 from __future__ import annotations
 
 import threading
+import warnings
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
@@ -223,6 +224,7 @@ def tqdecode_attention(module, query, key, value, attention_mask, scaling=None, 
     _pending.layer = None
     for unsupported in ("softcap", "s_aux", "sliding_window"):
         if kwargs.get(unsupported) is not None:
+            layer.pending = None  # so the next call is not taken for this one
             raise NotImplementedError(f"tqdecode: attention with {unsupported} is not supported")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
@@ -261,7 +263,12 @@ class TQDecodeCache(Cache):
         tqdecode.cache_layout(preset, head_dim, block_size, num_kv_heads)  # ValueError naming what is unsupported
         if boundary_layers < 0:
             raise ValueError(f"tqdecode: boundary_layers: {boundary_layers} is negative; accepted: 0 or more")
-        layer_types = getattr(text_config, "layer_types", None) or ["full_attention"] * num_layers
+        layer_types = getattr(text_config, "layer_types", None)
+        if layer_types is None and getattr(text_config, "sliding_window", None) is not None and getattr(
+                text_config, "use_sliding_window", True):
+            raise ValueError(f"tqdecode: config: sliding_window {text_config.sliding_window} makes every layer "
+                             "attend to a window; the cache supports full attention only")
+        layer_types = layer_types or ["full_attention"] * num_layers
         for index, kind in enumerate(layer_types):
             if kind != "full_attention":
                 raise ValueError(f"tqdecode: layer {index} is {kind!r}; the cache supports full attention only")
@@ -270,6 +277,9 @@ class TQDecodeCache(Cache):
             else TQDecodeLayer(preset, block_size, seed)
             for index in range(num_layers)
         ]
+        if not any(isinstance(layer, TQDecodeLayer) for layer in layers):
+            warnings.warn(f"tqdecode: {num_layers} layers with boundary_layers={boundary_layers} leave none to "
+                          "compress: every layer keeps an ordinary cache", stacklevel=2)
         super().__init__(layers=layers)
         self.config = config
         self.preset = preset

@@ -25,7 +25,9 @@ import sys
 
 SOURCE_MODULE = "vllm.v1.attention.ops.triton_turboquant_decode"
 FUNCTION = "triton_turboquant_decode_attention"
-_log = logging.getLogger(__name__)
+# A child of vLLM's logger, whose handler vLLM's logging configuration sets
+# (the root logger has none at INFO there).
+_log = logging.getLogger("vllm.tqdecode")
 
 
 def _has_cuda_ops() -> bool:
@@ -43,7 +45,8 @@ def register() -> bool:
     that holds it by name (the backend does ``from ... import``); modules
     imported later find the replacement. Returns False, and changes nothing,
     when vLLM is not installed or has no such function, or (with a warning)
-    when this tqdecode was built without its CUDA kernels.
+    when this tqdecode was built without its CUDA kernels. Calling it again
+    (the plugin hook and an engine may both) changes nothing more.
     """
     if importlib.util.find_spec("vllm") is None:
         return False
@@ -54,6 +57,8 @@ def register() -> bool:
     replaced = getattr(source, FUNCTION, None)
     if replaced is None:
         return False
+    if getattr(replaced, "_tqdecode_route", False):
+        return True
     if not _has_cuda_ops():
         _log.warning("tqdecode was built without CUDA (no nvcc at build time): vLLM keeps its own %s", FUNCTION)
         return False
@@ -65,6 +70,15 @@ def register() -> bool:
 
     _log.info("vLLM's %s now runs tqdecode %s's token_slots_decode_attention", FUNCTION, __version__)
     return True
+
+
+@functools.cache
+def _serves(device) -> bool:
+    """Whether tqdecode serves tensors on `device`: its CPU ops, or kernels
+    for a CUDA device's architecture in this build."""
+    from . import runs_on_device
+
+    return device.type != "cuda" or runs_on_device(device)
 
 
 @functools.cache
@@ -81,8 +95,9 @@ def route(original):
     """``original`` (vLLM's decode function) as tqdecode serves it: a call
     :func:`tqdecode.token_slots_decode_attention` can name goes there, with
     any argument it does not take dropped when None; a call that sets such an
-    argument, passes more positional arguments than it takes, or has fp8 keys
-    on a GPU where vLLM stores them as float8e4b15, goes to ``original``."""
+    argument, passes more positional arguments than it takes, runs on a device
+    this build has no kernels for, or has fp8 keys on a GPU where vLLM stores
+    them as float8e4b15, goes to ``original``."""
     from . import token_slots_decode_attention
 
     signature = inspect.signature(token_slots_decode_attention)
@@ -95,11 +110,12 @@ def route(original):
         if len(args) > len(taken) or any(kwargs[name] is not None for name in others):
             return original(*args, **kwargs)
         key_fp8 = args[key_fp8_index] if len(args) > key_fp8_index else kwargs.get("key_fp8", False)
-        query = args[0] if args else kwargs["query"]
-        if key_fp8 and _stores_e4b15_keys(query.device):
+        query = args[0] if args else kwargs.get("query")
+        if query is None or not _serves(query.device) or (key_fp8 and _stores_e4b15_keys(query.device)):
             return original(*args, **kwargs)
         for name in others:
             del kwargs[name]
         return token_slots_decode_attention(*args, **kwargs)
 
+    decode_attention._tqdecode_route = True
     return decode_attention

@@ -108,6 +108,10 @@ std::string token_slots_text(const DecodeArgs& args, const cuda::GridChoice& gri
 }
 
 LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::DeviceInfo& device) {
+  TQ_REQUIRE(cuda::tensor_core_kernel_runnable(), "device",
+             "sm_" + std::to_string(device.cc_major) + std::to_string(device.cc_minor) +
+                 " has no kernels in this build; accepted: a device of the architectures it was built for "
+                 "(CMAKE_CUDA_ARCHITECTURES), or a newer one where it holds PTX");
   const std::string not_hopper = cuda::hopper_unsupported_reason(args, device);
   const int max_context = args.max_blocks_per_seq * args.layout.block_size;
   // The tensor-core kernel's grid: row tiles of each (sequence, kv head)'s
@@ -200,7 +204,8 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
 
 }  // namespace
 
-bool cuda_available() { return device_present(); }
+// The probe kernel is built for the same architectures as every kernel.
+bool cuda_available() { return device_present() && cuda::tensor_core_kernel_runnable(); }
 
 bool is_available() {
   if (!device_present()) return false;
