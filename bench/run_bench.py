@@ -141,6 +141,25 @@ def git_commit():
     return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
+def machine_facts(build_dir):
+    """What else sets the numbers: the GPU's identity, clocks and power limit, and the build's configuration."""
+    facts = []
+    try:
+        query = subprocess.run(["nvidia-smi", "--query-gpu=uuid,clocks.max.sm,clocks.max.mem,power.limit,"
+                                "ecc.mode.current,temperature.gpu", "--format=csv,noheader"],
+                               capture_output=True, text=True, check=True)
+        facts.append("GPU uuid, max SM / memory clocks, power limit, ECC, temperature: "
+                     + query.stdout.strip().splitlines()[0])
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        pass
+    cache = build_dir / "CMakeCache.txt"
+    if cache.exists():
+        wanted = ("CMAKE_BUILD_TYPE", "CMAKE_CUDA_ARCHITECTURES", "TQDECODE_SANITIZE")
+        values = [line.split("=", 1) for line in cache.read_text().splitlines() if line.split(":", 1)[0] in wanted]
+        facts.append("build: " + ", ".join(f"{name.split(':')[0]}={value}" for name, value in values))
+    return "; ".join(facts)
+
+
 def driver_release():
     """The kernel driver's version (e.g. 580.159.04); the CUDA programs report the CUDA version it supports."""
     try:
@@ -210,10 +229,30 @@ def single_us(record):
     return (record.get("single") or {}).get("median_us")
 
 
+def read_ceiling(tq_parts, bf16_parts):
+    """The run's read ceiling: the read kernel's rate (the best of the
+    programs' parts, each of which measures it), or the fastest rate a timed
+    step of the run read its bytes at where that is higher, since every
+    measured rate is a lower bound on the ceiling; so no step reads at over
+    100 %. Returns (read_tbps, the read kernel's rate, what set the ceiling)."""
+    kernel = max((p["ceilings"]["read_tbps"] for p in tq_parts if (p.get("ceilings") or {}).get("read_tbps")),
+                 default=None)
+    best, source = kernel, "the read kernel"
+    steps = [(r["bytes"] / single_us(r) * 1e-6, f"tqdecode {r['name']} ({r.get('request', '')})")
+             for p in tq_parts for r in p.get("records", [])
+             if r.get("status") == "ok" and r.get("bytes") and single_us(r)]
+    steps += [(r["bytes"] / r["best_us"] * 1e-6, f"bf16 {r['name']} ({r.get('best_impl')})")
+              for p in bf16_parts for r in p.get("records", [])
+              if r.get("status") == "ok" and r.get("bytes") and r.get("best_us")]
+    for rate, name in steps:
+        if best is None or rate > best:
+            best, source = rate, name
+    return best, kernel, source
+
+
 def merge(tq_parts, bf16_parts, shapes, crashed, commit):
     """One record per (shape, request) with the bf16 numbers beside, and one engine row per engine-like shape."""
-    ceilings = first_of(tq_parts, "ceilings") or {}
-    read = ceilings.get("read_tbps")
+    read = read_ceiling(tq_parts, bf16_parts)[0]
     bf16_by_name = {r["name"]: r for p in bf16_parts for r in p.get("records", [])}
     by_name = {s["name"]: s for s in shapes}
     tq_records = [r for p in tq_parts for r in p.get("records", [])]
@@ -242,7 +281,8 @@ def merge(tq_parts, bf16_parts, shapes, crashed, commit):
             "tokens": r.get("tokens", plan.get("tokens")), "bytes": r.get("bytes", plan.get("bytes")),
             "layers": r.get("layers"), "back_to_back_instances": r.get("back_to_back_instances"),
             "tq_us": tq_us, "tq_us_min": (r.get("single") or {}).get("min_us"), "tq_us_max": (r.get("single") or {}).get("max_us"),
-            "tq_tbps": r.get("tq_tbps"), "frac_of_read": r.get("frac_of_read"), "read_tbps": read,
+            "tq_tbps": r.get("tq_tbps"), "read_tbps": read,
+            "frac_of_read": r["bytes"] / tq_us * 1e-6 / read if tq_us and r.get("bytes") and read else None,
             "back_to_back_us": r.get("back_to_back_us"),
             "bf16_us": bf16_us, "bf16_impl": b.get("best_impl") if bf16_us is not None else None,
             "bf16_bytes": b.get("bytes"),
@@ -290,9 +330,14 @@ def evaluate(records, engine, selected, reference):
             measured = row and row["tq_per_layer_us"]
         elif metric == "us_vs_reference":
             earlier = automatic(reference["records"], name) if reference else None
-            if earlier and record and earlier.get("tq_us"):
+            if earlier and record and earlier.get("tq_us") and record.get("tq_us"):
+                # H200s differ by a few % in bandwidth: each time is scaled by its own run's read ceiling.
                 measured = record["tq_us"] / earlier["tq_us"]
-                note = f"reference {earlier['tq_us']:.2f} us at {reference.get('commit', '?')}"
+                if record.get("read_tbps") and earlier.get("read_tbps"):
+                    measured *= record["read_tbps"] / earlier["read_tbps"]
+                note = (f"reference {earlier['tq_us']:.2f} us at {reference.get('commit', '?')}, times scaled by "
+                        f"each run's read ceiling ({fmt(record.get('read_tbps'), '.3f')} against "
+                        f"{fmt(earlier.get('read_tbps'), '.3f')} TB/s)")
             else:
                 note = "needs --reference-results (a single-step results.json of the earlier commit)"
         elif record:
@@ -430,14 +475,16 @@ def token_slots_lines(records):
     slots = [r for r in records if r.get("order") == "token_slots" and r["status"] == "ok" and r["q_len"] == 1]
     if not slots:
         return []
-    blocks = {(r["preset"], r["B"], r["L"], r["Hq"], r["Hk"], r["D"], r["block_size"], r["request"]): r
-              for r in records if r.get("order") == "blocks" and r["status"] == "ok" and r["q_len"] == 1
-              and r["lengths"] == "uniform" and r["scores"] == "flat" and not r["max_model_len"]}
+    def key(r):  # the same shape, lengths and scores: a ragged row beside the ragged blocks-order row
+        return tuple(r.get(k) for k in ("preset", "B", "L", "Hq", "Hk", "D", "block_size", "lengths", "scores",
+                                        "max_model_len", "request"))
+
+    blocks = {key(r): r for r in records if r.get("order") == "blocks" and r["status"] == "ok" and r["q_len"] == 1}
     lines = ["## token_slots order (the layout vLLM writes on CUDA GPUs; single step)", "",
              "| shape | request | norm correction | path | time | % of read ceiling | bf16 | speedup | "
              "blocks order, same shape |", "|---|---|---|---|---|---|---|---|---|"]
     for r in slots:
-        same = blocks.get((r["preset"], r["B"], r["L"], r["Hq"], r["Hk"], r["D"], r["block_size"], r["request"]))
+        same = blocks.get(key(r))
         lines.append(f"| {r['name']} | {r['request']} | {'yes' if r['norm_correction'] else 'no'} | "
                      f"{' '.join(filter(None, (r['path'], r['kernel'])))} | {fmt(r['tq_us'], '.1f', ' us')} | "
                      f"{percent(r['frac_of_read'])} | {fmt(r['bf16_us'], '.1f', ' us')} | "
@@ -458,8 +505,12 @@ def write_markdown(path, meta, records, engine, targets, bf16_parts):
         f"- commit: {meta['commit']}",
         f"- command: `{meta['command']}`",
         *([f"- relabelled: {meta['relabelled']}"] if meta.get("relabelled") else []),
-        f"- ceilings: device-to-device copy {fmt(ceilings.get('copy_tbps'), '.3f')} TB/s (read+write bytes), "
-        f"read-only stream {fmt(ceilings.get('read_tbps'), '.3f')} TB/s (median of {ceilings.get('reps', '-')} reps)",
+        f"- ceilings: device-to-device copy {fmt(ceilings.get('copy_tbps'), '.3f')} TB/s (read+write bytes); "
+        f"read ceiling {fmt(ceilings.get('read_tbps'), '.3f')} TB/s, set by "
+        f"{ceilings.get('read_source', 'the read kernel')} (the read kernel: "
+        f"{fmt(ceilings.get('read_kernel_tbps', ceilings.get('read_tbps')), '.3f')} TB/s, median of "
+        f"{ceilings.get('reps', '-')} reps; every % of read is of the read ceiling)",
+        *([f"- machine: {meta['machine']}"] if meta.get("machine") else []),
         "",
         *method_lines(meta),
     ]
@@ -577,7 +628,9 @@ def parts_in(out_dir, label):
 def combine(out_dir, meta, tq_parts, bf16_parts, shapes, crashed, reference):
     records, engine = merge(tq_parts, bf16_parts, shapes, crashed, meta["commit"])
     targets = evaluate(records, engine, {s["name"] for s in shapes}, reference)
-    meta.update(ceilings=first_of(tq_parts, "ceilings"), tq_method=first_of(tq_parts, "method"),
+    read, kernel, source = read_ceiling(tq_parts, bf16_parts)
+    meta.update(ceilings={**(first_of(tq_parts, "ceilings") or {}), "read_tbps": read, "read_kernel_tbps": kernel,
+                          "read_source": source}, tq_method=first_of(tq_parts, "method"),
                 bf16_method=first_of(bf16_parts, "method"), tq_floor=first_of(tq_parts, "floor"),
                 bf16_floor=first_of(bf16_parts, "floor"), crashed=crashed)
     write_results(out_dir, meta, tq_parts, bf16_parts, records, engine, targets)
@@ -592,6 +645,7 @@ def relabel(out_dir, commit, reference):
         sys.exit(f"run_bench: --relabel-commit needs tqdecode_bench.json, bf16_baseline.json and results.json in {out_dir}")
     meta = {key: earlier.get(key, "unknown") for key in ("date", "command", "gpu", "driver", "runtime", "driver_release",
                                                          "torch", "torch_cuda")}
+    meta["machine"] = earlier.get("machine")
     meta["shapes"] = earlier.get("shapes") or list(dict.fromkeys(r["name"] for p in tq_parts for r in p.get("records", [])))
     meta.update(commit=commit, failures=earlier.get("failures", []),
                 relabelled=f"recorded as {earlier['commit']}, relabelled by `{shlex.join(['python3', *sys.argv])}`")
@@ -778,7 +832,8 @@ def main():
         "date": date, "command": command, "commit": commit, "shapes": names,
         "gpu": first_of(tq_parts, "gpu") or first_of(bf16_parts, "gpu") or "unknown",
         "driver": first_of(tq_parts, "driver") or "unknown", "runtime": first_of(tq_parts, "runtime") or "unknown",
-        "driver_release": driver_release(), "torch": first_of(bf16_parts, "torch") or "unknown",
+        "driver_release": driver_release(), "machine": machine_facts(build_dir),
+        "torch": first_of(bf16_parts, "torch") or "unknown",
         "torch_cuda": first_of(bf16_parts, "cuda") or "unknown",
         "failures": [[label, log] for label, log in tq_failures + bf16_failures],
     }
