@@ -141,6 +141,24 @@ def fp8_hardware_bytes(values: torch.Tensor) -> torch.Tensor:
     return values.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
 
 
+def value_codes(cache: torch.Tensor, offset: int, bits: int, count: int) -> torch.Tensor:
+    """The `count` value codes of every slot: an LSB-first bitstream of `bits`-bit codes from byte `offset`."""
+    region = cache[..., offset:offset + (count * bits + 7) // 8].long()
+    stream = ((region[..., :, None] >> torch.arange(8)) & 1).flatten(-2)[..., :count * bits]
+    return (stream.unflatten(-1, (count, bits)) << torch.arange(bits)).sum(-1)
+
+
+def split_value_codes(ours, theirs, layout, head_dim):
+    """(bytes differing outside the value codes, value codes one level apart, value codes further apart)."""
+    offset = layout.key_packed_size + (0 if layout.key_fp8 else 2)  # fp8 keys have no norm field
+    size = (head_dim * layout.value_bits + 7) // 8
+    outside = ours != theirs
+    outside[..., offset:offset + size] = False
+    apart = (value_codes(ours, offset, layout.value_bits, head_dim)
+             - value_codes(theirs, offset, layout.value_bits, head_dim)).abs()
+    return int(outside.sum()), int((apart == 1).sum()), int((apart > 1).sum())
+
+
 def check_store(vllm_store, preset, head_dim, generator):
     num_kv_heads, block_size, num_blocks, tokens = 2, 16, 6, 70
     layout = tqdecode.cache_layout(preset, head_dim, block_size, num_kv_heads, cache_order="token_slots")
@@ -163,6 +181,16 @@ def check_store(vllm_store, preset, head_dim, generator):
                key_fp8=layout.key_fp8)
     ours, theirs = ours.cpu(), theirs.cpu()
     differ = ours != theirs
+    if ON_GPU and int(differ.sum()):
+        # Triton compiles the fp32 division of vLLM's value quantisation to the approximate div.full.f32 on
+        # the GPU (its CPU run, IEEE division, gives tqdecode's codes exactly): a code next to a rounding
+        # boundary can land one level off. Every other byte must agree.
+        outside, one_level, further = split_value_codes(ours, theirs, layout, head_dim)
+        note = (f"{outside} bytes differ outside the value codes; value codes one level apart (vLLM's approximate "
+                f"division): {one_level} of {int(stored_slots(slots)) * num_kv_heads * head_dim}; further: "
+                f"{further}")
+        if not layout.key_fp8:
+            return outside == 0 and further == 0, note
     if not layout.key_fp8:
         # Where they differ (block, row, head, byte of the slot): key codes, norm, value codes or fields.
         where = differ.nonzero()[:4].tolist()
@@ -177,12 +205,18 @@ def check_store(vllm_store, preset, head_dim, generator):
     keys_match = torch.equal(ours[block, row, :, :head_dim], hardware)
     other = int((differ & ~key_bytes).sum())
     key_differ = int((differ & key_bytes).sum())
-    if ON_GPU:  # vLLM's conversion is the hardware's there too: every byte must agree
-        return keys_match and other == 0 and key_differ == 0, (
-            f"{other} non-key bytes differ; key bytes equal the hardware conversion: {keys_match}; "
-            f"vLLM's key bytes differ on {key_differ}")
+    if ON_GPU:  # vLLM's conversion is the hardware's there too: every key byte must agree
+        outside, one_level, further = split_value_codes(ours, theirs, layout, head_dim)
+        return keys_match and key_differ == 0 and outside - key_differ == 0 and further == 0, (
+            f"key bytes equal the hardware conversion: {keys_match}; vLLM's key bytes differ on {key_differ}; "
+            f"{outside - key_differ} other bytes outside the value codes; value codes one level apart (vLLM's "
+            f"approximate division): {one_level}; further: {further}")
     return keys_match and other == 0, (f"{other} non-key bytes differ; key bytes equal the hardware conversion: "
                                        f"{keys_match}; the interpreter's fp8 emulation differs on {key_differ}")
+
+
+def stored_slots(slots):
+    return (slots >= 0).sum()
 
 
 def check_decode(vllm_decode, preset, head_dim, norm_correction, generator):
