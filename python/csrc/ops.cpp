@@ -149,6 +149,15 @@ tqdecode::CacheOrder parse_cache_order(std::string_view name) {
   fail("cache_order", "'" + std::string(name) + "' is not a cache order; accepted: blocks, token_slots");
 }
 
+// A stride the library refused is the cache tensor's: names kv_cache, with
+// the library's reason; any other refusal as it is.
+[[noreturn]] void refuse_cache_strides(const Tensor& kv_cache, const tqdecode::Error& reason) {
+  const std::string& field = reason.argument();
+  if (field != "block_stride" && field != "token_stride" && field != "head_stride") throw reason;
+  fail("kv_cache", "strides " + shape_text(kv_cache.strides()) + " are not a token_slots cache: " +
+                       std::string(reason.what()).substr(std::string_view("tqdecode: ").size()));
+}
+
 // kv_cache is uint8 [num_blocks, block_size, num_kv_heads, slot_bytes].
 // blocks (docs/FORMAT.md section 4): only stride(0), the block stride, may be
 // padded; the rest of a block is one byte range, which must hold the natural
@@ -178,27 +187,23 @@ tqdecode::CacheLayout cache_layout_of(const Tensor& kv_cache, tqdecode::Preset p
       return tqdecode::make_token_slots_layout(preset, head_dim, block_size, num_kv_heads, block_stride, token_stride,
                                                head_stride, renormalize);
     };
+    // Strides valid as given are kept (the kernels' choices read them). A
+    // dimension of one entry has no step and torch gives it any stride (a
+    // permuted view): where the given ones are refused, such a stride is
+    // replaced by one that nests the others.
+    const bool one_block = kv_cache.size(0) == 1, one_head = num_kv_heads == 1;
     try {
       return layout_with(kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2));
     } catch (const tqdecode::Error& error) {
-      const std::string& field = error.argument();
-      if (field != "block_stride" && field != "token_stride" && field != "head_stride") throw;
-      try {
-        // A dimension of one entry has no step, and torch gives it any stride
-        // (a permuted view): such a stride is replaced by one that nests the
-        // others. Strides that are valid as given are kept (the kernels'
-        // choices read them).
-        const bool one_block = kv_cache.size(0) == 1, one_head = num_kv_heads == 1;
-        if (!one_block && !one_head) throw;
-        const int64_t token_stride = kv_cache.stride(1);
-        const int64_t head_stride = one_head ? kv_cache.size(3) : kv_cache.stride(2);
-        return layout_with(one_block ? token_stride * block_size + head_stride * num_kv_heads : kv_cache.stride(0),
-                           token_stride, head_stride);
-      } catch (const tqdecode::Error& reason) {
-        // The strides are the tensor's: name it, with the library's reason.
-        fail("kv_cache", "strides " + shape_text(kv_cache.strides()) + " are not a token_slots cache: " +
-                             std::string(reason.what()).substr(std::string_view("tqdecode: ").size()));
-      }
+      if (!one_block && !one_head) refuse_cache_strides(kv_cache, error);
+    }
+    const int64_t token_stride = kv_cache.stride(1);
+    const int64_t head_stride = one_head ? kv_cache.size(3) : kv_cache.stride(2);
+    try {
+      return layout_with(one_block ? token_stride * block_size + head_stride * num_kv_heads : kv_cache.stride(0),
+                         token_stride, head_stride);
+    } catch (const tqdecode::Error& error) {
+      refuse_cache_strides(kv_cache, error);
     }
   }
   // is_contiguous ignores the strides of dimensions of one entry, which have no step.
