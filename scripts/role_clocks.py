@@ -7,7 +7,8 @@ consumer warpgroups) adds up clock intervals of its tile loop:
   producer: the wait for the tile's input stage, the wait for its ring
             slot's release, the dequantization (to its full-barrier
             arrival), the refill (the wait for the stage's reads and the
-            next copies' issue, warp 0 only);
+            next copies' issue, on the warp's turns: every fourth
+            tile of its group);
   consumer: the wait for the slot's full barrier, S = Q K^T (fence to
             wait), the softmax, O = P V' (fence to wait);
 and the whole loop and its tile count. tqdecode_bench then prints, after
@@ -98,11 +99,11 @@ patch(kernel, [
     ('''    mbarrier_arrive(barriers.full(tile % L::kRingBarriers));''',
      '''    mbarrier_arrive(barriers.full(tile % L::kRingBarriers));
     const unsigned t3 = role_clock();'''),
-    ('''      issue(tile + L::kStages, stage);
+    ('''      issue(tile + L::kStages, stage, blocks);
     }
   }
 }''',
-     '''      issue(tile + L::kStages, stage);
+     '''      issue(tile + L::kStages, stage, blocks);
     }
     const unsigned t4 = role_clock();
     role_sums[0] += t1 - t0, role_sums[1] += t2 - t1, role_sums[2] += t3 - t2, role_sums[3] += t4 - t3;

@@ -11,11 +11,12 @@
 // The roles are split as FlashAttention-3 splits them:
 // - Two producer warpgroups (warps 0-7, setmaxnreg.dec to 96 registers) on
 //   alternate tiles, so that each scheduler has two producer warps to hide
-//   the lookups' latency: a group's warp 0 copies tiles' boxes (per 16
-//   tokens the 128-byte records of the kv head, 128-byte swizzled, and its
-//   three fp16 fields) into the next of kStages input stages by bulk tensor
-//   copies, kStages tiles ahead, the block-table entries loaded a stage's
-//   turn ahead; warp w of the group dequantizes the tile's tokens 16w ..
+//   the lookups' latency: after each of the group's tiles one of its warps,
+//   in turn, copies the boxes of the tile kStages ahead (per 16 tokens the
+//   128-byte records of the kv head, 128-byte swizzled, and its three fp16
+//   fields) into that tile's input stage by bulk tensor copies, their
+//   block-table entries copied to shared memory while it dequantizes; warp
+//   w of the group dequantizes the tile's tokens 16w ..
 //   16w + 15 into a slot of a ring of kSlots:
 //     K [token][dim]: fp16 centroid pairs from the wide table (the
 //       centroids x 2^table_exponent, prologue.cuh), the B operand of S;
@@ -78,6 +79,8 @@ inline constexpr float kLazyRescaleLog2 = 4.0f;
 /// Producer warpgroups (alternate tiles: one warp of each per scheduler hides
 /// the other's lookup latency), then two consumer warpgroups.
 inline constexpr int kProducerGroups = 2;
+inline constexpr int kProducerWarps = 4;  ///< of a producer warpgroup, one box of a tile each
+static_assert(kProducerWarps == kBoxes);
 inline constexpr int kProducerRegisters = 96;
 inline constexpr int kConsumerRegisters = 160;
 inline constexpr int kThreads = (kProducerGroups + 2) * 128;
@@ -110,7 +113,9 @@ struct SharedLayout {
   /// producer warpgroup and (alternate tiles) one consumer, in tile order, so no waiter is two phases behind.
   static constexpr int kRingBarriers = kSlots * kProducerGroups;
   static constexpr int kBarriers = kInput + kStages * kStageBytes;
-  static constexpr int kBytes = kBarriers + (2 * kRingBarriers + 2 * kStages) * 8;
+  /// Each producer warp's block-table entries of its next refill (one per box).
+  static constexpr int kIssueBlocks = kBarriers + (2 * kRingBarriers + 2 * kStages) * 8;
+  static constexpr int kBytes = kIssueBlocks + kProducerGroups * kProducerWarps * kBoxes * 4;
   /// Dynamic shared memory to ask for: the layout starts at the first 1024-byte boundary of it.
   static constexpr int kAllocationBytes = kBytes + 1024;
   /// After the loop: the second consumer's state for the first (70 floats a thread), over the ring.
@@ -119,6 +124,7 @@ struct SharedLayout {
   static_assert(kSlotBytes % 1024 == 0 && kRing % 1024 == 0 && kInput % 1024 == 0 && kStageBytes % 1024 == 0);
   static_assert(kRecordsBytes + kBoxes * kFieldBoxStride <= kStageBytes && kFieldBoxBytes <= kFieldBoxStride);
   static_assert(kMergeFloats * 128 * 4 <= kSlots * kSlotBytes);
+  static_assert(kIssueBlocks % 16 == 0, "a warp's entries are one 16-byte load");
   static_assert(kAllocationBytes <= 227 * 1024, "one CTA per SM");
 };
 
@@ -305,43 +311,29 @@ __device__ __forceinline__ CtaWork cta_work(const PartitionParams& p, const Quer
 }
 
 /// Producer warpgroup `group`'s loop over tiles group, group + kProducerGroups,
-/// ...; its warp 0 issues the copies: the first kStages tiles (group 0), then
-/// each tile kStages past one it has dequantized, once its warps have read
-/// that stage.
+/// ...: group 0's warp 0 issues the copies of the first kStages tiles; then,
+/// for each tile t of the group, warp issuing_warp(t) issues tile t + kStages
+/// into t's stage once the group's warps have read it. The issuing warp
+/// rotates so that the refills (the wait for the group's reads, the copies'
+/// issue) are spread over the group's warps: the group's tile is complete
+/// only when its last warp is, and a fixed issuer would be that warp on every
+/// tile.
 __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTensorMaps& maps, std::uint8_t* shared,
                                         const std::uint8_t* table, const Barriers& barriers, const CtaWork& work,
                                         int group, int warp, int lane, float score_scale) {
   using L = SharedLayout;
   const int tiles = (work.range.end - work.range.begin + kTileTokens - 1) / kTileTokens;
-  // Block sizes are powers of two (kBlockSizes): shifts, not divisions, on warp 0's issue path.
+  // Block sizes are powers of two (kBlockSizes): shifts, not divisions, on the issue path.
   const int block_shift = __ffs(p.layout.block_size) - 1;
   const int slot_mask = p.layout.block_size - 1;
   const std::int32_t* table_row = p.block_table + static_cast<std::int64_t>(work.batch) * p.block_table_stride;
-  // Warp 0, lane kBoxes s + q: the block of box q of the next tile this warp issues into stage s (0 past the
-  // range: NOTE only entries of this sequence's block-table row below its range's end are ever read).
-  const auto load_block = [&](int tile) {
-    const int token = work.range.begin + tile * kTileTokens + kBoxTokens * (lane % kBoxes);
-    return tile < tiles && token < work.range.end ? __ldg(table_row + (token >> block_shift)) : 0;
-  };
-  // After the first kStages, this group issues tile t + kStages for each of its tiles t, so stage s next takes
-  // the first tile past those of s's tiles u >= kStages with u % kProducerGroups == the issuing group's.
-  static_assert(kProducerGroups == 1 || (kProducerGroups == 2 && L::kStages % 2 == 1));
-  // The input barriers are per stage, not per (stage, tile parity): a group waiting on tile t's stage cannot see
-  // the phase of tile t - 2 kStages because it first waited for tile t - kSlots's release, a tile of the other
-  // group (kSlots odd) that group took after its tile t - kStages (kStages > kSlots), so that one had landed.
-  static_assert(kProducerGroups == 1 || (L::kSlots % 2 == 1 && L::kStages > L::kSlots));
-  const int lane_stage = lane / kBoxes;
-  const int issue_parity = (group + L::kStages) % kProducerGroups;
-  const int first_issue =
-      (lane_stage + L::kStages) % kProducerGroups == issue_parity ? lane_stage + L::kStages
-                                                                  : lane_stage + kProducerGroups * L::kStages;
-  int block = 0;
-  if (warp == 0 && lane < kBoxes * L::kStages) block = load_block(group == 0 ? lane_stage : first_issue);
-  const auto issue = [&](int tile, int stage) {  // warp 0, converged
-    int blocks[kBoxes];
-#pragma unroll
-    for (int q = 0; q < kBoxes; ++q) blocks[q] = __shfl_sync(kFullMask, block, kBoxes * stage + q);
-    const int first = work.range.begin + tile * kTileTokens;
+  // The first token of box q of `tile`; only entries of this sequence's block-table row below its range's end
+  // are ever read.
+  const auto box_token = [&](int tile, int q) { return work.range.begin + tile * kTileTokens + kBoxTokens * q; };
+  const auto issuing_warp = [](int tile) { return tile / kProducerGroups % kProducerWarps; };
+  // The stage's boxes of `tile` in `blocks`' blocks; warp converged.
+  const auto issue = [&](int tile, int stage, const int(&blocks)[kBoxes]) {
+    const int first = box_token(tile, 0);
     const int boxes = min(kBoxes, (work.range.end - first + kBoxTokens - 1) / kBoxTokens);
     if (elect_one_lane()) {
       const std::uint32_t barrier = barriers.input(stage), destination = barriers.stage_address(stage);
@@ -355,19 +347,37 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
       }
     }
     __syncwarp();
-    // This warp's next tile in the stage: its entries land long before its issue.
-    if (lane_stage == stage) block = load_block(tile + kProducerGroups * L::kStages);
   };
   if (warp == 0 && group == 0) {
-    for (int tile = 0; tile < L::kStages && tile < tiles; ++tile) issue(tile, tile);
-    __syncwarp();
-    if (lane < kBoxes * L::kStages) block = load_block(first_issue);
+    // Lane kBoxes s + q: box q of tile s.
+    const int token = box_token(lane / kBoxes, lane % kBoxes);
+    const int block =
+        lane < kBoxes * L::kStages && token < work.range.end ? __ldg(table_row + (token >> block_shift)) : 0;
+    for (int tile = 0; tile < L::kStages && tile < tiles; ++tile) {
+      int blocks[kBoxes];
+#pragma unroll
+      for (int q = 0; q < kBoxes; ++q) blocks[q] = __shfl_sync(kFullMask, block, kBoxes * tile + q);
+      issue(tile, tile, blocks);
+    }
   }
+  // The issuing warp's block-table entries of its next refill, copied asynchronously while it dequantizes (no
+  // register waits for them across the dequantization).
+  int* const issue_blocks = reinterpret_cast<int*>(shared + L::kIssueBlocks) + (kProducerWarps * group + warp) * kBoxes;
+  // The input barriers are per stage, not per (stage, tile parity): a group waiting on tile t's stage cannot see
+  // the phase of tile t - 2 kStages because it first waited for tile t - kSlots's release, a tile of the other
+  // group (kSlots odd) that group took after its tile t - kStages (kStages > kSlots), so that one had landed.
+  static_assert(kProducerGroups == 1 || (L::kSlots % 2 == 1 && L::kStages > L::kSlots));
   for (int tile = group; tile < tiles; tile += kProducerGroups) {
     const int first = work.range.begin + tile * kTileTokens + kBoxTokens * warp;
     // The tile's stage and slot, the stage's phase parity; the slot is free once its previous tile is released.
     const int stage = tile % L::kStages, slot = tile % L::kSlots;
     const unsigned stage_parity = (tile / L::kStages) & 1u;
+    const bool refills = warp == issuing_warp(tile) && tile + L::kStages < tiles;  // warp-uniform
+    if (refills && lane < kBoxes) {
+      const int token = box_token(tile + L::kStages, lane);
+      if (token < work.range.end) copy_to_shared<4>(issue_blocks + lane, table_row + (token >> block_shift));
+      cp_async_commit();
+    }
     mbarrier_wait_parity(barriers.input(stage), stage_parity);
     if (tile >= L::kSlots) {
       const int previous = tile - L::kSlots;
@@ -386,9 +396,13 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
     // The stage's refill waits only for the warps' reads of it, not for the warps themselves.
     __syncwarp();
     if (lane == 0) mbarrier_arrive(barriers.read(stage));
-    if (warp == 0 && tile + L::kStages < tiles) {
+    if (refills) {
       mbarrier_wait_parity(barriers.read(stage), stage_parity);
-      issue(tile + L::kStages, stage);
+      cp_async_wait<0>();
+      __syncwarp();  // every lane's entry visible to the elected one
+      const int4 entries = *reinterpret_cast<const int4*>(issue_blocks);
+      const int blocks[kBoxes] = {entries.x, entries.y, entries.z, entries.w};
+      issue(tile + L::kStages, stage, blocks);
     }
   }
 }
