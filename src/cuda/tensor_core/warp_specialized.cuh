@@ -446,19 +446,26 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
     keep(score);
     std::uint32_t probability[4][4];
     if (real_rows) {
-      const bool masked = first + kTileTokens > mask_from;
-      float local[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float2 factor = *reinterpret_cast<const float2*>(factors + 8 * i + 2 * c);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = score[4 * i + e] * (e & 1 ? factor.y : factor.x);
-          if (masked && first + 8 * i + 2 * c + (e & 1) >= limit[e / 2]) x = -INFINITY;
-          score[4 * i + e] = x;
-          local[e / 2] = fmaxf(local[e / 2], x);
+        for (int e = 0; e < 4; ++e) score[4 * i + e] *= e & 1 ? factor.y : factor.x;
+      }
+      // The mask only on the tiles that reach a row's limit (warp-uniform): one branch around it, not a compare
+      // and a select per score on every tile.
+      if (first + kTileTokens > mask_from) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (first + 8 * i + 2 * c + (e & 1) >= limit[e / 2]) score[4 * i + e] = -INFINITY;
+          }
         }
       }
+      float local[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int i = 0; i < 32; ++i) local[(i / 2) % 2] = fmaxf(local[(i / 2) % 2], score[i]);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         local[r] = fmaxf(local[r], __shfl_xor_sync(kFullMask, local[r], 1));
