@@ -154,11 +154,11 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
     const int head_tiles = cuda::tensor_core_head_tiles(
         rows_per_head, head_dim,
         cuda::tensor_core_four_head_tiles(DecodePath::hopper, args.layout, rows_per_head, args.batch, device.sm_count));
-    const cuda::GridChoice grid = cuda::choose_grid(DecodePath::hopper, args.layout.preset, rows_per_head,
-                                                    args.batch * cuda::tensor_core_row_tiles(rows_per_head, head_tiles),
-                                                    args.layout.num_kv_heads, max_context, device.sm_count,
-                                                    args.layout.head_dim, cuda::token_slots_read(args),
-                                                    args.layout.renormalize_keys);
+    const cuda::GridChoice grid =
+        cuda::choose_grid(DecodePath::hopper, args.layout.preset, rows_per_head,
+                          args.batch * cuda::tensor_core_row_tiles(rows_per_head, head_tiles), args.layout.num_kv_heads,
+                          max_context, device.sm_count, args.layout.head_dim, cuda::token_slots_read(args),
+                          args.layout.renormalize_keys, device.memory_bytes_per_sm_cycle);
     const std::string reason =
         (request == PathRequest::hopper ? std::string("requested")
                                         : hopper_automatic_text(args) + token_slots_text(args, grid)) +

@@ -20,12 +20,28 @@ const DeviceInfo& current_device_info() {
   std::lock_guard<std::mutex> lock(mutex);
   auto found = devices.find(device);
   if (found == devices.end()) {
-    DeviceInfo info{device, 0, 0, 0, 0, 0};
+    DeviceInfo info{device, 0, 0, 0, 0, 0, 0.0};
     TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
     TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, device));
     TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
     TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.shared_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     TQ_CUDA_CHECK(cudaDeviceGetAttribute(&info.shared_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    // Clocks are advisory (a device or driver may not report them): 0 where a query fails, its error cleared.
+    const auto reported = [&](cudaDeviceAttr attribute) {
+      int value = 0;
+      if (cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+      }
+      return value;
+    };
+    const int memory_khz = reported(cudaDevAttrMemoryClockRate), bus_bits = reported(cudaDevAttrGlobalMemoryBusWidth),
+              sm_khz = reported(cudaDevAttrClockRate);
+    if (memory_khz > 0 && bus_bits > 0 && sm_khz > 0 && info.sm_count > 0) {
+      // Double data rate: two transfers of the bus per memory clock.
+      info.memory_bytes_per_sm_cycle =
+          2.0 * memory_khz * (bus_bits / 8.0) / (static_cast<double>(sm_khz) * info.sm_count);
+    }
     found = devices.emplace(device, info).first;
   }
   return found->second;
@@ -91,7 +107,8 @@ int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wi
 }
 
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
-                       int max_context_tokens, int sm_count, int head_dim, SlotRead slots, bool renormalized_keys) {
+                       int max_context_tokens, int sm_count, int head_dim, SlotRead slots, bool renormalized_keys,
+                       double memory_bytes_per_sm_cycle) {
   const bool token_slots = slots != SlotRead::none;
   // The wide shape streams faster per SM but exposes every wave's
   // prologue (rotation, table) and merge, which the two-CTA shape overlaps
@@ -159,9 +176,16 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
       // heads, whose warps read whole rows together, with partitions filling
       // the GPU (their extra prologues and reduction cost more on shorter
       // ranges). Without norm correction the one-kv-head CTAs' shorter loop
-      // drifts apart sooner: past kSlotsLongStreamTokensUnnormalized.
+      // drifts apart sooner: past kSlotsLongStreamTokensUnnormalized. With norm
+      // correction on a device of little bandwidth per SM cycle, eight kv heads
+      // in whole rows from kSlotsLongStreamTokensUnnormalized tokens
+      // (kSlotsBoxesMinBytesPerSmCycle).
       const int long_stream = renormalized_keys ? kSlotsLongStreamTokens : kSlotsLongStreamTokensUnnormalized;
-      if (slots == SlotRead::bulk_copies && max_context_tokens / best.num_partitions > long_stream) {
+      const int stream = max_context_tokens / best.num_partitions;
+      const bool memory_bound_rows = renormalized_keys && num_kv_heads % 8 == 0 && memory_bytes_per_sm_cycle > 0.0 &&
+                                     memory_bytes_per_sm_cycle < kSlotsBoxesMinBytesPerSmCycle &&
+                                     stream >= kSlotsLongStreamTokensUnnormalized;
+      if (slots == SlotRead::bulk_copies && (stream > long_stream || memory_bound_rows)) {
         for (int i = static_cast<int>(std::size(kWideKvHeadsPerCta)) - 1; i >= 0; --i) {
           const int heads_per_cta = kWideKvHeadsPerCta[i];
           if (num_kv_heads % heads_per_cta != 0) continue;
@@ -174,7 +198,8 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
       // Eight kv heads: whole rows (one copy per tile for the CTA) but with
       // the norm correction on shorter streams.
       best.whole_rows = slots == SlotRead::bulk_copies && best.kv_heads_per_cta == 8 &&
-                        (!renormalized_keys || max_context_tokens / best.num_partitions >= kSlotsLongStreamTokens);
+                        (!renormalized_keys || memory_bound_rows ||
+                         max_context_tokens / best.num_partitions >= kSlotsLongStreamTokens);
       return best;
     }
   }

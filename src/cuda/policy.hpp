@@ -43,6 +43,10 @@ struct DeviceInfo {
   int cc_minor;
   int shared_per_block;  ///< bytes of dynamic shared memory a CTA may opt in to
   int shared_per_sm;     ///< bytes of shared memory per SM
+  /// Peak DRAM bytes per SM and SM clock cycle (memory clock x bus width over
+  /// SMs x the peak SM clock): about 12.8 on an H100 SXM, 18.8 on an H200; 0
+  /// where the device does not report its clocks.
+  double memory_bytes_per_sm_cycle;
 };
 
 /// Properties of the current device, read once per device.
@@ -146,6 +150,16 @@ inline constexpr int kWideKvHeadsPerCta[] = {2, 4, 8};
 /// the norm correction's longer loop: docs/PERFORMANCE.md).
 inline constexpr int kSlotsLongStreamTokens = 32768;
 inline constexpr int kSlotsLongStreamTokensUnnormalized = 8192;
+/// token_slots bulk copies with norm correction on devices with less DRAM
+/// bandwidth per SM cycle than this (DeviceInfo::memory_bytes_per_sm_cycle):
+/// the one-kv-head boxes' loop is memory bound there, not issue bound, and
+/// the CTAs of a sequence's kv heads drift apart and fetch their shared L2
+/// lines twice, so eight kv heads read whole rows from streams of
+/// kSlotsLongStreamTokensUnnormalized tokens, as without norm correction.
+/// Between the two devices measured (docs/PERFORMANCE.md): on the H100
+/// (12.8) whole rows took 222 us at (16, 32768) against the boxes' 308; on
+/// the H200 (18.8) the boxes 169 against 190.
+inline constexpr double kSlotsBoxesMinBytesPerSmCycle = 16.0;
 
 /// Whether the 64 KB-table Hopper kernel (16 warps, 12 for groups over 8)
 /// exists for this preset and head size (4-bit keys, D = 128).
@@ -195,9 +209,10 @@ enum class SlotRead { none, bulk_copies, rows, runs, in_place, rotated, repacked
 /// head per CTA (two kv heads per CTA, the other presets' choice in the
 /// blocks order, measured no faster there).
 /// `renormalized_keys`: token_slots keys renormalized at decode (CacheLayout::renormalize_keys).
+/// `memory_bytes_per_sm_cycle`: the device's (DeviceInfo; 0: unknown, taken as a device of much bandwidth).
 GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch, int num_kv_heads,
                        int max_context_tokens, int sm_count, int head_dim = 128, SlotRead slots = SlotRead::none,
-                       bool renormalized_keys = false);
+                       bool renormalized_keys = false, double memory_bytes_per_sm_cycle = 0.0);
 
 /// Whether the Hopper kernel's wide shape reads this token_slots cache with
 /// bulk tensor copies of its token rows: 4-bit keys at D = 128, a cache

@@ -1,14 +1,18 @@
 // The launch policy (src/cuda/policy.cpp): the partition count, the resident
 // CTAs it plans for and the pool size that bounds every call. Host arithmetic
-// only, so these run without a device.
+// only, so these run without a device, and the device facts the policy reads
+// (skipped without one).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <random>
+#include <tuple>
 
 #include "cuda/kernel_params.hpp"
 #include "cuda/policy.hpp"
+#include "gpu_test_support.hpp"
 
 namespace tqdecode::cuda {
 namespace {
@@ -534,6 +538,25 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_EQ(shorter_rows.kv_heads_per_cta, 8);
   EXPECT_EQ(shorter_rows.num_partitions, 8);
   EXPECT_FALSE(shorter_rows.whole_rows);
+  // A device of little DRAM bandwidth per SM cycle (an H100 SXM's 12.8): with norm correction too, eight kv heads
+  // in whole rows from 8192-token streams; at 18.8 (an H200's) or unknown (0), the choices above.
+  const auto on_device = [](int batch, int num_kv_heads, int context, double bytes_per_cycle) {
+    return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, batch, num_kv_heads, context, kH200Sms, 128,
+                       SlotRead::bulk_copies, true, bytes_per_cycle);
+  };
+  for (const auto& [batch, context, partitions] : {std::tuple{16, 32768, 8}, std::tuple{64, 8192, 2}}) {
+    const GridChoice low = on_device(batch, 8, context, 12.8);
+    EXPECT_EQ(low.kv_heads_per_cta, 8) << batch;
+    EXPECT_EQ(low.num_partitions, partitions) << batch;  // 128 CTAs
+    EXPECT_TRUE(low.whole_rows) << batch;
+    const GridChoice high = on_device(batch, 8, context, 18.8);
+    EXPECT_FALSE(high.whole_rows) << batch;
+    EXPECT_EQ(high.kv_heads_per_cta, on_device(batch, 8, context, 0.0).kv_heads_per_cta) << batch;
+  }
+  EXPECT_EQ(on_device(16, 8, 32768, 18.8).kv_heads_per_cta, 1);
+  EXPECT_FALSE(on_device(1, 8, 32768, 12.8).whole_rows);  // 16 partitions of 2048 tokens: the boxes
+  EXPECT_EQ(on_device(16, 4, 32768, 12.8).kv_heads_per_cta, on_device(16, 4, 32768, 0.0).kv_heads_per_cta);  // no rows
+  EXPECT_TRUE(on_device(16, 8, 131072, 12.8).whole_rows);  // shorter_rows above, in whole rows here
   const GridChoice blocks = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 32, 8, 131072, kH200Sms);
   EXPECT_EQ(blocks.kv_heads_per_cta, 2);  // the blocks order: the fewest waves
   const GridChoice narrow = grid(64, false);
@@ -566,6 +589,18 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, false, 2, true, true).shared_bytes, 176448);
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k8v4, 8, 128, false, 2, true, true).shared_bytes, 207168);
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_k3v4_nc, 8, 128, false, 4, true, true).planned_ctas_per_sm, 1);
+}
+
+// The device's DRAM bandwidth per SM cycle, which the token_slots grid rule reads: reported on every
+// Hopper GPU (an H100 SXM 12.8, an H200 18.8).
+TEST(DevicePolicy, ReportsTheMemoryBytesPerSmCycle) {
+  TQ_SKIP_WITHOUT_GPU();
+  const DeviceInfo& device = current_device_info();
+  std::printf("[ measure  ] %d SMs, %.2f DRAM bytes per SM cycle\n", device.sm_count, device.memory_bytes_per_sm_cycle);
+  if (device.cc_major == 9) {
+    EXPECT_GT(device.memory_bytes_per_sm_cycle, 5.0);
+    EXPECT_LT(device.memory_bytes_per_sm_cycle, 40.0);
+  }
 }
 
 }  // namespace
