@@ -156,9 +156,8 @@ inline constexpr int kSlotsLongStreamTokensUnnormalized = 8192;
 /// the CTAs of a sequence's kv heads drift apart and fetch their shared L2
 /// lines twice, so eight kv heads read whole rows from streams of
 /// kSlotsLongStreamTokensUnnormalized tokens, as without norm correction.
-/// Between the two devices measured (docs/PERFORMANCE.md): on the H100
-/// (12.8) whole rows took 222 us at (16, 32768) against the boxes' 308; on
-/// the H200 (18.8) the boxes 169 against 190.
+/// Between the two devices measured (docs/DESIGN.md): whole rows are the
+/// faster on an H100 SXM (12.8), the boxes on an H200 (18.8).
 inline constexpr double kSlotsBoxesMinBytesPerSmCycle = 16.0;
 
 /// Whether the 64 KB-table Hopper kernel (16 warps, 12 for groups over 8)
