@@ -182,8 +182,8 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
       // (kSlotsBoxesMinBytesPerSmCycle).
       const int long_stream = renormalized_keys ? kSlotsLongStreamTokens : kSlotsLongStreamTokensUnnormalized;
       const int stream = max_context_tokens / best.num_partitions;
-      const bool memory_bound_rows = renormalized_keys && num_kv_heads % 8 == 0 && memory_bytes_per_sm_cycle > 0.0 &&
-                                     memory_bytes_per_sm_cycle < kSlotsBoxesMinBytesPerSmCycle &&
+      const bool memory_bound_rows = renormalized_keys && num_kv_heads % 8 == 0 &&
+                                     slot_boxes_memory_bound(memory_bytes_per_sm_cycle) &&
                                      stream >= kSlotsLongStreamTokensUnnormalized;
       if (slots == SlotRead::bulk_copies && (stream > long_stream || memory_bound_rows)) {
         for (int i = static_cast<int>(std::size(kWideKvHeadsPerCta)) - 1; i >= 0; --i) {

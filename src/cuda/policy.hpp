@@ -160,6 +160,12 @@ inline constexpr int kSlotsLongStreamTokensUnnormalized = 8192;
 /// faster on an H100 SXM (12.8), the boxes on an H200 (18.8).
 inline constexpr double kSlotsBoxesMinBytesPerSmCycle = 16.0;
 
+/// Whether a device of `memory_bytes_per_sm_cycle` (DeviceInfo; 0: unknown) is
+/// below kSlotsBoxesMinBytesPerSmCycle.
+inline bool slot_boxes_memory_bound(double memory_bytes_per_sm_cycle) {
+  return memory_bytes_per_sm_cycle > 0.0 && memory_bytes_per_sm_cycle < kSlotsBoxesMinBytesPerSmCycle;
+}
+
 /// Whether the 64 KB-table Hopper kernel (16 warps, 12 for groups over 8)
 /// exists for this preset and head size (4-bit keys, D = 128).
 bool wide_table_kernel(Preset preset, int head_dim = 128);

@@ -448,8 +448,7 @@ TEST(DecodeGpuPlans, TokenSlotsStridesAndNormCorrectionGetTheirOwnPlans) {
     EXPECT_FALSE(plans[2].token_runs) << plans[2].reason;
     // With norm correction one kv head per CTA for a 16400-token stream, or eight in whole rows on a device of
     // little DRAM bandwidth per SM cycle (cuda::kSlotsBoxesMinBytesPerSmCycle).
-    const double bytes_per_cycle = cuda::current_device_info().memory_bytes_per_sm_cycle;
-    const bool memory_bound = bytes_per_cycle > 0.0 && bytes_per_cycle < cuda::kSlotsBoxesMinBytesPerSmCycle;
+    const bool memory_bound = cuda::slot_boxes_memory_bound(cuda::current_device_info().memory_bytes_per_sm_cycle);
     EXPECT_EQ(plans[3].kv_heads_per_cta, memory_bound ? 8 : 1) << plans[3].reason;
     EXPECT_EQ(plans[3].whole_rows, memory_bound) << plans[3].reason;
     EXPECT_EQ(plans[4].kv_heads_per_cta, 8) << plans[4].reason;
