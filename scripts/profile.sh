@@ -7,6 +7,8 @@
 #                         statistics, with the stall reasons per issued instruction
 #   ncu_<shape>_sass.csv  per-SASS-instruction stall samples (source page)
 # Usage: scripts/profile.sh [shape]   (default b16_l32768_g8_bs16_4bit_nc)
+# KERNEL: a regex of the kernel's name (default decode_kernel, the tensor-core
+# kernel; warp_specialized_partitions for the several-query-token kernel).
 # Needs build/tqdecode_bench (python3 bench/run_bench.py --build build builds it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +22,7 @@ report="$LOG_DIR/ncu_$shape"
 # itself is rotated over more than L2 either way.
 ncu --clock-control none --cache-control none --set full --import-source yes \
   --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active \
-  -k regex:decode_kernel -c 1 -f -o "$report" ./build/tqdecode_bench --shapes "$shape" >"$report.log" 2>&1
+  -k "regex:${KERNEL:-decode_kernel}" -c 1 -f -o "$report" ./build/tqdecode_bench --shapes "$shape" >"$report.log" 2>&1
 ncu --import "$report.ncu-rep" --page details >"$report.txt"
 ncu --import "$report.ncu-rep" --page source --print-source sass --csv >"${report}_sass.csv" ||
   echo "no per-SASS export from this ncu version; open $report.ncu-rep instead" >&2

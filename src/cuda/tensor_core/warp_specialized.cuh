@@ -187,7 +187,10 @@ struct CtaWork {
 /// the last tile's; the others skip the masks). A lane takes one 16-byte
 /// key chunk (dims 32c ..) of two tokens and value dims 4l .. 4l + 3 of
 /// lane l (write order rotated by the lane pair), so that no shared-memory
-/// access conflicts.
+/// access conflicts. Each part issues all of its shared-memory loads before
+/// its first store: the compiler keeps a load after a store to the slot
+/// (they might alias), so loads between stores would leave one group of
+/// lookups in flight at a time and the warp waiting on each.
 template <bool Partial>
 __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const std::uint8_t* stage,
                                                 std::uint8_t* slot, int warp, int lane, int valid, float score_scale) {
@@ -204,41 +207,57 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
   const int quarter = lane >> 3, pair = (lane >> 1) & 3, upper = quarter >> 1;
   const int token8 = pair < 2 ? pair + 2 * upper : pair + 4 - 2 * upper;
   const int c = 2 * ((pair & 1) ^ (quarter & 1)) + (lane & 1);
+  // Keys: the two chunks (tokens token8 and token8 + 8 of the box; a box starts on an 8-token row of the
+  // swizzle, so the row's swizzle is token8), their 32 lookups, then the stores.
+  std::uint32_t words[2][4];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const int token = 8 * j + token8;  // of the box; its row's swizzle is token8 (boxes start on 8-token rows)
-    const uint4 chunk = *reinterpret_cast<const uint4*>(records + token * kRecordBytes + ((c ^ token8) << 4));
-    const std::uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};  // dims 32c + 8s ..
+    const uint4 chunk =
+        *reinterpret_cast<const uint4*>(records + (8 * j + token8) * kRecordBytes + ((c ^ token8) << 4));
+    words[j][0] = chunk.x, words[j][1] = chunk.y, words[j][2] = chunk.z, words[j][3] = chunk.w;  // dims 32c + 8s ..
+  }
+  std::uint32_t pairs[2][4][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      std::uint32_t pairs[4];
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
-        const std::uint32_t offset = __byte_perm(words[s], lane_lut, 0x5504u | (b << 4));  // byte x 256 + lane x 4
-        pairs[b] = *reinterpret_cast<const std::uint32_t*>(table + offset);
+        const std::uint32_t offset = __byte_perm(words[j][s], lane_lut, 0x5504u | (b << 4));  // byte x 256 + lane x 4
+        pairs[j][s][b] = *reinterpret_cast<const std::uint32_t*>(table + offset);
       }
-      *reinterpret_cast<uint4*>(keys + swizzled_offset(kTileTokens, kBoxTokens * warp + token, 32 * c + 8 * s)) =
-          make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
     }
   }
-  if (lane < kBoxTokens) {
-    const float norm = __half2float(reinterpret_cast<const __half*>(fields)[lane]);  // field 0 of token `lane`
-    factors[kBoxTokens * warp + lane] = !Partial || lane < valid ? norm * score_scale : 0.0f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      *reinterpret_cast<uint4*>(keys +
+                                swizzled_offset(kTileTokens, kBoxTokens * warp + 8 * j + token8, 32 * c + 8 * s)) =
+          make_uint4(pairs[j][s][0], pairs[j][s][1], pairs[j][s][2], pairs[j][s][3]);
+    }
   }
+  const float norm = lane < kBoxTokens ? __half2float(reinterpret_cast<const __half*>(fields)[lane]) : 0.0f;
+  // Values: both halves' codes (dims 4 lane .., value byte 2 lane and 2 lane + 1 of the half's 8 tokens), scales
+  // and zeros (pairs of tokens (2p, 2p + 1), one 16-byte load per four pairs).
+  std::uint32_t code[2][8];
+  uint4 scales[2], zeros[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    std::uint32_t code[8];
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      code[t] = *reinterpret_cast<const std::uint16_t*>(
+      code[half][t] = *reinterpret_cast<const std::uint16_t*>(
           records + (8 * half + t) * kRecordBytes + (((kValueOffset / 16 + (lane >> 3)) ^ t) << 4) + ((2 * lane) & 15));
     }
-    // Scale and zero pairs of tokens (2p, 2p + 1) of the eight (one 16-byte load each); 0 past the range.
-    const uint4 scales = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
-    const uint4 zeros = *reinterpret_cast<const uint4*>(fields + 64 + 16 * half);
-    const std::uint32_t scale_words[4] = {scales.x, scales.y, scales.z, scales.w};
-    const std::uint32_t zero_words[4] = {zeros.x, zeros.y, zeros.z, zeros.w};
-    std::uint32_t scale_pair[4], zero_pair[4];
+    scales[half] = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
+    zeros[half] = *reinterpret_cast<const uint4*>(fields + 64 + 16 * half);
+  }
+  if (lane < kBoxTokens) factors[kBoxTokens * warp + lane] = !Partial || lane < valid ? norm * score_scale : 0.0f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const std::uint32_t scale_words[4] = {scales[half].x, scales[half].y, scales[half].z, scales[half].w};
+    const std::uint32_t zero_words[4] = {zeros[half].x, zeros[half].y, zeros[half].z, zeros[half].w};
+    std::uint32_t scale_pair[4], zero_pair[4];  // 0 past the range
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const int first = 8 * half + 2 * p;
@@ -256,7 +275,7 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
       std::uint32_t row[4];
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
-        const std::uint32_t x = (__byte_perm(code[2 * p], code[2 * p + 1], selector) & mask) | exponent;
+        const std::uint32_t x = (__byte_perm(code[half][2 * p], code[half][2 * p + 1], selector) & mask) | exponent;
         const __half2 exact_code = __hadd2(*reinterpret_cast<const __half2*>(&x), offset);
         const __half2 v = __hmul2(exact_code, *reinterpret_cast<const __half2*>(&scale_pair[p]));
         row[p] = *reinterpret_cast<const std::uint32_t*>(&v);
