@@ -91,30 +91,39 @@ static_assert(128 * (kProducerGroups * kProducerRegisters + 2 * kConsumerRegiste
 /// (a lookup's address is then the byte permute's result, no base to add);
 /// from the first 1024-byte boundary at or past the dynamic shared memory's
 /// start (the 128-byte swizzle's period; offsets below from there), past
-/// the table, the ring's slots (each K, V'^T, the factors), the input stages
-/// (the boxes' records, then their fields), the barriers.
+/// the table, the ring's slots (each K, V'^T), the input stages' records,
+/// their fields, the slots' factors, the barriers. Four slots: a slot is
+/// busy for a producer group's tile and then a consumer's, each about two
+/// tile periods (both roles take alternate tiles), so three would make
+/// the producers wait for the consumers' releases and the consumers for
+/// the producers' tiles. That leaves room for three input stages.
 struct SharedLayout {
   static constexpr int kCodebookSize = 16;
   static constexpr int kLutRowBytes = 256;
   static constexpr int kTableBytes = 256 * kLutRowBytes;
   static constexpr int kKeyBytes = kTileTokens * kHeadDim * 2;
   static constexpr int kValueBytes = kValueRows * kTileTokens * 2;
-  static constexpr int kFactorBytes = 1024;
-  static constexpr int kSlotBytes = kKeyBytes + kValueBytes + kFactorBytes;
-  static constexpr int kSlots = 3;
+  static constexpr int kSlotBytes = kKeyBytes + kValueBytes;
+  static constexpr int kSlots = 4;
   static constexpr int kRing = kTableBytes;
-  static constexpr int kRecordsBytes = kTileTokens * kRecordBytes;
-  static constexpr int kFieldBoxBytes = kBoxTokens * kFields * 2;
-  static constexpr int kFieldBoxStride = 128;   // a bulk tensor copy's destination is 128-byte aligned
-  static constexpr int kStageBytes = 9 * 1024;  // records, fields, padding to the next 1024
-  static constexpr int kStages = 5;
+  static constexpr int kStageBytes = kTileTokens * kRecordBytes;  ///< a stage's records
+  static constexpr int kStages = 3;
   static constexpr int kInput = kRing + kSlots * kSlotBytes;
+  static constexpr int kFieldBoxBytes = kBoxTokens * kFields * 2;
+  static constexpr int kFieldBoxStride = 128;  // a bulk tensor copy's destination is 128-byte aligned
+  static constexpr int kFieldStageBytes = kBoxes * kFieldBoxStride;
+  static constexpr int kFieldStages = kInput + kStages * kStageBytes;
+  static constexpr int kFactorBytes = kTileTokens * 4;  ///< a slot's factors
+  static constexpr int kFactors = kFieldStages + kStages * kFieldStageBytes;
   /// A full and an empty barrier per slot and tile parity (tile % kRingBarriers): each is then used by one
   /// producer warpgroup and (alternate tiles) one consumer, in tile order, so no waiter is two phases behind.
   static constexpr int kRingBarriers = kSlots * kProducerGroups;
-  static constexpr int kBarriers = kInput + kStages * kStageBytes;
+  /// An input barrier per stage and tile parity (tile % kInputBarriers), for the same reason: a group waits on
+  /// one only after its own previous tile of that barrier, the phase before, has landed.
+  static constexpr int kInputBarriers = kStages * kProducerGroups;
+  static constexpr int kBarriers = kFactors + kSlots * kFactorBytes;
   /// Each producer warp's block-table entries of its next refill (one per box).
-  static constexpr int kIssueBlocks = kBarriers + (2 * kRingBarriers + 2 * kStages) * 8;
+  static constexpr int kIssueBlocks = (kBarriers + (2 * kRingBarriers + kInputBarriers + kStages) * 8 + 15) / 16 * 16;
   static constexpr int kBytes = kIssueBlocks + kProducerGroups * kProducerWarps * kBoxes * 4;
   /// Dynamic shared memory to ask for: the layout starts at the first 1024-byte boundary of it.
   static constexpr int kAllocationBytes = kBytes + 1024;
@@ -122,7 +131,7 @@ struct SharedLayout {
   static constexpr int kMerge = kRing;
   static constexpr int kMergeFloats = 2 + kValueRows / 2;
   static_assert(kSlotBytes % 1024 == 0 && kRing % 1024 == 0 && kInput % 1024 == 0 && kStageBytes % 1024 == 0);
-  static_assert(kRecordsBytes + kBoxes * kFieldBoxStride <= kStageBytes && kFieldBoxBytes <= kFieldBoxStride);
+  static_assert(kFieldStages % 128 == 0 && kFieldBoxBytes <= kFieldBoxStride);
   static_assert(kMergeFloats * 128 * 4 <= kSlots * kSlotBytes);
   static_assert(kIssueBlocks % 16 == 0, "a warp's entries are one 16-byte load");
   static_assert(kAllocationBytes <= 227 * 1024, "one CTA per SM");
@@ -131,25 +140,29 @@ struct SharedLayout {
 /// The ring's and the input stages' barriers and addresses (shared-memory
 /// addresses). full[tile % kRingBarriers]: a producer warpgroup's 128 threads;
 /// empty[tile % kRingBarriers]: the consumers that read the tile;
-/// input[stage]: the issuing warp's expect_tx; read[stage]: one arrival per
-/// producer warp once it has read the stage.
+/// input[tile % kInputBarriers]: the issuing warp's expect_tx; read[stage]:
+/// one arrival per producer warp once it has read the stage.
 struct Barriers {
   std::uint32_t base;
   __device__ __forceinline__ std::uint32_t full(int index) const { return base + SharedLayout::kBarriers + 8 * index; }
   __device__ __forceinline__ std::uint32_t empty(int index) const {
     return base + SharedLayout::kBarriers + 8 * (SharedLayout::kRingBarriers + index);
   }
-  __device__ __forceinline__ std::uint32_t input(int stage) const {
-    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kRingBarriers + stage);
+  __device__ __forceinline__ std::uint32_t input(int index) const {
+    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kRingBarriers + index);
   }
   __device__ __forceinline__ std::uint32_t read(int stage) const {
-    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kRingBarriers + SharedLayout::kStages + stage);
+    return base + SharedLayout::kBarriers +
+           8 * (2 * SharedLayout::kRingBarriers + SharedLayout::kInputBarriers + stage);
   }
   __device__ __forceinline__ std::uint32_t slot_address(int slot) const {
     return base + SharedLayout::kRing + slot * SharedLayout::kSlotBytes;
   }
   __device__ __forceinline__ std::uint32_t stage_address(int stage) const {
     return base + SharedLayout::kInput + stage * SharedLayout::kStageBytes;
+  }
+  __device__ __forceinline__ std::uint32_t fields_address(int stage) const {
+    return base + SharedLayout::kFieldStages + stage * SharedLayout::kFieldStageBytes;
   }
 };
 
@@ -182,24 +195,25 @@ struct CtaWork {
 #define TQ_CLAIM_REGISTERS(n) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(n))
 
 /// Producer warp `warp`'s share of a tile: tokens 16 warp .. + 15 of the
-/// stage at `stage` (records, then fields) into the slot at `slot`;
+/// stage's records at `stage` and fields at `stage_fields` into the slot at
+/// `slot` and its factors at `factors`;
 /// `valid` of them (0 .. 16) lie in the range (Partial: fewer than 16,
 /// the last tile's; the others skip the masks). A lane takes one 16-byte
 /// key chunk (dims 32c ..) of two tokens and value dims 4l .. 4l + 3 of
 /// lane l (write order rotated by the lane pair), so that no shared-memory
-/// access conflicts. Each part issues all of its shared-memory loads before
-/// its first store: the compiler keeps a load after a store to the slot
-/// (they might alias), so loads between stores would leave one group of
-/// lookups in flight at a time and the warp waiting on each.
+/// access conflicts. The key lookups and the value codes are loaded before
+/// the stores that follow them: the compiler keeps a load after a store to
+/// the slot (they might alias), so loads between stores would leave one
+/// group of lookups in flight at a time and the warp waiting on each.
 template <bool Partial>
 __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const std::uint8_t* stage,
-                                                std::uint8_t* slot, int warp, int lane, int valid, float score_scale) {
+                                                const std::uint8_t* stage_fields, std::uint8_t* slot, float* factors,
+                                                int warp, int lane, int valid, float score_scale) {
   using L = SharedLayout;
   const std::uint8_t* records = stage + warp * kBoxTokens * kRecordBytes;
-  const std::uint8_t* fields = stage + L::kRecordsBytes + warp * L::kFieldBoxStride;
+  const std::uint8_t* fields = stage_fields + warp * L::kFieldBoxStride;
   std::uint8_t* const keys = slot;
   std::uint8_t* const values = slot + L::kKeyBytes;
-  float* const factors = reinterpret_cast<float*>(slot + L::kKeyBytes + L::kValueBytes);
   const std::uint32_t lane_lut = static_cast<std::uint32_t>(lane) << 2;
   // Lane pair p of quarter warp q takes tokens token8 (and + 8), chunks c and c + 1 of which between
   // them: the quarter warp's eight 16-byte loads and each round of its stores land in eight distinct
@@ -238,10 +252,8 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
     }
   }
   const float norm = lane < kBoxTokens ? __half2float(reinterpret_cast<const __half*>(fields)[lane]) : 0.0f;
-  // Values: both halves' codes (dims 4 lane .., value byte 2 lane and 2 lane + 1 of the half's 8 tokens), scales
-  // and zeros (pairs of tokens (2p, 2p + 1), one 16-byte load per four pairs).
+  // Values: both halves' codes (dims 4 lane .., value byte 2 lane and 2 lane + 1 of the half's 8 tokens).
   std::uint32_t code[2][8];
-  uint4 scales[2], zeros[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -249,15 +261,16 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
       code[half][t] = *reinterpret_cast<const std::uint16_t*>(
           records + (8 * half + t) * kRecordBytes + (((kValueOffset / 16 + (lane >> 3)) ^ t) << 4) + ((2 * lane) & 15));
     }
-    scales[half] = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
-    zeros[half] = *reinterpret_cast<const uint4*>(fields + 64 + 16 * half);
   }
   if (lane < kBoxTokens) factors[kBoxTokens * warp + lane] = !Partial || lane < valid ? norm * score_scale : 0.0f;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const std::uint32_t scale_words[4] = {scales[half].x, scales[half].y, scales[half].z, scales[half].w};
-    const std::uint32_t zero_words[4] = {zeros[half].x, zeros[half].y, zeros[half].z, zeros[half].w};
-    std::uint32_t scale_pair[4], zero_pair[4];  // 0 past the range
+    // Scale and zero pairs of tokens (2p, 2p + 1) of the half's eight (one 16-byte load each); 0 past the range.
+    const uint4 scales = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
+    const uint4 zeros = *reinterpret_cast<const uint4*>(fields + 64 + 16 * half);
+    const std::uint32_t scale_words[4] = {scales.x, scales.y, scales.z, scales.w};
+    const std::uint32_t zero_words[4] = {zeros.x, zeros.y, zeros.z, zeros.w};
+    std::uint32_t scale_pair[4], zero_pair[4];
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const int first = 8 * half + 2 * p;
@@ -355,14 +368,15 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
     const int first = box_token(tile, 0);
     const int boxes = min(kBoxes, (work.range.end - first + kBoxTokens - 1) / kBoxTokens);
     if (elect_one_lane()) {
-      const std::uint32_t barrier = barriers.input(stage), destination = barriers.stage_address(stage);
+      const std::uint32_t barrier = barriers.input(tile % L::kInputBarriers);
+      const std::uint32_t records = barriers.stage_address(stage), fields = barriers.fields_address(stage);
       mbarrier_arrive_expect_tx(barrier, boxes * (kBoxTokens * kRecordBytes + L::kFieldBoxBytes));
       for (int q = 0; q < boxes; ++q) {
         const int slot = (first + kBoxTokens * q) & slot_mask;
-        bulk_tensor_load(destination + q * kBoxTokens * kRecordBytes, &maps.records, 0, work.kv_head, slot, blocks[q],
+        bulk_tensor_load(records + q * kBoxTokens * kRecordBytes, &maps.records, 0, work.kv_head, slot, blocks[q],
                          barrier);
-        bulk_tensor_load(destination + L::kRecordsBytes + q * L::kFieldBoxStride, &maps.fields, slot,
-                         kFields * work.kv_head, blocks[q], barrier);
+        bulk_tensor_load(fields + q * L::kFieldBoxStride, &maps.fields, slot, kFields * work.kv_head, blocks[q],
+                         barrier);
       }
     }
     __syncwarp();
@@ -382,33 +396,36 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
   // The issuing warp's block-table entries of its next refill, copied asynchronously while it dequantizes (no
   // register waits for them across the dequantization).
   int* const issue_blocks = reinterpret_cast<int*>(shared + L::kIssueBlocks) + (kProducerWarps * group + warp) * kBoxes;
-  // The input barriers are per stage, not per (stage, tile parity): a group waiting on tile t's stage cannot see
-  // the phase of tile t - 2 kStages because it first waited for tile t - kSlots's release, a tile of the other
-  // group (kSlots odd) that group took after its tile t - kStages (kStages > kSlots), so that one had landed.
-  static_assert(kProducerGroups == 1 || (L::kSlots % 2 == 1 && L::kStages > L::kSlots));
+  // A barrier's previous phase is the same group's earlier tile (kInputBarriers, kRingBarriers multiples of the
+  // groups), which this warp waited for. A stage's read barrier takes its tiles in order: tile t's copies were
+  // issued only after the reads of tile t - kStages, the stage's previous tile.
+  static_assert(L::kInputBarriers % kProducerGroups == 0 && L::kRingBarriers % kProducerGroups == 0);
   for (int tile = group; tile < tiles; tile += kProducerGroups) {
     const int first = work.range.begin + tile * kTileTokens + kBoxTokens * warp;
-    // The tile's stage and slot, the stage's phase parity; the slot is free once its previous tile is released.
+    // The tile's stage and slot, the stage's and its input barrier's phase parities; the slot is free once its
+    // previous tile is released.
     const int stage = tile % L::kStages, slot = tile % L::kSlots;
-    const unsigned stage_parity = (tile / L::kStages) & 1u;
+    const unsigned stage_parity = (tile / L::kStages) & 1u, input_parity = (tile / L::kInputBarriers) & 1u;
     const bool refills = warp == issuing_warp(tile) && tile + L::kStages < tiles;  // warp-uniform
     if (refills && lane < kBoxes) {
       const int token = box_token(tile + L::kStages, lane);
       if (token < work.range.end) copy_to_shared<4>(issue_blocks + lane, table_row + (token >> block_shift));
       cp_async_commit();
     }
-    mbarrier_wait_parity(barriers.input(stage), stage_parity);
+    mbarrier_wait_parity(barriers.input(tile % L::kInputBarriers), input_parity);
     if (tile >= L::kSlots) {
       const int previous = tile - L::kSlots;
       mbarrier_wait_parity(barriers.empty(previous % L::kRingBarriers), (previous / L::kRingBarriers) & 1u);
     }
     const std::uint8_t* input = shared + L::kInput + stage * L::kStageBytes;
+    const std::uint8_t* input_fields = shared + L::kFieldStages + stage * L::kFieldStageBytes;
     std::uint8_t* ring_slot = shared + L::kRing + slot * L::kSlotBytes;
+    float* factors = reinterpret_cast<float*>(shared + L::kFactors + slot * L::kFactorBytes);
     const int valid = work.range.end - first;
     if (valid >= kBoxTokens) {  // warp-uniform
-      dequantize_tile<false>(table, input, ring_slot, warp, lane, kBoxTokens, score_scale);
+      dequantize_tile<false>(table, input, input_fields, ring_slot, factors, warp, lane, kBoxTokens, score_scale);
     } else {
-      dequantize_tile<true>(table, input, ring_slot, warp, lane, max(0, valid), score_scale);
+      dequantize_tile<true>(table, input, input_fields, ring_slot, factors, warp, lane, max(0, valid), score_scale);
     }
     fence_proxy_async_shared();  // the generic-proxy stores before the products' reads
     mbarrier_arrive(barriers.full(tile % L::kRingBarriers));
@@ -451,8 +468,7 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
     mbarrier_wait_parity(barriers.full(ring_barrier), (tile / L::kRingBarriers) & 1u);
     const std::uint32_t keys_low = ring_low + slot * (L::kSlotBytes >> 4);
     const std::uint32_t values_low = keys_low + (L::kKeyBytes >> 4);
-    const float* factors =
-        reinterpret_cast<const float*>(shared + L::kRing + slot * L::kSlotBytes + L::kKeyBytes + L::kValueBytes);
+    const float* factors = reinterpret_cast<const float*>(shared + L::kFactors + slot * L::kFactorBytes);
     // S = Q K^T: rows 16 w + g (+ 8), tokens 8i + 2c (+ 1).
     float score[32];
     wgmma_fence();
@@ -622,10 +638,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbarrier_init(barriers.full(index), 128);                          // the tile's producer warpgroup
         mbarrier_init(barriers.empty(index), kSharedTiles ? 256 : 128);  // the consumers that read the tile
       }
-      for (int stage = 0; stage < L::kStages; ++stage) {
-        mbarrier_init(barriers.input(stage), 1);
-        mbarrier_init(barriers.read(stage), 4);  // the producer warps
-      }
+      for (int index = 0; index < L::kInputBarriers; ++index) mbarrier_init(barriers.input(index), 1);
+      for (int stage = 0; stage < L::kStages; ++stage) mbarrier_init(barriers.read(stage), 4);  // the producer warps
       fence_barrier_init();
     }
     fence_proxy_async_shared();  // the constant rows before the products' reads
