@@ -205,10 +205,11 @@ struct CtaWork {
 /// the stores that follow them: the compiler keeps a load after a store to
 /// the slot (they might alias), so loads between stores would leave one
 /// group of lookups in flight at a time and the warp waiting on each.
-template <bool Partial>
+template <bool Partial, class AfterReads>
 __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const std::uint8_t* stage,
                                                 const std::uint8_t* stage_fields, std::uint8_t* slot, float* factors,
-                                                int warp, int lane, int valid, float score_scale) {
+                                                int warp, int lane, int valid, float score_scale,
+                                                AfterReads&& after_reads) {
   using L = SharedLayout;
   const std::uint8_t* records = stage + warp * kBoxTokens * kRecordBytes;
   const std::uint8_t* fields = stage_fields + warp * L::kFieldBoxStride;
@@ -262,22 +263,27 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
           records + (8 * half + t) * kRecordBytes + (((kValueOffset / 16 + (lane >> 3)) ^ t) << 4) + ((2 * lane) & 15));
     }
   }
+  // Scale pairs of tokens (2p, 2p + 1) of each half's eight (one 16-byte load a half); lane h < 2 the zero pairs
+  // of half h, whose row it writes.
+  uint4 scales[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) scales[half] = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
+  const uint4 zeros = *reinterpret_cast<const uint4*>(fields + 64 + 16 * (lane & 1));
+  after_reads();
   if (lane < kBoxTokens) factors[kBoxTokens * warp + lane] = !Partial || lane < valid ? norm * score_scale : 0.0f;
+  // The pair of tokens (first, first + 1): both bytes of a scale or zero pair kept, one or none (0 past the range).
+  const auto keep = [valid](int first) {
+    return !Partial || first + 1 < valid ? 0xffffffffu : first < valid ? 0x0000ffffu : 0u;
+  };
+  if (lane < 2) {
+    *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, kZeroRow, kBoxTokens * warp + 8 * lane)) =
+        make_uint4(zeros.x & keep(8 * lane), zeros.y & keep(8 * lane + 2), zeros.z & keep(8 * lane + 4),
+                   zeros.w & keep(8 * lane + 6));
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    // Scale and zero pairs of tokens (2p, 2p + 1) of the half's eight (one 16-byte load each); 0 past the range.
-    const uint4 scales = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
-    const uint4 zeros = *reinterpret_cast<const uint4*>(fields + 64 + 16 * half);
-    const std::uint32_t scale_words[4] = {scales.x, scales.y, scales.z, scales.w};
-    const std::uint32_t zero_words[4] = {zeros.x, zeros.y, zeros.z, zeros.w};
-    std::uint32_t scale_pair[4], zero_pair[4];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const int first = 8 * half + 2 * p;
-      const std::uint32_t keep = !Partial || first + 1 < valid ? 0xffffffffu : first < valid ? 0x0000ffffu : 0u;
-      scale_pair[p] = scale_words[p] & keep;
-      zero_pair[p] = zero_words[p] & keep;
-    }
+    const std::uint32_t scale_pair[4] = {scales[half].x & keep(8 * half), scales[half].y & keep(8 * half + 2),
+                                         scales[half].z & keep(8 * half + 4), scales[half].w & keep(8 * half + 6)};
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
       // Dim 4 lane + k: nibble k % 2 of value byte 2 lane + k / 2, as fp16 2^e + code (e 10 or 6).
@@ -295,10 +301,6 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
       }
       *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, 4 * lane + k, kBoxTokens * warp + 8 * half)) =
           make_uint4(row[0], row[1], row[2], row[3]);
-    }
-    if (lane == 0) {
-      *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, kZeroRow, kBoxTokens * warp + 8 * half)) =
-          make_uint4(zero_pair[0], zero_pair[1], zero_pair[2], zero_pair[3]);
     }
   }
 }
@@ -421,25 +423,30 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
     const std::uint8_t* input_fields = shared + L::kFieldStages + stage * L::kFieldStageBytes;
     std::uint8_t* ring_slot = shared + L::kRing + slot * L::kSlotBytes;
     float* factors = reinterpret_cast<float*>(shared + L::kFactors + slot * L::kFactorBytes);
+    // Once the group's warps have loaded the stage (the middle of their dequantization), the issuing warp refills
+    // it: with three stages the refill's copies then have about two tile periods to land.
+    const auto after_reads = [&] {
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(barriers.read(stage));
+      if (refills) {
+        mbarrier_wait_parity(barriers.read(stage), stage_parity);
+        cp_async_wait<0>();
+        __syncwarp();  // every lane's entry visible to the elected one
+        const int4 entries = *reinterpret_cast<const int4*>(issue_blocks);
+        const int blocks[kBoxes] = {entries.x, entries.y, entries.z, entries.w};
+        issue(tile + L::kStages, stage, blocks);
+      }
+    };
     const int valid = work.range.end - first;
     if (valid >= kBoxTokens) {  // warp-uniform
-      dequantize_tile<false>(table, input, input_fields, ring_slot, factors, warp, lane, kBoxTokens, score_scale);
+      dequantize_tile<false>(table, input, input_fields, ring_slot, factors, warp, lane, kBoxTokens, score_scale,
+                             after_reads);
     } else {
-      dequantize_tile<true>(table, input, input_fields, ring_slot, factors, warp, lane, max(0, valid), score_scale);
+      dequantize_tile<true>(table, input, input_fields, ring_slot, factors, warp, lane, max(0, valid), score_scale,
+                            after_reads);
     }
     fence_proxy_async_shared();  // the generic-proxy stores before the products' reads
     mbarrier_arrive(barriers.full(tile % L::kRingBarriers));
-    // The stage's refill waits only for the warps' reads of it, not for the warps themselves.
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(barriers.read(stage));
-    if (refills) {
-      mbarrier_wait_parity(barriers.read(stage), stage_parity);
-      cp_async_wait<0>();
-      __syncwarp();  // every lane's entry visible to the elected one
-      const int4 entries = *reinterpret_cast<const int4*>(issue_blocks);
-      const int blocks[kBoxes] = {entries.x, entries.y, entries.z, entries.w};
-      issue(tile + L::kStages, stage, blocks);
-    }
   }
 }
 
