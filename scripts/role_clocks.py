@@ -88,9 +88,9 @@ patch(kernel, [
   for (int tile = group; tile < tiles; tile += kProducerGroups) {
     const int first = work.range.begin + tile * kTileTokens + kBoxTokens * warp;
     const unsigned t0 = role_clock();'''),
-    ('''    mbarrier_wait_parity(barriers.input(tile % L::kInputBarriers), input_parity);
+    ('''    mbarrier_wait_parity(barriers.input(stage), stage_parity);
     if (tile >= L::kSlots) {''',
-     '''    mbarrier_wait_parity(barriers.input(tile % L::kInputBarriers), input_parity);
+     '''    mbarrier_wait_parity(barriers.input(stage), stage_parity);
     const unsigned t1 = role_clock();
     if (tile >= L::kSlots) {'''),
     ('''    const std::uint8_t* input = shared + L::kInput + stage * L::kStageBytes;''',

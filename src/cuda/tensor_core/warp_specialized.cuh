@@ -91,39 +91,30 @@ static_assert(128 * (kProducerGroups * kProducerRegisters + 2 * kConsumerRegiste
 /// (a lookup's address is then the byte permute's result, no base to add);
 /// from the first 1024-byte boundary at or past the dynamic shared memory's
 /// start (the 128-byte swizzle's period; offsets below from there), past
-/// the table, the ring's slots (each K, V'^T), the input stages' records,
-/// their fields, the slots' factors, the barriers. Four slots: a slot is
-/// busy for a producer group's tile and then a consumer's, each about two
-/// tile periods (both roles take alternate tiles), so three would make
-/// the producers wait for the consumers' releases and the consumers for
-/// the producers' tiles. That leaves room for three input stages.
+/// the table, the ring's slots (each K, V'^T, the factors), the input stages
+/// (the boxes' records, then their fields), the barriers.
 struct SharedLayout {
   static constexpr int kCodebookSize = 16;
   static constexpr int kLutRowBytes = 256;
   static constexpr int kTableBytes = 256 * kLutRowBytes;
   static constexpr int kKeyBytes = kTileTokens * kHeadDim * 2;
   static constexpr int kValueBytes = kValueRows * kTileTokens * 2;
-  static constexpr int kSlotBytes = kKeyBytes + kValueBytes;
-  static constexpr int kSlots = 4;
+  static constexpr int kFactorBytes = 1024;
+  static constexpr int kSlotBytes = kKeyBytes + kValueBytes + kFactorBytes;
+  static constexpr int kSlots = 3;
   static constexpr int kRing = kTableBytes;
-  static constexpr int kStageBytes = kTileTokens * kRecordBytes;  ///< a stage's records
-  static constexpr int kStages = 3;
-  static constexpr int kInput = kRing + kSlots * kSlotBytes;
+  static constexpr int kRecordsBytes = kTileTokens * kRecordBytes;
   static constexpr int kFieldBoxBytes = kBoxTokens * kFields * 2;
-  static constexpr int kFieldBoxStride = 128;  // a bulk tensor copy's destination is 128-byte aligned
-  static constexpr int kFieldStageBytes = kBoxes * kFieldBoxStride;
-  static constexpr int kFieldStages = kInput + kStages * kStageBytes;
-  static constexpr int kFactorBytes = kTileTokens * 4;  ///< a slot's factors
-  static constexpr int kFactors = kFieldStages + kStages * kFieldStageBytes;
+  static constexpr int kFieldBoxStride = 128;   // a bulk tensor copy's destination is 128-byte aligned
+  static constexpr int kStageBytes = 9 * 1024;  // records, fields, padding to the next 1024
+  static constexpr int kStages = 5;
+  static constexpr int kInput = kRing + kSlots * kSlotBytes;
   /// A full and an empty barrier per slot and tile parity (tile % kRingBarriers): each is then used by one
   /// producer warpgroup and (alternate tiles) one consumer, in tile order, so no waiter is two phases behind.
   static constexpr int kRingBarriers = kSlots * kProducerGroups;
-  /// An input barrier per stage and tile parity (tile % kInputBarriers), for the same reason: a group waits on
-  /// one only after its own previous tile of that barrier, the phase before, has landed.
-  static constexpr int kInputBarriers = kStages * kProducerGroups;
-  static constexpr int kBarriers = kFactors + kSlots * kFactorBytes;
+  static constexpr int kBarriers = kInput + kStages * kStageBytes;
   /// Each producer warp's block-table entries of its next refill (one per box).
-  static constexpr int kIssueBlocks = (kBarriers + (2 * kRingBarriers + kInputBarriers + kStages) * 8 + 15) / 16 * 16;
+  static constexpr int kIssueBlocks = kBarriers + (2 * kRingBarriers + 2 * kStages) * 8;
   static constexpr int kBytes = kIssueBlocks + kProducerGroups * kProducerWarps * kBoxes * 4;
   /// Dynamic shared memory to ask for: the layout starts at the first 1024-byte boundary of it.
   static constexpr int kAllocationBytes = kBytes + 1024;
@@ -131,7 +122,7 @@ struct SharedLayout {
   static constexpr int kMerge = kRing;
   static constexpr int kMergeFloats = 2 + kValueRows / 2;
   static_assert(kSlotBytes % 1024 == 0 && kRing % 1024 == 0 && kInput % 1024 == 0 && kStageBytes % 1024 == 0);
-  static_assert(kFieldStages % 128 == 0 && kFieldBoxBytes <= kFieldBoxStride);
+  static_assert(kRecordsBytes + kBoxes * kFieldBoxStride <= kStageBytes && kFieldBoxBytes <= kFieldBoxStride);
   static_assert(kMergeFloats * 128 * 4 <= kSlots * kSlotBytes);
   static_assert(kIssueBlocks % 16 == 0, "a warp's entries are one 16-byte load");
   static_assert(kAllocationBytes <= 227 * 1024, "one CTA per SM");
@@ -140,29 +131,25 @@ struct SharedLayout {
 /// The ring's and the input stages' barriers and addresses (shared-memory
 /// addresses). full[tile % kRingBarriers]: a producer warpgroup's 128 threads;
 /// empty[tile % kRingBarriers]: the consumers that read the tile;
-/// input[tile % kInputBarriers]: the issuing warp's expect_tx; read[stage]:
-/// one arrival per producer warp once it has read the stage.
+/// input[stage]: the issuing warp's expect_tx; read[stage]: one arrival per
+/// producer warp once it has read the stage.
 struct Barriers {
   std::uint32_t base;
   __device__ __forceinline__ std::uint32_t full(int index) const { return base + SharedLayout::kBarriers + 8 * index; }
   __device__ __forceinline__ std::uint32_t empty(int index) const {
     return base + SharedLayout::kBarriers + 8 * (SharedLayout::kRingBarriers + index);
   }
-  __device__ __forceinline__ std::uint32_t input(int index) const {
-    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kRingBarriers + index);
+  __device__ __forceinline__ std::uint32_t input(int stage) const {
+    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kRingBarriers + stage);
   }
   __device__ __forceinline__ std::uint32_t read(int stage) const {
-    return base + SharedLayout::kBarriers +
-           8 * (2 * SharedLayout::kRingBarriers + SharedLayout::kInputBarriers + stage);
+    return base + SharedLayout::kBarriers + 8 * (2 * SharedLayout::kRingBarriers + SharedLayout::kStages + stage);
   }
   __device__ __forceinline__ std::uint32_t slot_address(int slot) const {
     return base + SharedLayout::kRing + slot * SharedLayout::kSlotBytes;
   }
   __device__ __forceinline__ std::uint32_t stage_address(int stage) const {
     return base + SharedLayout::kInput + stage * SharedLayout::kStageBytes;
-  }
-  __device__ __forceinline__ std::uint32_t fields_address(int stage) const {
-    return base + SharedLayout::kFieldStages + stage * SharedLayout::kFieldStageBytes;
   }
 };
 
@@ -195,26 +182,21 @@ struct CtaWork {
 #define TQ_CLAIM_REGISTERS(n) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(n))
 
 /// Producer warp `warp`'s share of a tile: tokens 16 warp .. + 15 of the
-/// stage's records at `stage` and fields at `stage_fields` into the slot at
-/// `slot` and its factors at `factors`;
+/// stage at `stage` (records, then fields) into the slot at `slot`;
 /// `valid` of them (0 .. 16) lie in the range (Partial: fewer than 16,
 /// the last tile's; the others skip the masks). A lane takes one 16-byte
 /// key chunk (dims 32c ..) of two tokens and value dims 4l .. 4l + 3 of
 /// lane l (write order rotated by the lane pair), so that no shared-memory
-/// access conflicts. The key lookups and the value codes are loaded before
-/// the stores that follow them: the compiler keeps a load after a store to
-/// the slot (they might alias), so loads between stores would leave one
-/// group of lookups in flight at a time and the warp waiting on each.
-template <bool Partial, class AfterReads>
+/// access conflicts.
+template <bool Partial>
 __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const std::uint8_t* stage,
-                                                const std::uint8_t* stage_fields, std::uint8_t* slot, float* factors,
-                                                int warp, int lane, int valid, float score_scale,
-                                                AfterReads&& after_reads) {
+                                                std::uint8_t* slot, int warp, int lane, int valid, float score_scale) {
   using L = SharedLayout;
   const std::uint8_t* records = stage + warp * kBoxTokens * kRecordBytes;
-  const std::uint8_t* fields = stage_fields + warp * L::kFieldBoxStride;
+  const std::uint8_t* fields = stage + L::kRecordsBytes + warp * L::kFieldBoxStride;
   std::uint8_t* const keys = slot;
   std::uint8_t* const values = slot + L::kKeyBytes;
+  float* const factors = reinterpret_cast<float*>(slot + L::kKeyBytes + L::kValueBytes);
   const std::uint32_t lane_lut = static_cast<std::uint32_t>(lane) << 2;
   // Lane pair p of quarter warp q takes tokens token8 (and + 8), chunks c and c + 1 of which between
   // them: the quarter warp's eight 16-byte loads and each round of its stores land in eight distinct
@@ -222,68 +204,48 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
   const int quarter = lane >> 3, pair = (lane >> 1) & 3, upper = quarter >> 1;
   const int token8 = pair < 2 ? pair + 2 * upper : pair + 4 - 2 * upper;
   const int c = 2 * ((pair & 1) ^ (quarter & 1)) + (lane & 1);
-  // Keys: the two chunks (tokens token8 and token8 + 8 of the box; a box starts on an 8-token row of the
-  // swizzle, so the row's swizzle is token8), their 32 lookups, then the stores.
-  std::uint32_t words[2][4];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const uint4 chunk =
-        *reinterpret_cast<const uint4*>(records + (8 * j + token8) * kRecordBytes + ((c ^ token8) << 4));
-    words[j][0] = chunk.x, words[j][1] = chunk.y, words[j][2] = chunk.z, words[j][3] = chunk.w;  // dims 32c + 8s ..
-  }
-  std::uint32_t pairs[2][4][4];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
+    const int token = 8 * j + token8;  // of the box; its row's swizzle is token8 (boxes start on 8-token rows)
+    const uint4 chunk = *reinterpret_cast<const uint4*>(records + token * kRecordBytes + ((c ^ token8) << 4));
+    const std::uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};  // dims 32c + 8s ..
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
+      std::uint32_t pairs[4];
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
-        const std::uint32_t offset = __byte_perm(words[j][s], lane_lut, 0x5504u | (b << 4));  // byte x 256 + lane x 4
-        pairs[j][s][b] = *reinterpret_cast<const std::uint32_t*>(table + offset);
+        const std::uint32_t offset = __byte_perm(words[s], lane_lut, 0x5504u | (b << 4));  // byte x 256 + lane x 4
+        pairs[b] = *reinterpret_cast<const std::uint32_t*>(table + offset);
       }
+      *reinterpret_cast<uint4*>(keys + swizzled_offset(kTileTokens, kBoxTokens * warp + token, 32 * c + 8 * s)) =
+          make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
     }
   }
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      *reinterpret_cast<uint4*>(keys +
-                                swizzled_offset(kTileTokens, kBoxTokens * warp + 8 * j + token8, 32 * c + 8 * s)) =
-          make_uint4(pairs[j][s][0], pairs[j][s][1], pairs[j][s][2], pairs[j][s][3]);
-    }
+  if (lane < kBoxTokens) {
+    const float norm = __half2float(reinterpret_cast<const __half*>(fields)[lane]);  // field 0 of token `lane`
+    factors[kBoxTokens * warp + lane] = !Partial || lane < valid ? norm * score_scale : 0.0f;
   }
-  const float norm = lane < kBoxTokens ? __half2float(reinterpret_cast<const __half*>(fields)[lane]) : 0.0f;
-  // Values: both halves' codes (dims 4 lane .., value byte 2 lane and 2 lane + 1 of the half's 8 tokens).
-  std::uint32_t code[2][8];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
+    std::uint32_t code[8];
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      code[half][t] = *reinterpret_cast<const std::uint16_t*>(
+      code[t] = *reinterpret_cast<const std::uint16_t*>(
           records + (8 * half + t) * kRecordBytes + (((kValueOffset / 16 + (lane >> 3)) ^ t) << 4) + ((2 * lane) & 15));
     }
-  }
-  // Scale pairs of tokens (2p, 2p + 1) of each half's eight (one 16-byte load a half); lane h < 2 the zero pairs
-  // of half h, whose row it writes.
-  uint4 scales[2];
+    // Scale and zero pairs of tokens (2p, 2p + 1) of the eight (one 16-byte load each); 0 past the range.
+    const uint4 scales = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
+    const uint4 zeros = *reinterpret_cast<const uint4*>(fields + 64 + 16 * half);
+    const std::uint32_t scale_words[4] = {scales.x, scales.y, scales.z, scales.w};
+    const std::uint32_t zero_words[4] = {zeros.x, zeros.y, zeros.z, zeros.w};
+    std::uint32_t scale_pair[4], zero_pair[4];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) scales[half] = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
-  const uint4 zeros = *reinterpret_cast<const uint4*>(fields + 64 + 16 * (lane & 1));
-  after_reads();
-  if (lane < kBoxTokens) factors[kBoxTokens * warp + lane] = !Partial || lane < valid ? norm * score_scale : 0.0f;
-  // The pair of tokens (first, first + 1): both bytes of a scale or zero pair kept, one or none (0 past the range).
-  const auto keep = [valid](int first) {
-    return !Partial || first + 1 < valid ? 0xffffffffu : first < valid ? 0x0000ffffu : 0u;
-  };
-  if (lane < 2) {
-    *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, kZeroRow, kBoxTokens * warp + 8 * lane)) =
-        make_uint4(zeros.x & keep(8 * lane), zeros.y & keep(8 * lane + 2), zeros.z & keep(8 * lane + 4),
-                   zeros.w & keep(8 * lane + 6));
-  }
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const std::uint32_t scale_pair[4] = {scales[half].x & keep(8 * half), scales[half].y & keep(8 * half + 2),
-                                         scales[half].z & keep(8 * half + 4), scales[half].w & keep(8 * half + 6)};
+    for (int p = 0; p < 4; ++p) {
+      const int first = 8 * half + 2 * p;
+      const std::uint32_t keep = !Partial || first + 1 < valid ? 0xffffffffu : first < valid ? 0x0000ffffu : 0u;
+      scale_pair[p] = scale_words[p] & keep;
+      zero_pair[p] = zero_words[p] & keep;
+    }
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
       // Dim 4 lane + k: nibble k % 2 of value byte 2 lane + k / 2, as fp16 2^e + code (e 10 or 6).
@@ -294,13 +256,17 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
       std::uint32_t row[4];
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
-        const std::uint32_t x = (__byte_perm(code[half][2 * p], code[half][2 * p + 1], selector) & mask) | exponent;
+        const std::uint32_t x = (__byte_perm(code[2 * p], code[2 * p + 1], selector) & mask) | exponent;
         const __half2 exact_code = __hadd2(*reinterpret_cast<const __half2*>(&x), offset);
         const __half2 v = __hmul2(exact_code, *reinterpret_cast<const __half2*>(&scale_pair[p]));
         row[p] = *reinterpret_cast<const std::uint32_t*>(&v);
       }
       *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, 4 * lane + k, kBoxTokens * warp + 8 * half)) =
           make_uint4(row[0], row[1], row[2], row[3]);
+    }
+    if (lane == 0) {
+      *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, kZeroRow, kBoxTokens * warp + 8 * half)) =
+          make_uint4(zero_pair[0], zero_pair[1], zero_pair[2], zero_pair[3]);
     }
   }
 }
@@ -370,15 +336,14 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
     const int first = box_token(tile, 0);
     const int boxes = min(kBoxes, (work.range.end - first + kBoxTokens - 1) / kBoxTokens);
     if (elect_one_lane()) {
-      const std::uint32_t barrier = barriers.input(tile % L::kInputBarriers);
-      const std::uint32_t records = barriers.stage_address(stage), fields = barriers.fields_address(stage);
+      const std::uint32_t barrier = barriers.input(stage), destination = barriers.stage_address(stage);
       mbarrier_arrive_expect_tx(barrier, boxes * (kBoxTokens * kRecordBytes + L::kFieldBoxBytes));
       for (int q = 0; q < boxes; ++q) {
         const int slot = (first + kBoxTokens * q) & slot_mask;
-        bulk_tensor_load(records + q * kBoxTokens * kRecordBytes, &maps.records, 0, work.kv_head, slot, blocks[q],
+        bulk_tensor_load(destination + q * kBoxTokens * kRecordBytes, &maps.records, 0, work.kv_head, slot, blocks[q],
                          barrier);
-        bulk_tensor_load(fields + q * L::kFieldBoxStride, &maps.fields, slot, kFields * work.kv_head, blocks[q],
-                         barrier);
+        bulk_tensor_load(destination + L::kRecordsBytes + q * L::kFieldBoxStride, &maps.fields, slot,
+                         kFields * work.kv_head, blocks[q], barrier);
       }
     }
     __syncwarp();
@@ -398,55 +363,47 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
   // The issuing warp's block-table entries of its next refill, copied asynchronously while it dequantizes (no
   // register waits for them across the dequantization).
   int* const issue_blocks = reinterpret_cast<int*>(shared + L::kIssueBlocks) + (kProducerWarps * group + warp) * kBoxes;
-  // A barrier's previous phase is the same group's earlier tile (kInputBarriers, kRingBarriers multiples of the
-  // groups), which this warp waited for. A stage's read barrier takes its tiles in order: tile t's copies were
-  // issued only after the reads of tile t - kStages, the stage's previous tile.
-  static_assert(L::kInputBarriers % kProducerGroups == 0 && L::kRingBarriers % kProducerGroups == 0);
+  // The input barriers are per stage, not per (stage, tile parity): a group waiting on tile t's stage cannot see
+  // the phase of tile t - 2 kStages because it first waited for tile t - kSlots's release, a tile of the other
+  // group (kSlots odd) that group took after its tile t - kStages (kStages > kSlots), so that one had landed.
+  static_assert(kProducerGroups == 1 || (L::kSlots % 2 == 1 && L::kStages > L::kSlots));
   for (int tile = group; tile < tiles; tile += kProducerGroups) {
     const int first = work.range.begin + tile * kTileTokens + kBoxTokens * warp;
-    // The tile's stage and slot, the stage's and its input barrier's phase parities; the slot is free once its
-    // previous tile is released.
+    // The tile's stage and slot, the stage's phase parity; the slot is free once its previous tile is released.
     const int stage = tile % L::kStages, slot = tile % L::kSlots;
-    const unsigned stage_parity = (tile / L::kStages) & 1u, input_parity = (tile / L::kInputBarriers) & 1u;
+    const unsigned stage_parity = (tile / L::kStages) & 1u;
     const bool refills = warp == issuing_warp(tile) && tile + L::kStages < tiles;  // warp-uniform
     if (refills && lane < kBoxes) {
       const int token = box_token(tile + L::kStages, lane);
       if (token < work.range.end) copy_to_shared<4>(issue_blocks + lane, table_row + (token >> block_shift));
       cp_async_commit();
     }
-    mbarrier_wait_parity(barriers.input(tile % L::kInputBarriers), input_parity);
+    mbarrier_wait_parity(barriers.input(stage), stage_parity);
     if (tile >= L::kSlots) {
       const int previous = tile - L::kSlots;
       mbarrier_wait_parity(barriers.empty(previous % L::kRingBarriers), (previous / L::kRingBarriers) & 1u);
     }
     const std::uint8_t* input = shared + L::kInput + stage * L::kStageBytes;
-    const std::uint8_t* input_fields = shared + L::kFieldStages + stage * L::kFieldStageBytes;
     std::uint8_t* ring_slot = shared + L::kRing + slot * L::kSlotBytes;
-    float* factors = reinterpret_cast<float*>(shared + L::kFactors + slot * L::kFactorBytes);
-    // Once the group's warps have loaded the stage (the middle of their dequantization), the issuing warp refills
-    // it: with three stages the refill's copies then have about two tile periods to land.
-    const auto after_reads = [&] {
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(barriers.read(stage));
-      if (refills) {
-        mbarrier_wait_parity(barriers.read(stage), stage_parity);
-        cp_async_wait<0>();
-        __syncwarp();  // every lane's entry visible to the elected one
-        const int4 entries = *reinterpret_cast<const int4*>(issue_blocks);
-        const int blocks[kBoxes] = {entries.x, entries.y, entries.z, entries.w};
-        issue(tile + L::kStages, stage, blocks);
-      }
-    };
     const int valid = work.range.end - first;
     if (valid >= kBoxTokens) {  // warp-uniform
-      dequantize_tile<false>(table, input, input_fields, ring_slot, factors, warp, lane, kBoxTokens, score_scale,
-                             after_reads);
+      dequantize_tile<false>(table, input, ring_slot, warp, lane, kBoxTokens, score_scale);
     } else {
-      dequantize_tile<true>(table, input, input_fields, ring_slot, factors, warp, lane, max(0, valid), score_scale,
-                            after_reads);
+      dequantize_tile<true>(table, input, ring_slot, warp, lane, max(0, valid), score_scale);
     }
     fence_proxy_async_shared();  // the generic-proxy stores before the products' reads
     mbarrier_arrive(barriers.full(tile % L::kRingBarriers));
+    // The stage's refill waits only for the warps' reads of it, not for the warps themselves.
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(barriers.read(stage));
+    if (refills) {
+      mbarrier_wait_parity(barriers.read(stage), stage_parity);
+      cp_async_wait<0>();
+      __syncwarp();  // every lane's entry visible to the elected one
+      const int4 entries = *reinterpret_cast<const int4*>(issue_blocks);
+      const int blocks[kBoxes] = {entries.x, entries.y, entries.z, entries.w};
+      issue(tile + L::kStages, stage, blocks);
+    }
   }
 }
 
@@ -475,7 +432,8 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
     mbarrier_wait_parity(barriers.full(ring_barrier), (tile / L::kRingBarriers) & 1u);
     const std::uint32_t keys_low = ring_low + slot * (L::kSlotBytes >> 4);
     const std::uint32_t values_low = keys_low + (L::kKeyBytes >> 4);
-    const float* factors = reinterpret_cast<const float*>(shared + L::kFactors + slot * L::kFactorBytes);
+    const float* factors =
+        reinterpret_cast<const float*>(shared + L::kRing + slot * L::kSlotBytes + L::kKeyBytes + L::kValueBytes);
     // S = Q K^T: rows 16 w + g (+ 8), tokens 8i + 2c (+ 1).
     float score[32];
     wgmma_fence();
@@ -645,8 +603,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbarrier_init(barriers.full(index), 128);                          // the tile's producer warpgroup
         mbarrier_init(barriers.empty(index), kSharedTiles ? 256 : 128);  // the consumers that read the tile
       }
-      for (int index = 0; index < L::kInputBarriers; ++index) mbarrier_init(barriers.input(index), 1);
-      for (int stage = 0; stage < L::kStages; ++stage) mbarrier_init(barriers.read(stage), 4);  // the producer warps
+      for (int stage = 0; stage < L::kStages; ++stage) {
+        mbarrier_init(barriers.input(stage), 1);
+        mbarrier_init(barriers.read(stage), 4);  // the producer warps
+      }
       fence_barrier_init();
     }
     fence_proxy_async_shared();  // the constant rows before the products' reads
