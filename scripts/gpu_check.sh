@@ -2,7 +2,8 @@
 # Builds everything (C++ tests, CLI, benchmarks, PyTorch binding when torch is
 # importable) on a GPU machine and runs every GPU check, writing one log per
 # step into LOG_DIR (default ./gpu-logs):
-#   gpu_tests.log   all GoogleTest suites (GPU tests run for real)
+#   gpu_tests.log   all GoogleTest suites (GPU tests run for real; the GPU
+#                   suite in GPU_TEST_SHARDS processes at once, default 4)
 #   sanitizer.log   compute-sanitizer memcheck + racecheck on every CTA shape (split grids)
 #   pytest.log      the PyTorch binding tests
 #   install.log     examples/find_package built against a fresh install and run (its GPU branch)
@@ -23,7 +24,18 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTQDECODE_TESTS=ON -DTQ
 status=0
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; ./build/tqdecode demo; } >"$LOG_DIR/demo.txt" 2>&1 || status=1
 ./build/tests/tqdecode_cpu_tests --gtest_brief=1 >"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
-./build/tests/tqdecode_gpu_tests >>"$LOG_DIR/gpu_tests.log" 2>&1 || status=1
+# The GPU suite in GPU_TEST_SHARDS shards side by side: most of its time is
+# host work (the caches' encoding, the CPU reference), so the shards use the
+# machine's cores.
+shards=${GPU_TEST_SHARDS:-4}
+pids=()
+for ((shard = 0; shard < shards; ++shard)); do
+  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard ./build/tests/tqdecode_gpu_tests \
+    >"$LOG_DIR/gpu_tests_shard$shard.log" 2>&1 &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+cat "$LOG_DIR"/gpu_tests_shard*.log >>"$LOG_DIR/gpu_tests.log" && rm -f "$LOG_DIR"/gpu_tests_shard*.log
 # Every CTA shape on a split grid (CtaShapes), lengths past the block table,
 # graph replay, the stores; query rows in row tiles (group 16 at D = 256);
 # several query tokens per sequence: inconsistent offsets, 32 rows (two row
