@@ -114,5 +114,6 @@ def main():
         return
     print_table(times, list(binaries), args.rounds, out)
 
+
 if __name__ == "__main__":
     main()
