@@ -455,6 +455,41 @@ TEST(DecodeGpuPlans, TokenSlotsStridesAndNormCorrectionGetTheirOwnPlans) {
   }
 }
 
+// On a device of little DRAM bandwidth per SM cycle, 64 norm-corrected 4-bit
+// sequences of an 8192-token table take four kv heads per CTA in half rows
+// and no partitions (eight would take two); elsewhere a box per kv head.
+// Either way the decode matches the reference.
+TEST(DecodeGpuPlans, HalfRowsOfFourKvHeadsWhereTheyNeedNoPartitions) {
+  TQ_SKIP_WITHOUT_GPU();
+  std::vector<int> lengths = random_lengths(64, 600, 41);
+  lengths[9] = 8192;  // the table's width
+  const DecodeCase c{"plans_4bit_renormalized_half_rows",
+                     Preset::turboquant_4bit_nc,
+                     64,
+                     8,
+                     128,
+                     16,
+                     lengths,
+                     0,
+                     true,
+                     DType::bf16,
+                     1.0f,
+                     CacheOrder::token_slots,
+                     true};
+  const Scenario scenario = build(c);
+  DeviceScenario device(scenario);
+  DecodeWorkspace workspace;
+  const LaunchPlan plan = plan_decode(device.args());
+  device.poison_output();
+  decode(device.args(), workspace);
+  expect_close(device.output(), scenario.reference_output(), c.name);
+  if (is_available() && cuda::slot_boxes_memory_bound(cuda::current_device_info().memory_bytes_per_sm_cycle)) {
+    EXPECT_EQ(plan.kv_heads_per_cta, 4) << plan.reason;
+    EXPECT_EQ(plan.num_partitions, 1) << plan.reason;
+    EXPECT_TRUE(plan.whole_rows) << plan.reason;
+  }
+}
+
 // Capture one decode in a CUDA graph, then change seq_lens and block tables in
 // place and replay: each replay must equal an eager call on the same inputs.
 // Every path, in the blocks order and for a token_slots cache (padded,

@@ -538,15 +538,16 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_EQ(shorter_rows.kv_heads_per_cta, 8);
   EXPECT_EQ(shorter_rows.num_partitions, 8);
   EXPECT_FALSE(shorter_rows.whole_rows);
-  // A device of little DRAM bandwidth per SM cycle (an H100 SXM's 12.8): with norm correction too, eight kv heads
-  // in whole rows from 8192-token streams; at 18.8 (an H200's) or unknown (0), the choices above.
+  // A device of little DRAM bandwidth per SM cycle (an H100 SXM's 12.8): with norm correction too, whole rows from
+  // 8192-token streams, of four kv heads where they need no partitions and fill no more waves than eight; at 18.8
+  // (an H200's) or unknown (0), the choices above.
   const auto on_device = [](int batch, int num_kv_heads, int context, double bytes_per_cycle) {
     return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, batch, num_kv_heads, context, kH200Sms, 128,
                        SlotRead::bulk_copies, true, bytes_per_cycle);
   };
-  for (const auto& [batch, context, partitions] : {std::tuple{16, 32768, 8}, std::tuple{64, 8192, 2}}) {
+  for (const auto& [batch, context, heads, partitions] : {std::tuple{16, 32768, 8, 8}, std::tuple{64, 8192, 4, 1}}) {
     const GridChoice low = on_device(batch, 8, context, 12.8);
-    EXPECT_EQ(low.kv_heads_per_cta, 8) << batch;
+    EXPECT_EQ(low.kv_heads_per_cta, heads) << batch;
     EXPECT_EQ(low.num_partitions, partitions) << batch;  // 128 CTAs
     EXPECT_TRUE(low.whole_rows) << batch;
     const GridChoice high = on_device(batch, 8, context, 18.8);
@@ -557,6 +558,12 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_FALSE(on_device(1, 8, 32768, 12.8).whole_rows);  // 16 partitions of 2048 tokens: the boxes
   EXPECT_EQ(on_device(16, 4, 32768, 12.8).kv_heads_per_cta, on_device(16, 4, 32768, 0.0).kv_heads_per_cta);  // no rows
   EXPECT_TRUE(on_device(16, 8, 131072, 12.8).whole_rows);  // shorter_rows above, in whole rows here
+  EXPECT_EQ(on_device(32, 8, 131072, 12.8).kv_heads_per_cta, 8);  // half rows would only halve N = 4
+  EXPECT_EQ(on_device(32, 8, 131072, 12.8).num_partitions, 4);
+  const GridChoice one_wave_rows = on_device(132, 8, 33024, 12.8);  // four kv heads would take two waves
+  EXPECT_EQ(one_wave_rows.kv_heads_per_cta, 8);
+  EXPECT_EQ(one_wave_rows.num_partitions, 1);
+  EXPECT_TRUE(one_wave_rows.whole_rows);
   const GridChoice blocks = choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, 32, 8, 131072, kH200Sms);
   EXPECT_EQ(blocks.kv_heads_per_cta, 2);  // the blocks order: the fewest waves
   const GridChoice narrow = grid(64, false);
@@ -577,6 +584,8 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 1, true).shared_bytes, 192032);
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true).shared_bytes, 207488);
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 8, true, false, true).shared_bytes, 228608);
+  EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 8, 128, true, 4, true, false, true).planned_ctas_per_sm,
+            1);
   EXPECT_EQ(tensor_core_footprint(Preset::turboquant_4bit_nc, 16, 128, true, 1, true).shared_bytes, 194240);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).shared_bytes, 107040);
   EXPECT_EQ(narrow_footprint(Preset::turboquant_4bit_nc, 8, 128, true).planned_ctas_per_sm, 2);

@@ -71,7 +71,9 @@ KernelFootprint tensor_core_footprint(Preset preset, int rows_per_head, int head
               case 8:
                 if (whole_rows) return footprint_of<HeadDim, 1, kFormat, true, 8, tensor_core::SlotAccess::rows>();
                 return footprint_of<HeadDim, 1, kFormat, true, 8, kInPlace>();
-              case 4: return footprint_of<HeadDim, 1, kFormat, true, 4, kInPlace>();
+              case 4:
+                if (whole_rows) return footprint_of<HeadDim, 1, kFormat, true, 4, tensor_core::SlotAccess::rows>();
+                return footprint_of<HeadDim, 1, kFormat, true, 4, kInPlace>();
               case 2: return footprint_of<HeadDim, 1, kFormat, true, 2, kInPlace>();
               default: return footprint_of<HeadDim, 1, kFormat, true, 1, kInPlace>();
             }

@@ -664,7 +664,10 @@ void launch_for_group(const FusedDecodeParams& params, CUstream_st* stream) {
             if (params.whole_rows) return launch<HeadDim, 1, Format, true, 8, SlotAccess::rows>(params, stream);
             return launch<HeadDim, 1, Format, true, 8, kInPlace>(params, stream);
           }
-          if (params.kv_heads_per_cta == 4) return launch<HeadDim, 1, Format, true, 4, kInPlace>(params, stream);
+          if (params.kv_heads_per_cta == 4) {
+            if (params.whole_rows) return launch<HeadDim, 1, Format, true, 4, SlotAccess::rows>(params, stream);
+            return launch<HeadDim, 1, Format, true, 4, kInPlace>(params, stream);
+          }
           if (params.kv_heads_per_cta == 2) return launch<HeadDim, 1, Format, true, 2, kInPlace>(params, stream);
           return launch<HeadDim, 1, Format, true, 1, kInPlace>(params, stream);
         }

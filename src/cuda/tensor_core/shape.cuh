@@ -155,8 +155,8 @@ struct KernelShape {
                 "one (not 4-bit keys, which have the wide shape), with one head tile only");
   static_assert(!kRowCopies || kRuns ||
                     (HeadDim == 128 && HeadsPerCta >= 4 &&
-                     (Wide ? Format == CacheFormat::mse4 && HeadsPerCta == 8 : Format != CacheFormat::mse4)),
-                "whole-row reads at D = 128: four or eight kv heads per CTA, 4-bit keys eight in the wide shape");
+                     (Wide ? Format == CacheFormat::mse4 : Format != CacheFormat::mse4)),
+                "whole-row reads at D = 128: four or eight kv heads per CTA, 4-bit keys in the wide shape");
   static_assert(!kRuns || (HeadDim == 128 && !Wide && HeadTiles == 1 &&
                            (HeadsPerCta == 2 || HeadsPerCta == 4 || (HeadsPerCta == 1 && Format == CacheFormat::fp8))),
                 "token runs: every preset at D = 128, one head tile, two or four kv heads per CTA (fp8 keys: also one)");

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <type_traits>
 #include <utility>
 
@@ -359,8 +360,12 @@ struct SlotReadLayout {
   static constexpr int kNormField = 0, kValueScaleField = Blocks::kValueScaleField,
                        kValueZeroField = Blocks::kValueZeroField;
   // Rotated (the bulk copies too): the box's width.
+  // Whole rows: RowHeads slots from up to kRowLead bytes past the box's
+  // 16-byte-aligned start (the CTA's first slot lies a multiple of RowHeads
+  // even-sized slots into the row: eight of them a multiple of 16 bytes).
+  static constexpr int kRowLead = RowHeads > 0 ? 16 - std::gcd(2 * RowHeads, 16) : 0;
   static constexpr int kPitch = Runs       ? RowHeads * Slot::kSlotBytes
-                                : RowHeads ? odd_multiple_of(Rotated ? 32 : 16, RowHeads * Slot::kSlotBytes)
+                                : RowHeads ? odd_multiple_of(Rotated ? 32 : 16, kRowLead + RowHeads * Slot::kSlotBytes)
                                            : Slot::kPitch;
   static constexpr int kStageBytes = kTileTokens * kPitch;  // a bulk copy's box
   static constexpr int kMetaOffset = kStageBytes;           // no fields area: the fields are in the slots

@@ -104,11 +104,14 @@ struct TileRing {
     ring_offset = opaque(records_offset + warp * Shared::kWarpRingStride);
     records_address = shared_address + records_offset;
     if constexpr (kRowCopies) {
-      // The warp's view of a stage: its round's tile, from the 16-byte
-      // boundary at or below its kv head's slot in the rows.
-      const int slot_in_row = head_slot * static_cast<int>(p.layout.head_stride);
-      ring_offset = records_offset + head_warp * Layout::kStageBytes + (slot_in_row & ~15);
-      box_column = (head - head_slot) * static_cast<int>(p.layout.head_stride);
+      // The box starts at the 16-byte boundary at or below the CTA's first
+      // kv head's slot (a bulk tensor copy's start in its row is 16-byte
+      // aligned; four kv heads' slots start 8 bytes past one in every other
+      // group), and the warp's view of a stage is its round's tile from the
+      // 16-byte boundary at or below its kv head's slot in the box.
+      const int head_byte = head * static_cast<int>(p.layout.head_stride);
+      box_column = (head_byte - head_slot * static_cast<int>(p.layout.head_stride)) & ~15;
+      ring_offset = records_offset + head_warp * Layout::kStageBytes + ((head_byte - box_column) & ~15);
     }
     ring_address = shared_address + ring_offset;
     fields_offset = Shared::kFieldsOffset + warp * kStages * Shared::kFieldsStride;
