@@ -194,16 +194,19 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
                   true, heads_per_cta};
           break;
         }
-        // There, half rows (four kv heads) where they need no partitions and
-        // fill no more waves: no arrival, reduction or partials (where they
-        // only halve the partitions, longer streams measured slower).
+        // There, half rows (four kv heads) with fewer partitions where they
+        // fill no more waves and stream at most
+        // kSlotsLongStreamTokensUnnormalized tokens a CTA: fewer arrivals,
+        // reductions and partials (on longer streams the two CTAs of a row
+        // drift apart and measured slower).
         if (memory_bound_rows && best.kv_heads_per_cta == 8) {
           const int half_rows =
               choose_num_partitions(batch, num_kv_heads / 4, max_context_tokens, sm_count, resident(true, 4));
           const auto waves = [&](int heads_per_cta, int partitions) {
             return waves_of(static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions);
           };
-          if (half_rows == 1 && best.num_partitions > 1 && waves(4, half_rows) <= waves(8, best.num_partitions)) {
+          if (half_rows < best.num_partitions && max_context_tokens / half_rows <= kSlotsLongStreamTokensUnnormalized &&
+              waves(4, half_rows) <= waves(8, best.num_partitions)) {
             best = {half_rows, true, 4};
           }
         }

@@ -539,13 +539,13 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_EQ(shorter_rows.num_partitions, 8);
   EXPECT_FALSE(shorter_rows.whole_rows);
   // A device of little DRAM bandwidth per SM cycle (an H100 SXM's 12.8): with norm correction too, whole rows from
-  // 8192-token streams, of four kv heads where they need no partitions and fill no more waves than eight; at 18.8
-  // (an H200's) or unknown (0), the choices above.
+  // 8192-token streams, of four kv heads with fewer partitions where they stream at most 8192 tokens a CTA and fill
+  // no more waves than eight; at 18.8 (an H200's) or unknown (0), the choices above.
   const auto on_device = [](int batch, int num_kv_heads, int context, double bytes_per_cycle) {
     return choose_grid(DecodePath::hopper, Preset::turboquant_4bit_nc, 8, batch, num_kv_heads, context, kH200Sms, 128,
                        SlotRead::bulk_copies, true, bytes_per_cycle);
   };
-  for (const auto& [batch, context, heads, partitions] : {std::tuple{16, 32768, 8, 8}, std::tuple{64, 8192, 4, 1}}) {
+  for (const auto& [batch, context, heads, partitions] : {std::tuple{16, 32768, 4, 4}, std::tuple{64, 8192, 4, 1}}) {
     const GridChoice low = on_device(batch, 8, context, 12.8);
     EXPECT_EQ(low.kv_heads_per_cta, heads) << batch;
     EXPECT_EQ(low.num_partitions, partitions) << batch;  // 128 CTAs
@@ -558,7 +558,8 @@ TEST(TokenSlotsPolicy, BulkCopiesWhereTokenRowsAre16ByteMultiplesElseTheNarrowCo
   EXPECT_FALSE(on_device(1, 8, 32768, 12.8).whole_rows);  // 16 partitions of 2048 tokens: the boxes
   EXPECT_EQ(on_device(16, 4, 32768, 12.8).kv_heads_per_cta, on_device(16, 4, 32768, 0.0).kv_heads_per_cta);  // no rows
   EXPECT_TRUE(on_device(16, 8, 131072, 12.8).whole_rows);  // shorter_rows above, in whole rows here
-  EXPECT_EQ(on_device(32, 8, 131072, 12.8).kv_heads_per_cta, 8);  // half rows would only halve N = 4
+  EXPECT_EQ(on_device(16, 8, 54064, 12.8).kv_heads_per_cta, 8);   // half rows would stream 13516 tokens a CTA
+  EXPECT_EQ(on_device(32, 8, 131072, 12.8).kv_heads_per_cta, 8);  // and 65536 here
   EXPECT_EQ(on_device(32, 8, 131072, 12.8).num_partitions, 4);
   const GridChoice one_wave_rows = on_device(132, 8, 33024, 12.8);  // four kv heads would take two waves
   EXPECT_EQ(one_wave_rows.kv_heads_per_cta, 8);
