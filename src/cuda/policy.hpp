@@ -147,7 +147,10 @@ inline constexpr int kWideKvHeadsPerCta[] = {2, 4, 8};
 /// kSlotsLongStreamTokensUnnormalized. Eight kv heads read whole token rows
 /// without norm correction, and with it where a CTA streams at least
 /// kSlotsLongStreamTokens (shorter ranges measured slower in whole rows at
-/// the norm correction's longer loop: docs/PERFORMANCE.md).
+/// the norm correction's longer loop: docs/PERFORMANCE.md). Where memory
+/// bound (kSlotsBoxesMinBytesPerSmCycle), four kv heads in half rows take
+/// fewer partitions than eight on streams of at most
+/// kSlotsLongStreamTokensUnnormalized tokens a CTA.
 inline constexpr int kSlotsLongStreamTokens = 32768;
 inline constexpr int kSlotsLongStreamTokensUnnormalized = 8192;
 /// token_slots bulk copies with norm correction on devices with less DRAM
