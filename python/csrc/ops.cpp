@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "tqdecode/constants.hpp"
+#include "tqdecode/continuation.hpp"
 #include "tqdecode/decode.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/format.hpp"
@@ -654,6 +655,26 @@ void set_device_checks(bool enabled) {
   translating_errors([&] { workspaces().set_device_checks(enabled); });
 }
 
+// The rows' lengths of a continuation route (tqdecode/continuation.hpp):
+// int32 [rows >= 1], contiguous.
+void check_route_lengths(const Tensor& seq_lens) {
+  if (seq_lens.scalar_type() != at::kInt || seq_lens.dim() != 1 || seq_lens.size(0) < 1 || !seq_lens.is_contiguous()) {
+    fail("seq_lens", dtype_text(seq_lens.scalar_type()) + " " + shape_text(seq_lens.sizes()) +
+                         "; accepted: a contiguous torch.int32 tensor [rows], rows >= 1");
+  }
+}
+
+Tensor continuation_route_cpu(const Tensor& seq_lens, int64_t capacity) {
+  return translating_errors([&] {
+    check_route_lengths(seq_lens);
+    const int rows = static_cast<int>(seq_lens.size(0));
+    Tensor route = at::empty({tqdecode::continuation_route_size(rows)}, seq_lens.options());
+    tqdecode::continuation_route_host(seq_lens.data_ptr<std::int32_t>(), rows, capacity,
+                                      route.data_ptr<std::int32_t>());
+    return route;
+  });
+}
+
 // ---- CUDA kernels of the ops ---------------------------------------------------
 
 #if defined(TQDECODE_WITH_CUDA)
@@ -690,6 +711,18 @@ std::tuple<std::string, std::string> decode_path_cuda(TQ_DECODE_PARAMS) {
     call.args.output = kPlanningOutput;
     tqdecode::PathChoice choice = tqdecode::choose_decode_path(call.args);
     return std::tuple<std::string, std::string>{tqdecode::decode_path_name(choice.path), std::move(choice.reason)};
+  });
+}
+
+Tensor continuation_route_cuda(const Tensor& seq_lens, int64_t capacity) {
+  return translating_errors([&] {
+    check_route_lengths(seq_lens);
+    const c10::cuda::CUDAGuard guard(seq_lens.device());
+    const int rows = static_cast<int>(seq_lens.size(0));
+    Tensor route = at::empty({tqdecode::continuation_route_size(rows)}, seq_lens.options());
+    tqdecode::continuation_route(seq_lens.data_ptr<std::int32_t>(), rows, capacity, route.data_ptr<std::int32_t>(),
+                                 current_stream(seq_lens.device()));
+    return route;
   });
 }
 
@@ -805,6 +838,7 @@ TORCH_LIBRARY(tqdecode, m) {
   m.def(
       "make_model_constants(str preset, int head_dim, int seed=0, str rotation=\"hadamard\") "
       "-> (Tensor centroids, Tensor Pi, Tensor PiT)");
+  m.def("continuation_route(Tensor seq_lens, int capacity) -> Tensor");
   m.def("cache_layout(str preset, int head_dim, int block_size, int num_kv_heads, str cache_order=\"blocks\") -> int[]");
   m.def("is_available() -> bool");
   m.def("runs_on_device(int device) -> bool");
@@ -828,6 +862,7 @@ TORCH_LIBRARY_IMPL(tqdecode, CPU, m) {
   m.impl("decode_path", &tqdecode_torch::decode_path_cpu);
   m.impl("varlen_decode", &tqdecode_torch::varlen_decode_cpu);
   m.impl("varlen_decode_out", &tqdecode_torch::varlen_decode_out_cpu);
+  m.impl("continuation_route", &tqdecode_torch::continuation_route_cpu);
 }
 
 #if defined(TQDECODE_WITH_CUDA)
@@ -838,6 +873,7 @@ TORCH_LIBRARY_IMPL(tqdecode, CUDA, m) {
   m.impl("decode_path", &tqdecode_torch::decode_path_cuda);
   m.impl("varlen_decode", &tqdecode_torch::varlen_decode_cuda);
   m.impl("varlen_decode_out", &tqdecode_torch::varlen_decode_out_cuda);
+  m.impl("continuation_route", &tqdecode_torch::continuation_route_cuda);
 }
 #endif
 

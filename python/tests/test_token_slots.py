@@ -222,9 +222,18 @@ class TokenSlotsTest(unittest.TestCase):
         call = (query, args[1], args[2][:1].expand(rows, -1), lengths.to(device), *args[4:])
         return call, {**kwargs, "norm_correction": True}
 
+    def route(self, call):
+        """The continuation_route op's answer for a call: whether its rows are one chunk."""
+        query, kv_cache, block_table, lengths = call[:4]
+        rows = query.shape[0]
+        route = tqdecode.ops.continuation_route(lengths, block_table.shape[1] * kv_cache.shape[1]).cpu()
+        self.assertEqual(route.shape[0], rows + 3)
+        return int(route[rows + 1]) == rows
+
     def check_continuation(self, device):
         call, kwargs = self.continuation(device)
-        self.assertTrue(tqdecode._continuation_chunk(call[0], call[2], call[3], call[1].shape[1]))
+        self.assertTrue(tqdecode._continuation_candidate(call[0], call[2]))
+        self.assertTrue(self.route(call))
         as_rows = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
         got = tqdecode.token_slots_decode_attention(*call, **kwargs)
         cosine, relative = errors(got, as_rows)
@@ -239,18 +248,44 @@ class TokenSlotsTest(unittest.TestCase):
         self.assertTrue(bool(torch.isnan(output_buf[rows:]).all()))
         return got
 
+    @staticmethod
+    def not_continuations():
+        """Rows over one expanded table row that are not one chunk, as (rows, lengths): rising lengths with two
+        swapped, lengths from 0 (a row of no position), equal lengths. (Lengths past the table's positions:
+        test_bad_input_names_the_argument.)"""
+        gap = torch.arange(161, 201, dtype=torch.int32)
+        gap[10], gap[11] = gap[11].item(), gap[10].item()
+        return ((40, gap), (40, torch.arange(0, 40, dtype=torch.int32)), (10, torch.full((10,), 150, dtype=torch.int32)))
+
     def test_continuation_chunk_runs_as_one_varlen_call_cpu(self):
         self.check_continuation("cpu")
 
     def test_rows_that_are_not_a_continuation_stay_rows_cpu(self):
-        gap = torch.arange(161, 201, dtype=torch.int32)
-        gap[10], gap[11] = gap[11].item(), gap[10].item()  # not rising by one
-        from_zero = torch.arange(0, 40, dtype=torch.int32)  # a row of no position
-        for rows, lengths in ((40, gap), (40, from_zero), (tqdecode.CONTINUATION_MIN_ROWS - 1, None)):
+        for rows, lengths in (*self.not_continuations(), (tqdecode.CONTINUATION_MIN_ROWS - 1, None)):
             call, kwargs = self.continuation("cpu", rows, lengths)
-            self.assertFalse(tqdecode._continuation_chunk(call[0], call[2], call[3], call[1].shape[1]))
+            if rows >= tqdecode.CONTINUATION_MIN_ROWS:
+                self.assertFalse(self.route(call))
+            else:
+                self.assertFalse(tqdecode._continuation_candidate(call[0], call[2]))
             expected = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
             self.assertTrue(torch.equal(tqdecode.token_slots_decode_attention(*call, **kwargs), expected))
+
+    def test_continuation_route_op(self):
+        cases = (([5], 16), ([1, 2, 3], 3), ([1, 2, 3], 2), ([0, 1, 2], 16), ([4, 5, 7], 16), ([9, 9], 16),
+                 (list(range(100, 700)), 700), (list(range(100, 700)), 699))
+        for lengths, capacity in cases:
+            seq_lens = torch.tensor(lengths, dtype=torch.int32)
+            chunk = lengths[0] >= 1 and lengths[-1] <= capacity and all(b - a == 1 for a, b in zip(lengths, lengths[1:]))
+            rows = len(lengths)
+            expected = [0] * rows + [0, rows, lengths[-1]] if chunk else lengths + [0, 0, 0]
+            devices = ("cpu", "cuda") if HAS_CUDA else ("cpu",)
+            for device in devices:
+                route = tqdecode.ops.continuation_route(seq_lens.to(device), capacity)
+                self.assertEqual(route.cpu().tolist(), expected, f"{lengths[:4]}... capacity {capacity} on {device}")
+        with self.assertRaisesRegex(ValueError, "tqdecode: seq_lens: torch.int64"):
+            tqdecode.ops.continuation_route(torch.ones(3, dtype=torch.int64), 16)
+        with self.assertRaisesRegex(ValueError, r"tqdecode: seq_lens: torch.int32 \[0\]"):
+            tqdecode.ops.continuation_route(torch.ones(0, dtype=torch.int32), 16)
 
     @requires_cuda
     def test_continuation_chunk_runs_as_one_varlen_call_cuda(self):
@@ -259,6 +294,39 @@ class TokenSlotsTest(unittest.TestCase):
         cosine, relative = errors(got, tqdecode.token_slots_decode_attention(*call, **kwargs))
         self.assertGreater(cosine, 0.9999)
         self.assertLess(relative, 1e-2)
+
+    @requires_cuda
+    def test_rows_that_are_not_a_continuation_stay_rows_cuda(self):
+        for rows, lengths in self.not_continuations():
+            call, kwargs = self.continuation("cuda", rows, lengths)
+            self.assertFalse(self.route(call))
+            expected = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
+            got = tqdecode.token_slots_decode_attention(*call, **kwargs)
+            self.assertTrue(torch.equal(got, expected), f"{rows} rows, lengths {lengths[:4].tolist()}...")
+
+    @requires_cuda
+    def test_continuation_route_in_a_cuda_graph(self):
+        """One captured call replayed with a chunk at another position, then with rows that are not one: each
+        replay matches the rows' own results, with no synchronisation inside the capture."""
+        call, kwargs = self.continuation("cuda", 40)
+        lengths = call[3]
+        output_buf = torch.full(call[0].shape, float("nan"), dtype=call[0].dtype, device="cuda")
+        tqdecode.token_slots_decode_attention(*call, **kwargs, output_buf=output_buf)  # warm-up: the buffer pool
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            tqdecode.token_slots_decode_attention(*call, **kwargs, output_buf=output_buf)
+        gap = self.not_continuations()[0][1]
+        for new_lengths in (torch.arange(121, 161, dtype=torch.int32), gap, torch.arange(161, 201, dtype=torch.int32)):
+            lengths.copy_(new_lengths.to("cuda"))
+            output_buf.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            as_rows = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
+            cosine, relative = errors(output_buf, as_rows)
+            self.assertFalse(bool(torch.isnan(output_buf).any()))
+            self.assertGreater(cosine, 0.99999, f"lengths {new_lengths[:4].tolist()}...")
+            self.assertLess(relative, 2e-3)
 
     def test_bad_input_names_the_argument(self):
         case = Case("turboquant_4bit_nc")

@@ -282,25 +282,24 @@ def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cent
 # vLLM sends a request's continuation chunk of q tokens as q rows with seq_lens
 # s, s + 1, ..., s + q - 1 and the request's block-table row expanded to q
 # rows (stride 0). Rows read the cache once each; one varlen call reads it
-# once for all of them (docs/VLLM.md). The stride marks the pattern; the
-# lengths are read to confirm it, a device synchronisation, so only outside
-# CUDA-graph capture and torch.compile, and only where the chunk saves more
-# than the wait costs.
-CONTINUATION_MIN_ROWS = 32
+# once for all of them (docs/VLLM.md). The stride marks the candidates; whether
+# the lengths rise by one is decided on the device (the continuation_route
+# op), without a synchronisation, so the route also runs under CUDA-graph
+# capture and torch.compile: the rows' call runs with every length 0 where
+# they are a chunk (zero outputs), then the chunk's varlen call with no token
+# where they are not. From this many rows the route repays its extra
+# launches on long contexts many times over and costs short ones little
+# (docs/VLLM.md has the measurements).
+CONTINUATION_MIN_ROWS = 8
 
 
-def _continuation_chunk(query, block_table, seq_lens, block_size) -> bool:
-    """Whether these rows are one request's consecutive positions over one
-    block-table row (a varlen call), all within the row's blocks (else the
-    rows' own call names the first length out of range)."""
-    rows = query.shape[0]
-    if rows < CONTINUATION_MIN_ROWS or block_table.dim() != 2 or block_table.stride(0) != 0:
+def _continuation_candidate(query, block_table) -> bool:
+    """Whether these rows may be one request's chunk: enough of them over one
+    block-table row repeated with stride 0 (on the CPU, whose route is read on
+    the host, not under torch.compile)."""
+    if not query.is_cuda and torch.compiler.is_compiling():
         return False
-    if torch.compiler.is_compiling() or (query.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return False
-    steps = seq_lens[1:] - seq_lens[:-1]
-    capacity = block_table.shape[1] * block_size
-    return bool(((steps == 1).all() & (seq_lens[0] >= 1) & (seq_lens[-1] <= capacity)).item())
+    return query.shape[0] >= CONTINUATION_MIN_ROWS and block_table.dim() == 2 and block_table.stride(0) == 0
 
 
 def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits,
@@ -317,11 +316,12 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
     and slots); ``norm_correction`` True renormalises each token's centroid
     vector at decode time, as vLLM's decode does. Continuation chunks come as
     rows with per-token ``seq_lens`` and an expanded block table; from
-    ``CONTINUATION_MIN_ROWS`` rows (the table's row expanded with stride 0,
-    ``seq_lens`` rising by one from at least 1), outside CUDA-graph capture,
-    they run as one :func:`varlen_decode_attention` call: the same function,
-    the cache read once instead of once per row, after one synchronisation
-    that confirms the lengths. ``output_buf`` is written when it is a 3-D
+    ``CONTINUATION_MIN_ROWS`` rows over one table row expanded with stride 0,
+    whether the lengths rise by one (from at least 1, within the row's
+    blocks) is decided on the device (no synchronisation, so also under
+    CUDA-graph capture and torch.compile), and a
+    chunk runs as one :func:`varlen_decode_attention` call: the same
+    function, the request's cache read once instead of once per row. ``output_buf`` is written when it is a 3-D
     tensor of the query's dtype with at least ``[B, Hq, D]`` and distinct
     rows, and ``output_buf[:B, :Hq, :D]`` is returned; otherwise, as vLLM's
     launcher does, a new tensor is. The other
@@ -333,20 +333,32 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
     args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8,
                     PiT, buf_holder, None, cache_order="token_slots", norm_correction=norm_correction)
     batch, heads, head_dim = query.shape
-    decode, decode_out = ops.decode, ops.decode_out
-    if _continuation_chunk(query, block_table, seq_lens, kv_cache.shape[1]):
-        # One sequence of seq_lens[-1] positions whose last `batch` are the rows' tokens.
-        starts = torch.arange(0, 2 * batch, batch, dtype=torch.int32, device=query.device)
-        args = (*args[:2], block_table[:1], seq_lens[-1:], starts, batch, *args[4:])
-        decode, decode_out = ops.varlen_decode, ops.varlen_decode_out
+    out = None
     if (isinstance(output_buf, torch.Tensor) and output_buf.dim() == 3 and output_buf.dtype == query.dtype
             and output_buf.device == query.device and output_buf.shape[0] >= batch and output_buf.shape[1] >= heads
             and output_buf.shape[2] >= head_dim and output_buf.stride(2) == 1
             and elements_distinct(output_buf[:batch, :heads, :head_dim])):
         out = output_buf[:batch, :heads, :head_dim]
-        decode_out(*args, out=out)
+    if not _continuation_candidate(query, block_table):
+        if out is None:
+            return ops.decode(*args)
+        ops.decode_out(*args, out=out)
         return out
-    return decode(*args)
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    # One request's chunk: one varlen call of the rows as its `batch` tokens, the last at seq_lens[-1].
+    route = ops.continuation_route(args[3].contiguous(), block_table.shape[1] * kv_cache.shape[1])
+    rows_args = (*args[:3], route[:batch], *args[4:])
+    chunk_args = (*args[:2], block_table[:1], route[batch + 2:], route[batch:batch + 2], batch, *args[4:])
+    if not query.is_cuda:  # the route is host memory: one of the two calls
+        if bool(route[batch + 1]):
+            ops.varlen_decode_out(*chunk_args, out=out)
+        else:
+            ops.decode_out(*args, out=out)
+        return out
+    ops.decode_out(*rows_args, out=out)
+    ops.varlen_decode_out(*chunk_args, out=out)
+    return out
 
 
 def varlen_decode_attention(query, kv_cache, block_table, seq_lens, query_start_loc, Pi, centroids, scale, mse_bits,

@@ -174,6 +174,11 @@ def _varlen_decode_out_fake(query, kv_cache, block_table, seq_lens, query_start_
     check_output(out, query, "out")
 
 
+@torch.library.register_fake("tqdecode::continuation_route")
+def _continuation_route_fake(seq_lens, capacity):
+    return seq_lens.new_empty(seq_lens.shape[0] + 3)
+
+
 @torch.library.register_fake("tqdecode::decode_path")
 def _decode_path_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits, value_quant_bits,
                       key_fp8=False, sinks=None, constants_stable=True, cache_order="blocks", norm_correction=False):

@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "../workspace_defaults.hpp"
+#include "tqdecode/continuation.hpp"
 #include "tqdecode/decode.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/reference.hpp"
@@ -53,6 +54,10 @@ void* decode(const DecodeArgs& args, DecodeWorkspace&, CUstream_st*, PathRequest
   plan_decode(args, request);
   decode_cpu(args);
   return args.output;
+}
+
+void continuation_route(const std::int32_t*, int, std::int64_t, std::int32_t*, CUstream_st*) {
+  fail("continuation_route", "this build has no CUDA; accepted: a build with CUDA");
 }
 
 }  // namespace tqdecode
