@@ -71,19 +71,29 @@ def run_step(layers, hidden, queries, outputs, mode):
                                                   PiT=layer.PiT, output_buf=out)
 
 
-def time_steps(layers, q, mode, steps):
+def time_steps(layers, q, mode, steps, graph=False):
     hidden = torch.randn(q, HIDDEN, device="cuda", dtype=torch.bfloat16)
     queries = [torch.randn(q, HQ, D, device="cuda", dtype=torch.bfloat16) for _ in layers]
     outputs = [torch.empty(q, HQ, D, device="cuda", dtype=torch.bfloat16) for _ in layers]
     saved = tqdecode.CONTINUATION_MIN_ROWS
     tqdecode.CONTINUATION_MIN_ROWS = 2 if mode == "chunk" else 1 << 30
     try:
+        step_graph = None
+        if graph:  # the step captured once (after an eager warm-up for the buffer pool), then replayed
+            run_step(layers, hidden, queries, outputs, mode)
+            torch.cuda.synchronize()
+            step_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(step_graph):
+                run_step(layers, hidden, queries, outputs, mode)
         times = []
         for step in range(steps + 3):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             start.record()
-            run_step(layers, hidden, queries, outputs, mode)
+            if step_graph is not None:
+                step_graph.replay()
+            else:
+                run_step(layers, hidden, queries, outputs, mode)
             end.record()
             end.synchronize()
             if step >= 3:
@@ -99,6 +109,8 @@ def main():
     parser.add_argument("--rows", type=int, nargs="+", default=[2, 4, 8, 16, 32, 128])
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--graphs", action="store_true",
+                        help="also each step captured in one CUDA graph: the GPU's time without the host's")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -106,18 +118,28 @@ def main():
         return
     print(f"# {torch.cuda.get_device_name()}, {PRESET} token_slots with norm correction, Hq {HQ}, Hk {HK}, D {D}, "
           f"block size {BLOCK}, {args.layers} layers, median of {args.steps} eager steps")
-    print("| context | q | GEMMs alone (us a step) | rows (us a layer) | chunk (route) | varlen alone |")
-    print("|---|---|---|---|---|---|")
+    modes = ("rows", "chunk", "varlen")
+    header = "| context | q | GEMMs alone (us a step) | rows (us a layer) | chunk (route) | varlen alone |"
+    if args.graphs:
+        header += " in a graph: GEMMs alone | rows | chunk (route) | varlen alone |"
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
     results = []
     for context in args.contexts:
         layers = [Layer(context, seed) for seed in range(args.layers)]
         for q in args.rows:
             gemm = time_steps(layers, q, "gemm", args.steps)
-            cost = {mode: (time_steps(layers, q, mode, args.steps) - gemm) / args.layers
-                    for mode in ("rows", "chunk", "varlen")}
-            results.append({"context": context, "q": q, "gemm_step_us": gemm, **{f"{m}_us": v for m, v in cost.items()}})
-            print(f"| {context} | {q} | {gemm:.1f} | {cost['rows']:.1f} | {cost['chunk']:.1f} | {cost['varlen']:.1f} |",
-                  flush=True)
+            cost = {mode: (time_steps(layers, q, mode, args.steps) - gemm) / args.layers for mode in modes}
+            result = {"context": context, "q": q, "gemm_step_us": gemm, **{f"{m}_us": v for m, v in cost.items()}}
+            line = f"| {context} | {q} | {gemm:.1f} | " + " | ".join(f"{cost[m]:.1f}" for m in modes) + " |"
+            if args.graphs:
+                graph_gemm = time_steps(layers, q, "gemm", args.steps, graph=True)
+                graph_cost = {m: (time_steps(layers, q, m, args.steps, graph=True) - graph_gemm) / args.layers
+                              for m in modes}
+                result.update({"graph_gemm_step_us": graph_gemm, **{f"graph_{m}_us": v for m, v in graph_cost.items()}})
+                line += f" {graph_gemm:.1f} | " + " | ".join(f"{graph_cost[m]:.1f}" for m in modes) + " |"
+            results.append(result)
+            print(line, flush=True)
         del layers
         torch.cuda.empty_cache()
     if args.out:
