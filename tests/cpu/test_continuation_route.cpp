@@ -1,0 +1,51 @@
+// continuation_route_host: which rows are one request's chunk, and the two
+// calls' inputs it writes (include/tqdecode/continuation.hpp).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "tqdecode/continuation.hpp"
+
+namespace tqdecode::test {
+namespace {
+
+std::vector<std::int32_t> route_of(const std::vector<std::int32_t>& seq_lens, std::int64_t capacity) {
+  const int rows = static_cast<int>(seq_lens.size());
+  std::vector<std::int32_t> route(continuation_route_size(rows), -7);
+  continuation_route_host(seq_lens.data(), rows, capacity, route.data());
+  return route;
+}
+
+TEST(ContinuationRoute, ConsecutiveLengthsAreOneChunk) {
+  // Rows of lengths 5..8 over a row of 8 positions: the per-row call gets 0s, the chunk (0, 4) and length 8.
+  EXPECT_EQ(route_of({5, 6, 7, 8}, 8), (std::vector<std::int32_t>{0, 0, 0, 0, 0, 4, 8}));
+  EXPECT_EQ(route_of({1}, 1), (std::vector<std::int32_t>{0, 0, 1, 1}));
+}
+
+TEST(ContinuationRoute, OtherRowsStayRows) {
+  const std::vector<std::vector<std::int32_t>> not_chunks = {
+      {5, 7, 8},     // a gap
+      {6, 5, 7},     // not rising
+      {4, 4},        // equal
+      {0, 1, 2},     // a row of no position
+      {7, 8, 9},     // past the 8 positions of the row
+      {-3, -2, -1},  // negative lengths: the per-row call names them
+  };
+  for (const auto& lengths : not_chunks) {
+    std::vector<std::int32_t> expected = lengths;
+    expected.insert(expected.end(), {0, 0, 0});
+    EXPECT_EQ(route_of(lengths, 8), expected) << "lengths from " << lengths[0];
+  }
+}
+
+TEST(ContinuationRoute, BadArgumentsNameThemselves) {
+  std::int32_t lengths[2] = {1, 2}, route[5] = {};
+  expect_error_naming("rows", [&] { continuation_route_host(lengths, 0, 8, route); });
+  expect_error_naming("seq_lens", [&] { continuation_route_host(nullptr, 2, 8, route); });
+  expect_error_naming("route", [&] { continuation_route_host(lengths, 2, 8, nullptr); });
+}
+
+}  // namespace
+}  // namespace tqdecode::test
