@@ -319,15 +319,15 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
     ``CONTINUATION_MIN_ROWS`` rows over one table row expanded with stride 0,
     whether the lengths rise by one (from at least 1, within the row's
     blocks) is decided on the device (no synchronisation, so also under
-    CUDA-graph capture and torch.compile), and a
-    chunk runs as one :func:`varlen_decode_attention` call: the same
-    function, the request's cache read once instead of once per row. ``output_buf`` is written when it is a 3-D
-    tensor of the query's dtype with at least ``[B, Hq, D]`` and distinct
-    rows, and ``output_buf[:B, :Hq, :D]`` is returned; otherwise, as vLLM's
-    launcher does, a new tensor is. The other
-    engine arguments (``key_packed_size``, ``mid_o_buf``, ``lse_buf``,
-    ``max_num_kv_splits``) are accepted and ignored. Arguments are checked
-    before any work: ValueError names the argument.
+    CUDA-graph capture and torch.compile), and a chunk runs as one
+    :func:`varlen_decode_attention` call: the same function, the request's
+    cache read once instead of once per row. ``output_buf`` is written when
+    it is a 3-D tensor of the query's dtype with at least ``[B, Hq, D]`` and
+    distinct rows, and ``output_buf[:B, :Hq, :D]`` is returned; otherwise, as
+    vLLM's launcher does, a new tensor is. The other engine arguments
+    (``key_packed_size``, ``mid_o_buf``, ``lse_buf``, ``max_num_kv_splits``)
+    are accepted and ignored. Arguments are checked before any work:
+    ValueError names the argument.
     """
     del key_packed_size, mid_o_buf, lse_buf, max_num_kv_splits
     args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8,
@@ -346,7 +346,7 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
         return out
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    # One request's chunk: one varlen call of the rows as its `batch` tokens, the last at seq_lens[-1].
+    # A candidate: the rows' call, or one varlen call of the rows as a sequence's last `batch` tokens (the route).
     route = ops.continuation_route(args[3].contiguous(), block_table.shape[1] * kv_cache.shape[1])
     rows_args = (*args[:3], route[:batch], *args[4:])
     chunk_args = (*args[:2], block_table[:1], route[batch + 2:], route[batch:batch + 2], batch, *args[4:])
