@@ -328,6 +328,25 @@ class TokenSlotsTest(unittest.TestCase):
             self.assertGreater(cosine, 0.99999, f"lengths {new_lengths[:4].tolist()}...")
             self.assertLess(relative, 2e-3)
 
+    def check_continuation_compiled(self, device):
+        """The engine function over a chunk's rows under torch.compile(fullgraph=True) gives the eager result (on
+        CUDA the route runs in the graph; on the CPU, whose route is read on the host, the rows' call)."""
+        torch._dynamo.reset()
+        call, kwargs = self.continuation(device, 12)
+        decode = lambda *args: tqdecode.token_slots_decode_attention(*args, **kwargs)  # noqa: E731
+        expected = decode(*call)
+        got = torch.compile(decode, fullgraph=True)(*call)
+        cosine, relative = errors(got, expected)
+        self.assertGreater(cosine, 0.99999)
+        self.assertLess(relative, 2e-3)
+
+    def test_continuation_compiled_cpu(self):
+        self.check_continuation_compiled("cpu")
+
+    @requires_cuda
+    def test_continuation_compiled_cuda(self):
+        self.check_continuation_compiled("cuda")
+
     def test_bad_input_names_the_argument(self):
         case = Case("turboquant_4bit_nc")
         args, kwargs = case.args()

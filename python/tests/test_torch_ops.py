@@ -776,6 +776,7 @@ class OpCheckTest(unittest.TestCase):
                                  c.config.preset), {}),
             (ops.make_model_constants.default, ("turboquant_3bit_nc", 64, 3, "dense"), {}),
             (ops.cache_layout.default, ("turboquant_k8v4", 128, 16, 2), {}),
+            (ops.continuation_route.default, (torch.arange(3, 9, dtype=torch.int32, device=c.query.device), 16), {}),
             (ops.is_available.default, (), {}),
             (ops.runs_on_device.default, (0,), {}),
             (ops.version.default, (), {}),
