@@ -150,19 +150,26 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     // waves win (the fewer heads on a tie): the fewer times every SM pays a
     // prologue and a merge at once, and no half-empty last wave
     // (docs/PERFORMANCE.md).
+    // The wide shape's partitions and waves with `heads_per_cta` kv heads per CTA.
+    const auto wide_partitions = [&](int heads_per_cta) {
+      return choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
+                                   resident(true, heads_per_cta));
+    };
+    const auto wide_waves_of = [&](int heads_per_cta, int partitions) {
+      return waves_of(static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions);
+    };
     GridChoice best{0, true};
     long long best_waves = 0;
-    const int wide = choose_num_partitions(batch, num_kv_heads, max_context_tokens, sm_count, resident(true, 1));
-    const long long wide_waves = waves_of(static_cast<long long>(batch) * num_kv_heads * wide);
+    const int wide = wide_partitions(1);
+    const long long wide_waves = wide_waves_of(1, wide);
     if (wide_waves <= kWideTableMaxWaves) {
       best = {wide, true, 1};
       best_waves = wide_waves;
     }
     for (const int heads_per_cta : kWideKvHeadsPerCta) {
       if (num_kv_heads % heads_per_cta != 0) continue;
-      const int partitions = choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
-                                                   resident(true, heads_per_cta));
-      const long long waves = waves_of(static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions);
+      const int partitions = wide_partitions(heads_per_cta);
+      const long long waves = wide_waves_of(heads_per_cta, partitions);
       if (best.num_partitions == 0 || waves < best_waves) {
         best = {partitions, true, heads_per_cta};
         best_waves = waves;
@@ -189,9 +196,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
         for (int i = static_cast<int>(std::size(kWideKvHeadsPerCta)) - 1; i >= 0; --i) {
           const int heads_per_cta = kWideKvHeadsPerCta[i];
           if (num_kv_heads % heads_per_cta != 0) continue;
-          best = {choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
-                                        resident(true, heads_per_cta)),
-                  true, heads_per_cta};
+          best = {wide_partitions(heads_per_cta), true, heads_per_cta};
           break;
         }
         // There, half rows (four kv heads) with fewer partitions where they
@@ -200,13 +205,9 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
         // reductions and partials (on longer streams the two CTAs of a row
         // drift apart and measured slower).
         if (memory_bound_rows && best.kv_heads_per_cta == 8) {
-          const int half_rows =
-              choose_num_partitions(batch, num_kv_heads / 4, max_context_tokens, sm_count, resident(true, 4));
-          const auto waves = [&](int heads_per_cta, int partitions) {
-            return waves_of(static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions);
-          };
+          const int half_rows = wide_partitions(4);
           if (half_rows < best.num_partitions && max_context_tokens / half_rows <= kSlotsLongStreamTokensUnnormalized &&
-              waves(4, half_rows) <= waves(8, best.num_partitions)) {
+              wide_waves_of(4, half_rows) <= wide_waves_of(8, best.num_partitions)) {
             best = {half_rows, true, 4};
           }
         }
