@@ -426,7 +426,7 @@ def query_tokens_lines(records):
              "(4 Hq D per query token and position it sees) per second. other kernel: the varlen entry on the Hopper path's "
              "kernel for several query tokens that the automatic path did not take, where it serves the call: the "
              "warp-specialized kernel (PathRequest::hopper_warp_specialized) where the automatic path keeps the row "
-             "tiles (64 query rows per kv head and below), the row tiles (PathRequest::hopper) where it takes the "
+             "tiles (32 query rows per kv head and below), the row tiles (PathRequest::hopper) where it takes the "
              "warp-specialized kernel.", "",
              "| shape | q_len | varlen | path | % read | rows | rows / varlen | q_len 1 step | varlen / q_len 1 | "
              "q_len 1, scalar kernel | varlen / scalar q_len 1 | bf16 | bf16 / varlen | bf16 bytes at the read "
