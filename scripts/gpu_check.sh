@@ -8,7 +8,11 @@
 #   pytest.log      the PyTorch binding tests
 #   install.log     examples/find_package built against a fresh install and run (its GPU branch)
 #   demo.txt        tqdecode demo
-# Set GTEST_SOURCE to a GoogleTest source tree on machines without libgtest-dev.
+# Set GTEST_SOURCE to a GoogleTest source tree on machines without libgtest-dev,
+# CUDA_ARCHITECTURES to build for fewer architectures (e.g. 90a-real: a
+# shorter build on an H100/H200), SANITIZERS=0 to leave out the
+# compute-sanitizer step (the longest) and PYTEST_ARGS to narrow the binding's
+# tests (e.g. "-k cuda").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG_DIR=${LOG_DIR:-gpu-logs}
@@ -18,7 +22,8 @@ command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 python_flag=-DTQDECODE_PYTHON=OFF
 python3 -c "import torch" 2>/dev/null && python_flag=-DTQDECODE_PYTHON=ON
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTQDECODE_TESTS=ON -DTQDECODE_BENCH=ON $python_flag \
-  ${GTEST_SOURCE:+-DTQDECODE_GTEST_SOURCE_DIR=$GTEST_SOURCE} >"$LOG_DIR/build.log" 2>&1 &&
+  ${GTEST_SOURCE:+-DTQDECODE_GTEST_SOURCE_DIR=$GTEST_SOURCE} \
+  ${CUDA_ARCHITECTURES:+-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHITECTURES} >"$LOG_DIR/build.log" 2>&1 &&
   cmake --build build --parallel "$(nproc)" >>"$LOG_DIR/build.log" 2>&1 || { tail -40 "$LOG_DIR/build.log"; exit 1; }
 
 status=0
@@ -47,14 +52,18 @@ cat "$LOG_DIR"/gpu_tests_shard*.log >>"$LOG_DIR/gpu_tests.log" && rm -f "$LOG_DI
 small='DecodeGpuQuery.*:Split/CtaShapes.*:DecodeGpuArguments.LengthsPast*:Grid/DecodeGpu.*/q4_d64:DecodeGpuGraph.*:StoreGpu*'
 small+=':Grid/DecodeGpu.*/q4_d256_g16_row_tiles:Grid/VarlenGpu.*/q4_d128_g8_spec4:VarlenGpuGraph.*'
 memcheck_only=':VarlenGpuArguments.*:DecodeGpuArguments.PlansKey*:DecodeGpuPool.AGrowth*:Grid/VarlenGpu.*/k3v4_nc_d256_g16:Grid/VarlenGpu.*/q4_d128_g1_hk8_four_head_tiles'
-compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests \
-  --gtest_filter="$small$memcheck_only" >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
-compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \
-  >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
+if [ "${SANITIZERS:-1}" != 0 ]; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests \
+    --gtest_filter="$small$memcheck_only" >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
+  compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/tqdecode_gpu_tests --gtest_filter="$small" \
+    >>"$LOG_DIR/sanitizer.log" 2>&1 || status=1
+fi
 ctest --test-dir build -R install.find_package --output-on-failure -V >"$LOG_DIR/install.log" 2>&1 || status=1
 if [ "$python_flag" = -DTQDECODE_PYTHON=ON ]; then
   if python3 -c "import pytest" 2>/dev/null; then
-    PYTHONPATH="$PWD/python" python3 -m pytest -p no:cacheprovider -q -rs python/tests >"$LOG_DIR/pytest.log" 2>&1 || status=1
+    # shellcheck disable=SC2086 # PYTEST_ARGS is split into arguments on purpose
+    PYTHONPATH="$PWD/python" python3 -m pytest -p no:cacheprovider -q -rs ${PYTEST_ARGS:-} python/tests \
+      >"$LOG_DIR/pytest.log" 2>&1 || status=1
   else
     PYTHONPATH="$PWD/python" python3 -m unittest discover -s python/tests >"$LOG_DIR/pytest.log" 2>&1 || status=1
   fi
