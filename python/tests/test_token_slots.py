@@ -131,6 +131,33 @@ def errors(got, expected):
     return (F.cosine_similarity(got, expected, dim=0).item(), ((got - expected).norm() / expected.norm()).item())
 
 
+class RecordedOps:
+    """The ops tqdecode calls, each call recorded as (name, arguments) in `calls` before it runs."""
+
+    ROUTED = ("decode", "decode_out", "varlen_decode_out", "continuation_route")
+
+    def __init__(self, ops):
+        self._ops = ops
+        self.calls = []
+
+    def __getattr__(self, name):
+        op = getattr(self._ops, name)
+
+        def call(*args, **kwargs):
+            self.calls.append((name, args))
+            return op(*args, **kwargs)
+        return call
+
+    def routed(self):
+        """The calls of the ops a row set is routed through, in order."""
+        return [(name, args) for name, args in self.calls if name in self.ROUTED]
+
+
+def recording_ops():
+    """A context in which tqdecode's ops are a RecordedOps (the context's value)."""
+    return unittest.mock.patch.object(tqdecode, "ops", RecordedOps(tqdecode.ops))
+
+
 class TokenSlotsTest(unittest.TestCase):
     def test_signature_is_the_engines(self):
         expected = ["query", "kv_cache", "block_table", "seq_lens", "Pi", "centroids", "scale", "mse_bits",
@@ -230,12 +257,38 @@ class TokenSlotsTest(unittest.TestCase):
         self.assertEqual(route.shape[0], rows + 3)
         return int(route[rows + 1]) == rows
 
+    def check_routed(self, recorded, call, chunk):
+        """What the engine function called for rows over one expanded table row: the route, then on the CPU one of
+        the rows' call (their own lengths) and the varlen call, on CUDA both: the rows' call with every length 0 and
+        the varlen call of the rows as the request's last tokens for a chunk, else the rows' own lengths and a varlen
+        call of no tokens."""
+        query, lengths = call[0], call[3].cpu()
+        rows = query.shape[0]
+        calls = recorded.routed()
+        names = [name for name, _ in calls]
+        if query.is_cuda:
+            self.assertEqual(names, ["continuation_route", "decode_out", "varlen_decode_out"])
+        else:
+            self.assertEqual(names, ["continuation_route", "varlen_decode_out" if chunk else "decode_out"])
+        by_name = dict(calls)
+        if "decode_out" in by_name:
+            rows_lengths = by_name["decode_out"][3].cpu()
+            self.assertTrue(torch.equal(rows_lengths, torch.zeros_like(lengths) if chunk else lengths))
+        if "varlen_decode_out" in by_name:
+            varlen = by_name["varlen_decode_out"]
+            self.assertEqual(varlen[4].cpu().tolist(), [0, rows] if chunk else [0, 0])  # query_start_loc
+            if chunk:
+                self.assertEqual(varlen[3].cpu().tolist(), [int(lengths[-1])])  # the request's length
+                self.assertEqual(varlen[2].shape[0], 1)  # its table row
+
     def check_continuation(self, device):
         call, kwargs = self.continuation(device)
         self.assertTrue(tqdecode._continuation_candidate(call[0], call[2]))
         self.assertTrue(self.route(call))
         as_rows = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
-        got = tqdecode.token_slots_decode_attention(*call, **kwargs)
+        with recording_ops() as recorded:
+            got = tqdecode.token_slots_decode_attention(*call, **kwargs)
+        self.check_routed(recorded, call, chunk=True)
         cosine, relative = errors(got, as_rows)
         print(f"continuation chunk {device}: one varlen call against rows: cosine {cosine:.8f}, relative L2 {relative:.2e}")
         self.assertGreater(cosine, 0.99999)
@@ -268,7 +321,12 @@ class TokenSlotsTest(unittest.TestCase):
             else:
                 self.assertFalse(tqdecode._continuation_candidate(call[0], call[2]))
             expected = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
-            self.assertTrue(torch.equal(tqdecode.token_slots_decode_attention(*call, **kwargs), expected))
+            with recording_ops() as recorded:
+                self.assertTrue(torch.equal(tqdecode.token_slots_decode_attention(*call, **kwargs), expected))
+            if rows >= tqdecode.CONTINUATION_MIN_ROWS:
+                self.check_routed(recorded, call, chunk=False)
+            else:
+                self.assertEqual([name for name, _ in recorded.routed()], ["decode"])
 
     def test_continuation_route_op(self):
         cases = (([5], 16), ([1, 2, 3], 3), ([1, 2, 3], 2), ([0, 1, 2], 16), ([4, 5, 7], 16), ([9, 9], 16),
@@ -301,7 +359,9 @@ class TokenSlotsTest(unittest.TestCase):
             call, kwargs = self.continuation("cuda", rows, lengths)
             self.assertFalse(self.route(call))
             expected = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
-            got = tqdecode.token_slots_decode_attention(*call, **kwargs)
+            with recording_ops() as recorded:
+                got = tqdecode.token_slots_decode_attention(*call, **kwargs)
+            self.check_routed(recorded, call, chunk=False)
             self.assertTrue(torch.equal(got, expected), f"{rows} rows, lengths {lengths[:4].tolist()}...")
 
     @requires_cuda

@@ -26,12 +26,14 @@ TEST(ContinuationRoute, ConsecutiveLengthsAreOneChunk) {
 
 TEST(ContinuationRoute, OtherRowsStayRows) {
   const std::vector<std::vector<std::int32_t>> not_chunks = {
-      {5, 7, 8},     // a gap
-      {6, 5, 7},     // not rising
-      {4, 4},        // equal
-      {0, 1, 2},     // a row of no position
-      {7, 8, 9},     // past the 8 positions of the row
-      {-3, -2, -1},  // negative lengths: the per-row call names them
+      {5, 7, 8},                      // a gap
+      {6, 5, 7},                      // not rising
+      {4, 4},                         // equal
+      {0, 1, 2},                      // a row of no position
+      {7, 8, 9},                      // past the 8 positions of the row
+      {-3, -2, -1},                   // negative lengths: the per-row call names them
+      {-1, 0, 1},                     // rising from below 1
+      {2147483647, -2147483647 - 1},  // a difference that wraps in 32 bits
   };
   for (const auto& lengths : not_chunks) {
     std::vector<std::int32_t> expected = lengths;

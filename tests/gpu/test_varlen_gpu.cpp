@@ -329,8 +329,8 @@ TEST(VarlenGpuArguments, WarpSpecializedRequestRefusesWhatItDoesNotServe) {
 // Offsets and lengths the CUDA path does not check on the host (device
 // memory): decreasing, negative or past T offsets, a query longer than
 // max_query_len or than its seq_len. The call completes, writes nothing
-// outside the T output rows (guard rows after them stay poisoned), and a
-// consistent sequence in the same batch is still right.
+// outside the T output rows (guard rows before and after them stay
+// poisoned), and a consistent sequence in the same batch is still right.
 TEST(VarlenGpuArguments, InconsistentOffsetsAndLengthsStayInsideTheCall) {
   TQ_SKIP_WITHOUT_GPU();
   // Group 4 (16 rows: the tensor-core kernel's two head tiles) and group 8 (32: four head tiles, and the
@@ -351,9 +351,9 @@ TEST(VarlenGpuArguments, InconsistentOffsetsAndLengthsStayInsideTheCall) {
     const std::size_t row = std::size_t(config.num_q_heads) * config.head_dim;
     const int total = scenario.query_rows();  // 20
     const std::size_t guard_rows = 64;
-    test::DeviceBuffer<std::uint16_t> output((total + guard_rows) * row);
+    test::DeviceBuffer<std::uint16_t> output((guard_rows + total + guard_rows) * row);
     DecodeArgs args = device.args();
-    args.output = output.get();
+    args.output = output.get() + guard_rows * row;
     const std::vector<std::vector<std::int32_t>> bad_starts = {
         {0, 4, 2, 12, 16, 20},        // sequence 1 decreasing
         {0, 4, 8, 12, 16, 9999},      // past T
@@ -380,10 +380,14 @@ TEST(VarlenGpuArguments, InconsistentOffsetsAndLengthsStayInsideTheCall) {
         decode(args, workspace, nullptr, request);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         const std::vector<std::uint16_t> bits = output.download();
-        for (std::size_t i = total * row; i < bits.size(); ++i) ASSERT_EQ(bits[i], 0xffff) << "guard element " << i;
+        const std::size_t first = guard_rows * row, end = (guard_rows + total) * row;  // the T rows' elements
+        for (std::size_t i = 0; i < bits.size(); ++i) {
+          if (i < first || i >= end)
+            ASSERT_EQ(bits[i], 0xffff) << "guard element " << i << " (T rows from " << first << ")";
+        }
         if (k == 0 || k == 3) {  // sequence 4 keeps its rows 16..19 and its length
           std::vector<float> last(4 * row), want(expected.begin() + 16 * row, expected.begin() + 20 * row);
-          for (std::size_t i = 0; i < last.size(); ++i) last[i] = bf16_bits_to_float(bits[16 * row + i]);
+          for (std::size_t i = 0; i < last.size(); ++i) last[i] = bf16_bits_to_float(bits[first + 16 * row + i]);
           expect_close(last, want, "sequence 4 beside inconsistent ones");
         }
       }
