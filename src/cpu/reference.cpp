@@ -314,7 +314,9 @@ void reduce_partitions_reference(const DecodeArgs& args, int num_partitions, con
 void decode_cpu(const DecodeArgs& args) {
   validate_decode_host_contents(args);  // before anything is allocated or written
   const int D = args.layout.head_dim;
-  std::vector<float> out(std::size_t(args.query_rows()) * args.num_q_heads * D);
+  // NaN until written: a row decode_validated left unwritten reaches the caller as NaN, not as zeros.
+  std::vector<float> out(std::size_t(args.query_rows()) * args.num_q_heads * D,
+                         std::numeric_limits<float>::quiet_NaN());
   decode_validated(args, out.data());
   for (int b = 0; b < args.query_rows(); ++b) {
     for (int hq = 0; hq < args.num_q_heads; ++hq) {

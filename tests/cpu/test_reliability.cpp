@@ -88,10 +88,16 @@ struct Outputs {
   std::vector<std::uint16_t> cpu;  // query dtype bits
 };
 
+// Outputs start as a finite, non-zero value that no decode gives here, so
+// rows expected NaN or zero must have been written.
+constexpr float kUnwritten = 3.0e6f;
+constexpr std::uint16_t kUnwrittenBits = 0x4a4a;  // finite and non-zero as bf16 and as fp16
+
 Outputs decode_all(const Scenario& scenario) {
   const DecodeArgs args = scenario.host_args();
-  Outputs out{std::vector<float>(scenario.query.size()), std::vector<float>(scenario.query.size()),
-              std::vector<std::uint16_t>(scenario.query.size())};
+  Outputs out{std::vector<float>(scenario.query.size(), kUnwritten),
+              std::vector<float>(scenario.query.size(), kUnwritten),
+              std::vector<std::uint16_t>(scenario.query.size(), kUnwrittenBits)};
   decode_reference(args, out.direct.data());
   const int N = 3;
   const std::size_t rows = scenario.query.size() / scenario.config.head_dim;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -176,7 +177,7 @@ ScenarioConfig slots_config(Preset preset, int D, int bs, int hk, int hq, std::v
 }
 
 std::vector<float> reference(const Scenario& scenario) {
-  std::vector<float> out(scenario.query.size());
+  std::vector<float> out(scenario.query.size(), std::numeric_limits<float>::quiet_NaN());  // an unwritten element shows
   decode_reference(scenario.host_args(), out.data());
   return out;
 }
@@ -320,7 +321,8 @@ TEST(TokenSlotsDecode, StrideOrderAndPaddingDoNotChangeTheResult) {
 
     const int N = 5;
     const std::size_t rows = padded.query.size() / 64;
-    std::vector<float> max(rows * N), sum(rows * N), partial(rows * N * 64), reduced(padded.query.size());
+    std::vector<float> max(rows * N), sum(rows * N), partial(rows * N * 64);
+    std::vector<float> reduced(padded.query.size(), std::numeric_limits<float>::quiet_NaN());
     const PartitionBuffers buffers{max.data(), sum.data(), partial.data()};
     decode_partitions_reference(padded.host_args(), N, 16, buffers);
     reduce_partitions_reference(padded.host_args(), N, buffers, reduced.data());

@@ -605,6 +605,7 @@ TEST_F(ReliabilityGpuDeviceChecks, ValidInputsDecodeBitwiseAsWithoutChecks) {
   for_each_gpu_path([&](PathRequest request, const std::string& path) {
     DecodeWorkspace workspace(scenario_.batch());
     workspace.set_device_checks(false);
+    device_->poison_output();  // not the previous path's output
     decode(device_->args(), workspace, nullptr, request);
     const std::vector<float> unchecked = device_->output();
     expect_close(unchecked, reference_output(scenario_), "valid inputs, checks off, " + path);
@@ -691,8 +692,11 @@ ScenarioConfig non_finite_config(Preset preset, bool sinks) {
 }
 
 /// One decode of `scenario` by `request` into a poisoned output.
+/// The decode's output, which starts finite and non-zero (0x4a4a in bf16 or
+/// fp16), so rows expected NaN or zero must have been written.
 std::vector<float> gpu_decode(const Scenario& scenario, PathRequest request) {
   DeviceScenario device(scenario);
+  device.fill_output(0x4a);
   DecodeWorkspace workspace(scenario.batch());
   decode(device.args(), workspace, nullptr, request);
   return device.output();

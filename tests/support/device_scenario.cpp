@@ -78,11 +78,14 @@ DecodeArgs DeviceScenario::args() const {
   return args;
 }
 
-void DeviceScenario::poison_output() {
-  // 0xffff is a NaN in both fp16 and bf16. cudaMemset is asynchronous on the
-  // legacy stream, which a non-blocking stream (graph replays) does not wait
-  // for: the poison must have landed before the call under test runs.
-  TQ_CUDA_CHECK(cudaMemset(buffers_->output, 0xff, buffers_->output_elements * sizeof(std::uint16_t)));
+// 0xffff is a NaN in both fp16 and bf16.
+void DeviceScenario::poison_output() { fill_output(0xff); }
+
+void DeviceScenario::fill_output(unsigned char byte) {
+  // cudaMemset is asynchronous on the legacy stream, which a non-blocking
+  // stream (graph replays) does not wait for: the fill must have landed
+  // before the call under test runs.
+  TQ_CUDA_CHECK(cudaMemset(buffers_->output, byte, buffers_->output_elements * sizeof(std::uint16_t)));
   TQ_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

@@ -24,6 +24,8 @@ class DeviceScenario {
   DecodeArgs args() const;
   /// Fills the output with NaN so a test sees any element not written.
   void poison_output();
+  /// Sets every output byte to `byte` (landed before the next call on any stream).
+  void fill_output(unsigned char byte);
   /// The output as fp32 [query rows, Hq, D] (synchronises).
   std::vector<float> output() const;
   /// Replaces seq_lens and the block table (same shapes) on the device.

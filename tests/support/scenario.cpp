@@ -228,7 +228,7 @@ StoreArgs Scenario::store_args(std::uint8_t* cache_bytes, const void* key, const
 }
 
 std::vector<float> Scenario::reference_output() const {
-  std::vector<float> out(query.size());
+  std::vector<float> out(query.size(), std::numeric_limits<float>::quiet_NaN());  // an unwritten element shows
   decode_reference(host_args(nullptr), out.data());
   return out;
 }
@@ -352,7 +352,9 @@ struct Peaks {
 Peaks peaks(const std::vector<float>& actual, const std::vector<float>& expected) {
   Peaks p;
   for (std::size_t i = 0; i < actual.size(); ++i) {
-    p.max_abs_diff = std::max(p.max_abs_diff, std::abs(double(actual[i]) - expected[i]));
+    // A NaN difference (an element unwritten into a NaN-filled output, or a NaN result) stays the maximum.
+    const double diff = std::abs(double(actual[i]) - expected[i]);
+    p.max_abs_diff = std::isnan(diff) ? diff : std::max(p.max_abs_diff, diff);
     p.max_abs_expected = std::max(p.max_abs_expected, std::abs(double(expected[i])));
   }
   return p;
