@@ -227,8 +227,8 @@ double lloyd_max_unit_vector_mse(const std::vector<float>& centroids, int head_d
 }
 
 int nearest_centroid(const float* centroids, int count, float x) {
-  TQ_REQUIRE(centroids != nullptr && count >= 1, "count",
-          std::to_string(count) + " centroids given; accepted: >= 1 with a non-null table");
+  TQ_REQUIRE(count >= 1, "count", std::to_string(count) + " centroids given; accepted: >= 1");
+  TQ_REQUIRE(centroids != nullptr, "centroids", "is null; a table of count levels is required");
   // The reference rule: fp32 distances, strict '<' so a tie keeps the lower index.
   int best = 0;
   float best_distance = std::abs(x - centroids[0]);

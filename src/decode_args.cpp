@@ -1,9 +1,12 @@
 #include "tqdecode/decode_args.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tqdecode/error.hpp"
 #include "workspace_defaults.hpp"
@@ -15,6 +18,20 @@ namespace {
 void require_non_negative_stride(std::int64_t stride, const char* argument) {
   TQ_REQUIRE(stride >= 0, argument,
           std::to_string(stride) + " is negative; accepted: 0 (contiguous) or a positive element stride");
+}
+
+// A caller's output [rows, Hq, D] whose strides give two rows, heads or dims
+// one element would be written racily on the GPU paths.
+void require_distinct_output_elements(const DecodeArgs& args) {
+  const std::int64_t D = args.layout.head_dim, head_stride = args.out_stride_h(), batch_stride = args.out_stride_b();
+  const std::int64_t row[] = {args.num_q_heads, D}, row_strides[] = {head_stride, 1};
+  TQ_REQUIRE(strided_elements_distinct(row, row_strides), "output_stride_head",
+             std::to_string(head_stride) +
+                 " makes a row's heads overlap; accepted: 0 (contiguous) or >= head_dim = " + std::to_string(D));
+  const std::int64_t all[] = {args.query_rows(), args.num_q_heads, D}, all_strides[] = {batch_stride, head_stride, 1};
+  TQ_REQUIRE(strided_elements_distinct(all, all_strides), "output_stride_batch",
+             std::to_string(batch_stride) + " makes rows overlap (head stride " + std::to_string(head_stride) +
+                 "); accepted: 0 (contiguous) or a stride past a row's heads, e.g. >= num_q_heads * head_dim");
 }
 
 void require_pointer(const void* pointer, const char* argument) {
@@ -47,6 +64,20 @@ void validate_query_shapes(const DecodeArgs& args) {
 
 }  // namespace
 
+bool strided_elements_distinct(std::span<const std::int64_t> sizes, std::span<const std::int64_t> strides) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size) of the dimensions of several elements
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] > 1) dims.emplace_back(strides[i], sizes[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  std::int64_t extent = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride < extent) return false;
+    extent += stride * (size - 1);
+  }
+  return true;
+}
+
 void validate_decode_shapes(const DecodeArgs& args, bool output_required) {
   TQ_REQUIRE(args.batch >= 0, "batch", std::to_string(args.batch) + " is negative; accepted: >= 0");
   validate_layout(args.layout);
@@ -73,6 +104,7 @@ void validate_decode_shapes(const DecodeArgs& args, bool output_required) {
   const PresetInfo info = args.layout.info();
   validate_codebook_size(args.layout, args.num_centroids);
   validate_query_shapes(args);
+  if (args.output != nullptr) require_distinct_output_elements(args);
 
   // With batch 0 the call is a no-op, so engines may pass empty tensors; so
   // may a varlen call without tokens for the query and output.

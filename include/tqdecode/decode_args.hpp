@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "tqdecode/common.hpp"
 #include "tqdecode/format.hpp"
@@ -83,6 +84,12 @@ struct DecodeArgs {
   std::int64_t out_stride_h() const { return output_stride_head ? output_stride_head : layout.head_dim; }
   std::int64_t table_stride() const { return block_table_stride ? block_table_stride : max_blocks_per_seq; }
 };
+
+/// Whether a strided view (`sizes` and element `strides`, one per dimension)
+/// addresses no element twice: ordered by stride, each dimension of several
+/// elements steps past the extent of those inside it. Sufficient, and true of
+/// every dense, padded or permuted layout.
+bool strided_elements_distinct(std::span<const std::int64_t> sizes, std::span<const std::int64_t> strides);
 
 /// Checks shapes, dtypes, strides, layout, codebook size, null pointers and
 /// the varlen shapes (num_tokens <= batch * max_query_len); reads no tensor

@@ -28,6 +28,7 @@
 #include "tqdecode/constants.hpp"
 #include "tqdecode/continuation.hpp"
 #include "tqdecode/decode.hpp"
+#include "tqdecode/decode_args.hpp"
 #include "tqdecode/error.hpp"
 #include "tqdecode/format.hpp"
 #include "tqdecode/reference.hpp"
@@ -104,21 +105,9 @@ int int_argument(int64_t value, const char* argument) {
   return static_cast<int>(value);
 }
 
-// Whether no two elements share memory: ordered by stride, each dimension of
-// several elements steps past the extent of those inside it. Sufficient, and
-// true of every dense, padded or permuted layout.
+// Whether no two elements share memory (tqdecode::strided_elements_distinct).
 bool elements_distinct(const Tensor& tensor) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
-  for (int64_t dim = 0; dim < tensor.dim(); ++dim) {
-    if (tensor.size(dim) > 1) dims.emplace_back(tensor.stride(dim), tensor.size(dim));
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t extent = 1;
-  for (const auto& [stride, size] : dims) {
-    if (stride < extent) return false;
-    extent += stride * (size - 1);
-  }
-  return true;
+  return tqdecode::strided_elements_distinct(tensor.sizes(), tensor.strides());
 }
 
 
@@ -679,6 +668,14 @@ Tensor continuation_route_cpu(const Tensor& seq_lens, int64_t capacity) {
 
 #if defined(TQDECODE_WITH_CUDA)
 
+// A device index the reports are read from: one of the CUDA devices present.
+void check_cuda_device_index(int64_t device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  TQ_REQUIRE(device >= 0 && device < count, "device",
+             std::to_string(device) + " is not a CUDA device here; accepted: 0 to " + std::to_string(count - 1));
+}
+
 CUstream_st* current_stream(const at::Device& device) {
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
 }
@@ -766,6 +763,7 @@ CheckReportTuple device_check_report([[maybe_unused]] int64_t device) {
     tqdecode::DeviceCheckReport report;
 #if defined(TQDECODE_WITH_CUDA)
     if (tqdecode::cuda_available()) {
+      check_cuda_device_index(device);
       const at::Device cuda_device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
       const c10::cuda::CUDAGuard guard(cuda_device);
       report = workspaces().for_device(static_cast<int>(device))->device_check_report(current_stream(cuda_device));
@@ -794,6 +792,7 @@ StoreReportTuple store_check_report([[maybe_unused]] int64_t device) {
     tqdecode::StoreCheckReport report;
 #if defined(TQDECODE_WITH_CUDA)
     if (tqdecode::cuda_available()) {
+      check_cuda_device_index(device);
       const at::Device cuda_device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
       const c10::cuda::CUDAGuard guard(cuda_device);
       report = tqdecode::store_check_report(current_stream(cuda_device));

@@ -345,6 +345,16 @@ class TokenSlotsTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"tqdecode: seq_lens: torch.int32 \[0\]"):
             tqdecode.ops.continuation_route(torch.ones(0, dtype=torch.int32), 16)
 
+    def test_more_rows_than_one_varlen_sequence_holds_are_no_candidate(self):
+        """The route's varlen call gives the rows one sequence, so they are a candidate only up to the varlen entry's
+        max_query_len (tqdecode::kMaxQueryLen); past it they stay rows."""
+        most = tqdecode._MAX_QUERY_LEN
+        query = torch.empty(most + 1, 1, 1)
+        table = torch.zeros(1, 4, dtype=torch.int32).expand(most + 1, -1)
+        self.assertFalse(tqdecode._continuation_candidate(query, table))
+        self.assertTrue(tqdecode._continuation_candidate(query[:most], table[:most]))
+        self.assertFalse(tqdecode._continuation_candidate(query[:most], table[:most].contiguous()))
+
     @requires_cuda
     def test_continuation_chunk_runs_as_one_varlen_call_cuda(self):
         got = self.check_continuation("cuda")

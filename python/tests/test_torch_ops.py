@@ -326,6 +326,8 @@ class ConstantsCacheTest(unittest.TestCase):
         from tqdecode import _model_constants
         holder = Holder()
         self.assertFalse(_model_constants(query, Pi, centroids, None, False, holder)[2], "first call derives")
+        # The deriving call may have failed before its decode: the first call after it still waits.
+        self.assertFalse(_model_constants(query, Pi, centroids, None, False, holder)[2], "first use of the cache")
         self.assertTrue(_model_constants(query, Pi, centroids, None, False, holder)[2], "cached")
         Pi.mul_(1.0)
         self.assertFalse(_model_constants(query, Pi, centroids, None, False, holder)[2], "Pi written: derived again")
@@ -334,6 +336,11 @@ class ConstantsCacheTest(unittest.TestCase):
         fresh = Holder()  # decode_path derives without caching: the next decode still waits for them
         self.assertFalse(_model_constants(query, Pi, centroids, None, False, fresh, keep=False)[2])
         self.assertFalse(_model_constants(query, Pi, centroids, None, False, fresh)[2], "not cached by decode_path")
+        failing = Holder()  # a call that derives them and then fails: the next call does not read them early
+        with self.assertRaisesRegex(ValueError, "output_buf"):
+            tqdecode.turboquant_decode_attention(*case.decode_args()[0], **case.decode_args()[1], buf_holder=failing,
+                                                 output_buf=torch.empty(1, dtype=query.dtype))
+        self.assertFalse(_model_constants(query, Pi, centroids, None, False, failing)[2], "after a failed call")
 
 
 @requires_cuda
@@ -601,6 +608,10 @@ class BadArgumentsTest(unittest.TestCase):
         self.assert_names("centroids", centroids=None)
         self.assert_names("output_buf", output_buf=torch.empty(2, *c.query.shape[1:], dtype=c.query.dtype))
         self.assert_names("output_buf", output_buf=torch.empty(c.query.numel() + 1, dtype=c.query.dtype))
+        strided_dims = torch.empty(*c.query.shape[:2], 2 * c.query.shape[2], dtype=c.query.dtype)[..., ::2]
+        self.assert_names("output_buf: the head_dim dimension must have stride 1", output_buf=strided_dims)
+        with self.assertRaisesRegex(ValueError, "tqdecode: num_blocks: 0 is out of range"):
+            tqdecode.allocate_cache(0, 16, 2, 128, "turboquant_4bit_nc")
 
     def test_unsupported_preset_and_geometry(self):
         c = self.case

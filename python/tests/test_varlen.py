@@ -139,6 +139,10 @@ class VarlenCpuTest(unittest.TestCase):
             varlen(case, query, starts[:-1])
         with self.assertRaisesRegex(ValueError, "tqdecode: query_start_loc: dtype"):
             varlen(case, query, starts.long())
+        with self.assertRaisesRegex(ValueError, "tqdecode: query_start_loc: expected a torch.Tensor, got NoneType"):
+            varlen(case, query, None)
+        with self.assertRaisesRegex(ValueError, "tqdecode: max_query_len: expected an int, got str"):
+            varlen(case, query, starts, max_query_len="many")
 
 
 class VarlenCompileTest(unittest.TestCase):

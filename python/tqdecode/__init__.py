@@ -92,6 +92,8 @@ def allocate_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim
 
     Zeroed so that slots never written decode as zero keys and values, not garbage.
     """
+    if _number(num_blocks, "num_blocks", int) < 1:
+        fail("num_blocks", f"{num_blocks} is out of range; accepted: >= 1")
     layout = cache_layout(preset, head_dim, block_size, num_kv_heads, cache_order)
     return torch.zeros((num_blocks, block_size, num_kv_heads, layout.slot_bytes), dtype=torch.uint8, device=device)
 
@@ -182,7 +184,10 @@ def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep=True):
     while torch.compile traces: the derivation is then part of the graph.
     ``stable`` is False when they were derived in this call: the kernels that
     wrote them may be the ones just before the decode, so the decode must not
-    read them early (programmatic launch).
+    read them early (programmatic launch). It is False on the first call that
+    finds them cached too: the call that derived them may have failed before
+    its decode, leaving their copies the stream's last kernels; from then on a
+    decode has run after them.
     """
     if key_fp8:
         return None, None, True  # fp8 keys are neither rotated nor codebook-quantized
@@ -213,8 +218,10 @@ def _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep=True):
         per_device = buf_holder._tqdecode_consts = {}
     cached = per_device.get(query.device)
     if cached is not None and cached[0] == key:
-        return cached[2], cached[3], True
-    cached = (key, (source, centroids), *derive())
+        stable = cached[4]
+        cached[4] = True
+        return cached[2], cached[3], stable
+    cached = [key, (source, centroids), *derive(), False]  # key, sources, centroids, PiT, used by a later call
     if keep:
         per_device[query.device] = cached
     return cached[2], cached[3], False
@@ -291,6 +298,7 @@ def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cent
 # launches on long contexts many times over and costs short ones little
 # (docs/VLLM.md has the measurements).
 CONTINUATION_MIN_ROWS = 8
+_MAX_QUERY_LEN = 1 << 16  # tqdecode::kMaxQueryLen: the most query tokens a varlen call gives one sequence
 
 
 def _continuation_candidate(query, block_table) -> bool:
@@ -299,7 +307,8 @@ def _continuation_candidate(query, block_table) -> bool:
     the host, not under torch.compile)."""
     if not query.is_cuda and torch.compiler.is_compiling():
         return False
-    return query.shape[0] >= CONTINUATION_MIN_ROWS and block_table.dim() == 2 and block_table.stride(0) == 0
+    return (CONTINUATION_MIN_ROWS <= query.shape[0] <= _MAX_QUERY_LEN and block_table.dim() == 2
+            and block_table.stride(0) == 0)
 
 
 def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits,
@@ -391,6 +400,9 @@ def varlen_decode_attention(query, kv_cache, block_table, seq_lens, query_start_
     clamped on the device, so inconsistent values cannot read or write
     outside the call's tensors.
     """
+    check_is_tensor(query_start_loc, "query_start_loc")
+    if max_query_len is not None:
+        max_query_len = _number(max_query_len, "max_query_len", int)
     args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8,
                     PiT, buf_holder, sinks, cache_order=cache_order, norm_correction=norm_correction,
                     query_start_loc=query_start_loc)
@@ -400,7 +412,7 @@ def varlen_decode_attention(query, kv_cache, block_table, seq_lens, query_start_
                                   "query_start_loc would synchronise); accepted: the most query tokens any sequence has")
         lengths = query_start_loc[1:] - query_start_loc[:-1]
         max_query_len = max(1, int(lengths.max())) if lengths.numel() else 1
-    args = (*args[:4], query_start_loc, int(max_query_len), *args[4:])
+    args = (*args[:4], query_start_loc, max_query_len, *args[4:])
     if output_buf is None:
         return ops.varlen_decode(*args)
     rows, out = output_rows(output_buf, query, "output_buf")

@@ -75,6 +75,8 @@ def check_decode(query, kv_cache, block_table, seq_lens, sinks, query_start_loc=
     device = query.device
     rows = "[num_tokens, num_q_heads, head_dim]" if query_start_loc is not None else "[batch, num_q_heads, head_dim]"
     _check_tensor(query, "query", (torch.bfloat16, torch.float16), 3, rows, device)
+    if query.stride(2) != 1:
+        fail("query", f"the head_dim dimension must have stride 1 (strides {list(query.stride())})")
     _check_tensor(kv_cache, "kv_cache", (torch.uint8,), 4, "[num_blocks, block_size, num_kv_heads, slot_bytes]", device)
     _check_tensor(block_table, "block_table", (torch.int32,), 2, "[batch, max_blocks_per_seq]", device)
     _check_tensor(seq_lens, "seq_lens", (torch.int32,), 1, "[batch]", device)
@@ -96,6 +98,8 @@ def check_output(out, query, argument) -> None:
     _check_tensor(out, argument, (query.dtype,), 3, "[batch, num_q_heads, head_dim]", query.device)
     if out.shape != query.shape:
         fail(argument, f"shape {list(out.shape)} does not match the query shape {list(query.shape)}")
+    if out.stride(2) != 1:
+        fail(argument, f"the head_dim dimension must have stride 1 (strides {list(out.stride())})")
     if not elements_distinct(out):
         fail(argument, f"elements overlap (strides {list(out.stride())}); accepted: distinct rows, heads and dims, "
                        "e.g. stride(1) >= head_dim")

@@ -221,6 +221,8 @@ void validate_partition_buffers(const DecodeArgs& args, int num_partitions, cons
 }  // namespace
 
 void rotate_queries_reference(const DecodeArgs& args, float* q_rot) {
+  TQ_REQUIRE(q_rot != nullptr || args.batch == 0 || args.query_rows() == 0, "q_rot",
+             "is null; a [rows, Hq, D] fp32 buffer is required");
   validate_decode_shapes(writing_to(args, q_rot));
   rotate_queries(args, q_rot);
 }
@@ -333,6 +335,21 @@ void exact_attention(const float* query, const float* keys, const float* values,
   TQ_REQUIRE(batch >= 0, "batch", std::to_string(batch) + " is negative; accepted: >= 0");
   TQ_REQUIRE(head_dim >= 1, "head_dim", std::to_string(head_dim) + " is out of range; accepted: >= 1");
   validate_group_size(num_q_heads, num_kv_heads);
+  if (batch == 0) return;
+  TQ_REQUIRE(query != nullptr, "query", "is null; a [B, Hq, D] buffer is required when batch > 0");
+  TQ_REQUIRE(token_offsets != nullptr, "token_offsets", "is null; B + 1 offsets are required when batch > 0");
+  TQ_REQUIRE(out != nullptr, "out", "is null; a [B, Hq, D] buffer is required when batch > 0");
+  TQ_REQUIRE(token_offsets[0] >= 0, "token_offsets[0]",
+             std::to_string(token_offsets[0]) + " is negative; accepted: non-negative, non-decreasing offsets");
+  for (int b = 0; b < batch; ++b) {
+    if (token_offsets[b + 1] < token_offsets[b]) {
+      fail("token_offsets[" + std::to_string(b + 1) + "]", std::to_string(token_offsets[b + 1]) +
+                                                               " is less than token_offsets[" + std::to_string(b) +
+                                                               "]; accepted: non-decreasing offsets");
+    }
+  }
+  TQ_REQUIRE(token_offsets[batch] == 0 || (keys != nullptr && values != nullptr), keys == nullptr ? "keys" : "values",
+             "is null; [token_offsets[B], Hk, D] buffers are required when there are tokens");
   const int group = num_q_heads / num_kv_heads;
   const int D = head_dim;
   const std::int64_t rows = std::int64_t(batch) * num_q_heads;

@@ -426,7 +426,11 @@ void launch_encode(const StoreKernelParams& params, cudaStream_t stream) {
   using S = StoreShape<P, D>;
   const std::int64_t vectors = params.num_tokens * params.layout.num_kv_heads;
   const std::int64_t blocks = (vectors + S::kVectors - 1) / S::kVectors;
-  TQ_REQUIRE(blocks <= 0x7fffffff, "num_tokens", std::to_string(params.num_tokens) + " is too large for one store");
+  TQ_REQUIRE(blocks <= 0x7fffffff, "num_tokens",
+             std::to_string(params.num_tokens) + " tokens of " + std::to_string(params.layout.num_kv_heads) +
+                 " kv heads need more than 2^31 - 1 CTAs; accepted: at most " +
+                 std::to_string(std::int64_t{0x7fffffff} * S::kVectors / params.layout.num_kv_heads) +
+                 " tokens per call");
   const std::int64_t token_tiles = (params.num_tokens + kDuplicateTile - 1) / kDuplicateTile;
   check_distinct_slots_kernel<<<static_cast<unsigned>(token_tiles), kDuplicateTile, 0, stream>>>(
       params.slot_mapping, params.num_tokens, params.status);

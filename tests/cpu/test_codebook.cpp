@@ -256,6 +256,7 @@ TEST(CodebookErrors, BadInputsNameTheArgument) {
   expect_error_naming("head_dim", [] { tqdecode::lloyd_max_unit_vector_mse({-0.5f, 0.5f}, 2); });
   const float level = 0.0f;
   expect_error_naming("count", [&] { tqdecode::nearest_centroid(&level, 0, 0.0f); });
+  expect_error_naming("centroids", [&] { tqdecode::nearest_centroid(nullptr, 1, 0.0f); });
 }
 
 }  // namespace

@@ -60,7 +60,8 @@ TEST(DecodeValidation, EveryBadInputNamesTheArgumentAndWritesNothing) {
       {"block size", [](DecodeArgs& a, Inputs&) { a.layout.block_size = 24; }, "block_size", false},
       {"no kv heads", [](DecodeArgs& a, Inputs&) { a.layout.num_kv_heads = 0; }, "num_kv_heads", false},
       {"block stride below natural",
-       [](DecodeArgs& a, Inputs&) { a.layout.block_stride = a.layout.natural_block_bytes() - 2; }, "block_stride", false},
+       [](DecodeArgs& a, Inputs&) { a.layout.block_stride = a.layout.natural_block_bytes() - 2; }, "block_stride",
+       false},
       {"q heads not a multiple", [](DecodeArgs& a, Inputs&) { a.num_q_heads = 3; }, "num_q_heads", false},
       {"no q heads", [](DecodeArgs& a, Inputs&) { a.num_q_heads = 0; }, "num_q_heads", false},
       {"group of 17", [](DecodeArgs& a, Inputs&) { a.num_q_heads = 34; }, "num_q_heads", false},
@@ -76,6 +77,11 @@ TEST(DecodeValidation, EveryBadInputNamesTheArgumentAndWritesNothing) {
       {"table stride", [](DecodeArgs& a, Inputs&) { a.block_table_stride = -4; }, "block_table_stride", false},
       {"output batch stride", [](DecodeArgs& a, Inputs&) { a.output_stride_batch = -1; }, "output_stride_batch", false},
       {"output head stride", [](DecodeArgs& a, Inputs&) { a.output_stride_head = -1; }, "output_stride_head", false},
+      {"output heads overlapping", [](DecodeArgs& a, Inputs&) { a.output_stride_head = 32; }, "output_stride_head",
+       false},
+      {"output rows overlapping", [](DecodeArgs& a, Inputs&) { a.output_stride_batch = 3 * 64; }, "output_stride_batch",
+       false},
+      {"output dims over heads", [](DecodeArgs& a, Inputs&) { a.output_stride_head = 1; }, "output_stride_head", false},
       {"NaN scale", [nan](DecodeArgs& a, Inputs&) { a.scale = nan; }, "scale", false},
       {"infinite scale", [inf](DecodeArgs& a, Inputs&) { a.scale = inf; }, "scale", false},
       {"codebook size", [](DecodeArgs& a, Inputs&) { a.num_centroids = 8; }, "num_centroids", false},
@@ -88,13 +94,14 @@ TEST(DecodeValidation, EveryBadInputNamesTheArgumentAndWritesNothing) {
       {"null PiT", [](DecodeArgs& a, Inputs&) { a.PiT = nullptr; }, "PiT", false},
       {"negative seq len", [](DecodeArgs&, Inputs& in) { in.seq_lens[1] = -1; }, "seq_lens[1]", true},
       {"seq len past the table", [](DecodeArgs&, Inputs& in) { in.seq_lens[1] = 4 * 16 + 1; }, "seq_lens[1]", true},
-      {"seq len reaching a junk entry", [](DecodeArgs&, Inputs& in) { in.seq_lens[0] = 17; }, "block_table[0][1]", true},
+      {"seq len reaching a junk entry", [](DecodeArgs&, Inputs& in) { in.seq_lens[0] = 17; }, "block_table[0][1]",
+       true},
       {"block past the cache",
        [](DecodeArgs& a, Inputs& in) { in.block_table[1 * 4 + 1] = static_cast<std::int32_t>(a.num_blocks); },
        "block_table[1][1]", true},
       {"negative block", [](DecodeArgs&, Inputs& in) { in.block_table[1 * 4 + 0] = -1; }, "block_table[1][0]", true},
-      {"row stride shifts a junk entry in",
-       [](DecodeArgs& a, Inputs&) { a.block_table_stride = 1; }, "block_table[1][0]", true},
+      {"row stride shifts a junk entry in", [](DecodeArgs& a, Inputs&) { a.block_table_stride = 1; },
+       "block_table[1][0]", true},
   };
   const Scenario scenario = small_scenario();
   ASSERT_EQ(scenario.max_blocks_per_seq, 4);
@@ -171,6 +178,7 @@ TEST(DecodeValidation, ReferenceStepsValidateTheirArguments) {
   expect_error_naming("scale", [&] { rotate_queries_reference(bad, out.data()); });
 
   expect_error_naming("output", [&] { decode_reference(args, nullptr); });
+  expect_error_naming("q_rot", [&] { rotate_queries_reference(args, nullptr); });
   expect_error_naming("num_partitions", [&] { decode_partitions_reference(args, 0, 16, buffers); });
   expect_error_naming("align", [&] { decode_partitions_reference(args, N, 0, buffers); });
   expect_error_naming("partitions.max", [&] { decode_partitions_reference(args, N, 16, {nullptr, sum.data(), partial.data()}); });
@@ -182,11 +190,23 @@ TEST(DecodeValidation, ReferenceStepsValidateTheirArguments) {
     EXPECT_EQ(*buffer, std::vector<float>(buffer->size(), sentinel)) << "a buffer was written";
   }
 
-  float exact_out[64];
-  expect_error_naming("num_q_heads", [&] {
-    exact_attention(scenario.query.data(), scenario.keys.data(), scenario.values.data(),
-                    scenario.token_offsets.data(), 2, 4, 3, 64, scenario.scale, nullptr, exact_out);
-  });
+  std::vector<float> exact_out(2 * 4 * 64, sentinel);
+  const auto exact = [&](const float* query, const float* keys, const std::int64_t* offsets, int num_kv_heads,
+                         float* destination) {
+    exact_attention(query, keys, scenario.values.data(), offsets, 2, 4, num_kv_heads, 64, scenario.scale, nullptr,
+                    destination);
+  };
+  const float* query = scenario.query.data();
+  const float* keys = scenario.keys.data();
+  const std::int64_t* offsets = scenario.token_offsets.data();
+  expect_error_naming("num_q_heads", [&] { exact(query, keys, offsets, 3, exact_out.data()); });
+  expect_error_naming("query", [&] { exact(nullptr, keys, offsets, 2, exact_out.data()); });
+  expect_error_naming("keys", [&] { exact(query, nullptr, offsets, 2, exact_out.data()); });
+  expect_error_naming("token_offsets", [&] { exact(query, keys, nullptr, 2, exact_out.data()); });
+  expect_error_naming("out", [&] { exact(query, keys, offsets, 2, nullptr); });
+  const std::vector<std::int64_t> decreasing = {0, 20, 5};
+  expect_error_naming("token_offsets[2]", [&] { exact(query, keys, decreasing.data(), 2, exact_out.data()); });
+  EXPECT_EQ(exact_out, std::vector<float>(exact_out.size(), sentinel)) << "exact_attention wrote on error";
 }
 
 }  // namespace
