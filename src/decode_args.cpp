@@ -70,10 +70,12 @@ bool strided_elements_distinct(std::span<const std::int64_t> sizes, std::span<co
     if (sizes[i] > 1) dims.emplace_back(strides[i], sizes[i]);
   }
   std::sort(dims.begin(), dims.end());
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   std::int64_t extent = 1;
   for (const auto& [stride, size] : dims) {
     if (stride < extent) return false;
-    extent += stride * (size - 1);
+    // An extent past int64 saturates: no stride then steps past it.
+    extent = stride > (kMax - extent) / (size - 1) ? kMax : extent + stride * (size - 1);
   }
   return true;
 }

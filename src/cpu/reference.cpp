@@ -193,11 +193,14 @@ void decode_validated(const DecodeArgs& args, float* out) {
   });
 }
 
-// The reference steps write their own buffers, not args.output: validate as
-// if args.output were that buffer.
+// The reference steps write their own contiguous fp32 buffers, not
+// args.output: validate as if args.output were that buffer, whose rows the
+// caller's output strides do not describe.
 DecodeArgs writing_to(const DecodeArgs& args, void* destination) {
   DecodeArgs copy = args;
   copy.output = destination;
+  copy.output_stride_batch = 0;
+  copy.output_stride_head = 0;
   return copy;
 }
 
