@@ -70,7 +70,7 @@ struct DecodeArgs {
 
   void* output = nullptr;  ///< [B, Hq, D] (or [T, Hq, D] with query_start_loc), dtype = query dtype
   std::int64_t output_stride_batch = 0;  ///< between output rows, as query_stride_batch
-  std::int64_t output_stride_head = 0;
+  std::int64_t output_stride_head = 0;   ///< no two rows, heads or dims of the output may share an element
 
   bool varlen() const { return query_start_loc != nullptr; }
   /// Rows of query and output: B, or T with query_start_loc.
