@@ -295,8 +295,9 @@ def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cent
 # capture and torch.compile: the rows' call runs with every length 0 where
 # they are a chunk (zero outputs), then the chunk's varlen call with no token
 # where they are not. From this many rows the route repays its extra
-# launches on long contexts many times over and costs short ones little
-# (docs/VLLM.md has the measurements).
+# launches on long contexts many times over; on short ones (a few thousand
+# positions) it costs more than it saves below a few dozen rows (docs/VLLM.md
+# has the measurements).
 CONTINUATION_MIN_ROWS = 8
 _MAX_QUERY_LEN = 1 << 16  # tqdecode::kMaxQueryLen: the most query tokens a varlen call gives one sequence
 
