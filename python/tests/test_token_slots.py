@@ -508,6 +508,31 @@ class VllmPluginTest(unittest.TestCase):
                 # A device this build has no kernels for (an architecture it was not built for) stays with vLLM.
                 with unittest.mock.patch.object(vllm_plugin, "_serves", return_value=False):
                     self.assertEqual(routed(**call), "triton")
+                # A geometry tqdecode refuses (head size 96) goes to vLLM, with one warning for all its calls.
+                unserved = {**call, "query": torch.zeros(5, 8, 96, dtype=torch.bfloat16), "Pi": torch.eye(96)}
+                with self.assertLogs(vllm_plugin._log.name, "WARNING") as logs:
+                    self.assertEqual(routed(**unserved), "triton")
+                self.assertIn("does not serve", logs.output[0])
+                with self.assertNoLogs(vllm_plugin._log.name, "WARNING"):
+                    self.assertEqual(routed(**unserved), "triton")
+                self.assertTrue(torch.equal(routed(**call), expected))
+                # A vLLM whose store writes group-4 MSE caches with 4-bit values in qgroup4 pages: those calls stay
+                # with vLLM (call: group 4, 4-bit values), the others come to tqdecode.
+                self.assertFalse(vllm_plugin._writes_qgroup4_pages())
+                with open(os.path.join(ops, "triton_turboquant_store.py"), "w") as store:
+                    store.write("def triton_turboquant_store(key, value, kv_cache, slot_mapping, PiT, midpoints, "
+                                "mse_bits, key_packed_size, value_quant_bits, key_fp8=False, kv_group_size=None):\n"
+                                "    pass\n")
+                importlib.invalidate_caches()
+                self.assertTrue(vllm_plugin._writes_qgroup4_pages())
+                qgroup4 = vllm_plugin.route(source.triton_turboquant_decode_attention.__wrapped__, True)
+                self.assertEqual(qgroup4(**call), "triton")
+                self.assertTrue(torch.equal(qgroup4(**fp8_call), fp8_expected))  # fp8 keys: the slots
+                group8 = Case("turboquant_4bit_nc", num_q_heads=16)
+                group8_args, group8_kwargs = group8.args()
+                group8_call = {**dict(zip(names, group8_args)), **group8_kwargs}
+                self.assertTrue(torch.equal(qgroup4(**group8_call),
+                                            tqdecode.token_slots_decode_attention(**group8_call)))
                 # A tqdecode built without CUDA leaves vLLM's function in place.
                 for module in (source, backend):
                     setattr(module, vllm_plugin.FUNCTION, original)
