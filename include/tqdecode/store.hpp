@@ -42,11 +42,16 @@ void store_cpu(const StoreArgs& args);
 /// several checks reports the smallest code.
 enum class StoreStatus : int {
   ok = 0,
-  slot_out_of_range = 1,  ///< a slot past the cache
-  duplicate_slot = 2,     ///< two tokens of the call map to one slot
-  non_finite_key = 3,     ///< a NaN or infinite key element, or an fp16 key norm that overflows
-  non_finite_value = 4,   ///< a NaN or infinite value element, or an fp16 value scale / zero that overflows
+  slot_out_of_range = 1,    ///< a slot past the cache
+  duplicate_slot = 2,       ///< two tokens of the call map to one slot
+  non_finite_key = 3,       ///< a NaN or infinite key element, or an fp16 key norm that overflows
+  non_finite_value = 4,     ///< a NaN or infinite value element, or an fp16 value scale / zero that overflows
+  invalid_centroids = 5,    ///< MSE keys: a NaN or infinite codebook level, or levels not sorted ascending
+  non_finite_rotation = 6,  ///< MSE keys: a NaN or infinite element of Pi
 };
+
+/// The number of StoreStatus codes, ok included.
+inline constexpr int kStoreStatuses = 7;
 
 /// How store_cuda reports a failed device-side check. Nothing is written
 /// either way.
@@ -66,14 +71,15 @@ struct StoreCheckReport {
   std::int64_t checked_calls = 0;  ///< stores whose checks ran (num_tokens > 0)
   std::int64_t failed_calls = 0;   ///< of those, stores that wrote nothing
   /// failed_calls by their StoreStatus (index 0 unused).
-  std::int64_t failures[5] = {};
+  std::int64_t failures[kStoreStatuses] = {};
   /// The status of the first failed store in stream order, ok when none failed.
   StoreStatus first_failure = StoreStatus::ok;
 };
 
 /// Encodes on the GPU (CUDA builds only), producing the same bytes as
 /// store_cpu. Shapes are checked on the host (Error, nothing launched).
-/// Slot range, distinct slots and finiteness are checked on the device
+/// Slot range, distinct slots, finiteness and (MSE keys) the model
+/// constants, as store_cpu checks them, are checked on the device
 /// before any byte is written; when a check fails nothing is written and
 /// `checking` says how the failure is reported. The first store on a device
 /// allocates its report and must not run while `stream` captures a CUDA

@@ -782,10 +782,11 @@ CheckReportTuple device_check_report([[maybe_unused]] int64_t device) {
 }
 
 // (checked_calls, failed_calls, slot_out_of_range, duplicate_slot,
-//  non_finite_key, non_finite_value, first failure's StoreStatus) of the GPU
+//  non_finite_key, non_finite_value, invalid_centroids, non_finite_rotation,
+//  first failure's StoreStatus) of the GPU
 // stores on `device`, read and cleared on its current stream; zeros without
 // a CUDA device or in a build without CUDA (the CPU store raises instead).
-using StoreReportTuple = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+using StoreReportTuple = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
 StoreReportTuple store_check_report([[maybe_unused]] int64_t device) {
   return translating_errors([&] {
@@ -806,6 +807,8 @@ StoreReportTuple store_check_report([[maybe_unused]] int64_t device) {
                             failures(StoreStatus::duplicate_slot),
                             failures(StoreStatus::non_finite_key),
                             failures(StoreStatus::non_finite_value),
+                            failures(StoreStatus::invalid_centroids),
+                            failures(StoreStatus::non_finite_rotation),
                             static_cast<int64_t>(report.first_failure)};
   });
 }
@@ -851,7 +854,8 @@ TORCH_LIBRARY(tqdecode, m) {
       "int bad_block_entry_column, int bad_block_entry_value)");
   m.def(
       "store_check_report(int device) -> (int checked_calls, int failed_calls, int slot_out_of_range, "
-      "int duplicate_slot, int non_finite_key, int non_finite_value, int first_failure)");
+      "int duplicate_slot, int non_finite_key, int non_finite_value, int invalid_centroids, "
+      "int non_finite_rotation, int first_failure)");
 }
 
 TORCH_LIBRARY_IMPL(tqdecode, CPU, m) {

@@ -374,6 +374,29 @@ class CudaTest(unittest.TestCase):
                          (1, 1, "non_finite_key"))
         self.assertEqual(report["failures"]["non_finite_key"], 1)
 
+    def test_cuda_store_refuses_bad_constants_like_the_cpu(self):
+        case = make_case(CONFIGS[0])
+        centroids, Pi = case.centroids.clone(), case.Pi.clone()
+        centroids[[2, 3]] = centroids[[3, 2]]
+        Pi[5, 9] = float("inf")
+        for name, bad in (("centroids", (case.Pi, centroids)), ("Pi", (Pi, case.centroids))):
+            with self.subTest(argument=name):
+                args = lambda c, constants: (c.key, c.value, c.kv_cache, c.slot_mapping, *constants, CONFIGS[0].preset)
+                with self.assertRaisesRegex(ValueError, f"tqdecode: {name}"):
+                    tqdecode.store(*args(case, bad))
+                gpu = case.to("cuda")
+                before = gpu.kv_cache.clone()
+                gpu_constants = tuple(t.cuda() for t in bad)
+                with self.assertRaisesRegex(ValueError, f"tqdecode: {name}: "):
+                    tqdecode.store(*args(gpu, gpu_constants), check=True)
+                tqdecode.store_check_report()
+                tqdecode.store(*args(gpu, gpu_constants))  # recorded on the device
+                report = tqdecode.store_check_report()
+                self.assertTrue(torch.equal(gpu.kv_cache, before), "nothing written")
+                expected = "invalid_centroids" if name == "centroids" else "non_finite_rotation"
+                self.assertEqual((report["failed_calls"], report["first_failure"]), (1, expected))
+                self.assertEqual(report["failures"][expected], 1)
+
     def test_cuda_store_refuses_duplicate_slots_like_the_cpu(self):
         case = make_case(CONFIGS[1])
         slots = case.slot_mapping.clone()

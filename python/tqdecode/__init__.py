@@ -139,7 +139,8 @@ def store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_m
     ops.store(key.contiguous(), value.contiguous(), kv_cache, slot_mapping, Pi, centroids, preset, check, cache_order)
 
 
-_STORE_FAILURES = ("ok", "slot_out_of_range", "duplicate_slot", "non_finite_key", "non_finite_value")
+_STORE_FAILURES = ("ok", "slot_out_of_range", "duplicate_slot", "non_finite_key", "non_finite_value",
+                   "invalid_centroids", "non_finite_rotation")
 
 
 def store_check_report(device=None) -> dict:
@@ -149,7 +150,8 @@ def store_check_report(device=None) -> dict:
     capture.
 
     ``{"checked_calls", "failed_calls", "failures": {"slot_out_of_range",
-    "duplicate_slot", "non_finite_key", "non_finite_value"}, "first_failure"}``:
+    "duplicate_slot", "non_finite_key", "non_finite_value",
+    "invalid_centroids", "non_finite_rotation"}, "first_failure"}``:
     counts over every store call (graph replays included) and the reason of
     the first failed call, or None. Failed calls wrote nothing.
     """

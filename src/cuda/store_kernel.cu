@@ -9,8 +9,10 @@
 //  1. memset of the call's status word;
 //  2. distinct slots: every pair of the call's tokens compared;
 //  3. dry run: encodes everything, writes nothing, and records a StoreStatus
-//     for a slot outside the cache, a non-finite key or value element, or
-//     an fp16 key norm / value scale / value zero that overflows;
+//     for a slot outside the cache, a non-finite key or value element, an
+//     fp16 key norm / value scale / value zero that overflows, or (MSE keys)
+//     a codebook or rotation store_cpu refuses (every CTA stages both whole,
+//     so checking them there reads nothing more);
 //  4. write run: its first thread adds the call to the device's report; it
 //     returns at once unless the status word is 0, else encodes again and
 //     writes the bytes.
@@ -45,7 +47,7 @@ struct StoreDeviceState {
   int first_failure;
   unsigned long long checked_calls;
   unsigned long long failed_calls;
-  unsigned long long failures[5];
+  unsigned long long failures[kStoreStatuses];
 };
 
 /// Device-side view of StoreArgs plus the device's store record.
@@ -268,6 +270,11 @@ __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
   if constexpr (S::kMse) {
     if (threadIdx.x < S::kCentroids) {
       const float c = p.centroids[threadIdx.x];
+      if constexpr (!Write) {
+        if (!isfinite(c) || (threadIdx.x > 0 && !(c >= p.centroids[threadIdx.x - 1]))) {
+          report_status(p.status, StoreStatus::invalid_centroids);
+        }
+      }
       centroid_s[threadIdx.x] = c;
       centroid_square_s[threadIdx.x] = mul_rn(c, c);
       if (threadIdx.x + 1 < S::kCentroids) {
@@ -280,11 +287,14 @@ __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
   // Rotation r[j] = sum_i Pi[j][i] k[i], i ascending, for the warp's vectors.
   float rotated[S::kVectorsPerWarp][S::kPerLane] = {};
   if constexpr (S::kMse) {
+    bool pi_finite = true;
     for (int column0 = 0; column0 < D; column0 += S::kPiColumns) {
       for (int i = threadIdx.x; i < D * S::kPiColumns; i += S::kThreads) {
         const int j = i / S::kPiColumns;
         const int c = i % S::kPiColumns;
-        pi_s[c][j] = p.Pi[j * D + column0 + c];  // 64 contiguous bytes per row j
+        const float element = p.Pi[j * D + column0 + c];  // 64 contiguous bytes per row j
+        if constexpr (!Write) pi_finite &= isfinite(element);
+        pi_s[c][j] = element;
       }
       __syncthreads();
 #pragma unroll 4
@@ -300,6 +310,7 @@ __device__ __forceinline__ void store_encode_body(const StoreKernelParams& p) {
       }
       __syncthreads();
     }
+    if (!Write && !pi_finite) report_status(p.status, StoreStatus::non_finite_rotation);
   }
 
   // Key norms: lane v < kVectorsPerWarp runs the sequential sum of vector v.
@@ -511,6 +522,12 @@ bool capturing(CUstream_st* stream) {
       fail("value",
            "a stored token holds a NaN or infinite element, or a range whose fp16 scale or zero "
            "overflows; accepted: finite values within fp16 range (65504); nothing was written");
+    case StoreStatus::invalid_centroids:
+      fail("centroids",
+           "a level is NaN or infinite, or the levels are not sorted ascending; accepted: finite levels "
+           "sorted ascending; nothing was written");
+    case StoreStatus::non_finite_rotation:
+      fail("Pi", "an element is NaN or infinite; accepted: finite values; nothing was written");
     case StoreStatus::ok: break;
   }
   fail("status", "unexpected store status " + std::to_string(static_cast<int>(status)));
@@ -551,7 +568,7 @@ StoreCheckReport store_check_report(CUstream_st* stream) {
   StoreCheckReport report;
   report.checked_calls = static_cast<std::int64_t>(copy.checked_calls);
   report.failed_calls = static_cast<std::int64_t>(copy.failed_calls);
-  for (int i = 0; i < 5; ++i) report.failures[i] = static_cast<std::int64_t>(copy.failures[i]);
+  for (int i = 0; i < kStoreStatuses; ++i) report.failures[i] = static_cast<std::int64_t>(copy.failures[i]);
   report.first_failure = static_cast<StoreStatus>(copy.first_failure);
   return report;
 }

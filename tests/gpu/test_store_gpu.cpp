@@ -371,6 +371,28 @@ TEST(StoreGpu, RejectsBadInputsAndWritesNothing) {
         expect_rejected(in, "slot_mapping", StoreStatus::duplicate_slot);
       }
       if (preset != Preset::turboquant_k8v4) {
+        // The model constants, checked as store_cpu checks them.
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        {
+          SCOPED_TRACE("unsorted centroids");
+          StoreInputs in = good;
+          std::swap(in.constants.centroids[3], in.constants.centroids[4]);
+          expect_rejected(in, "centroids", StoreStatus::invalid_centroids);
+        }
+        {
+          SCOPED_TRACE("infinite centroid");
+          StoreInputs in = good;
+          in.constants.centroids.back() = std::numeric_limits<float>::infinity();
+          expect_rejected(in, "centroids", StoreStatus::invalid_centroids);
+        }
+        {
+          SCOPED_TRACE("NaN in Pi");
+          StoreInputs in = good;
+          in.constants.Pi[std::size_t(c.head_dim) * c.head_dim - 5] = nan;
+          expect_rejected(in, "Pi", StoreStatus::non_finite_rotation);
+        }
+      }
+      if (preset != Preset::turboquant_k8v4) {
         SCOPED_TRACE("key norm past fp16");
         StoreInputs in = good;
         // |k| = 1.1e6: over 65504 times any centroid-vector norm of these codebooks.
