@@ -258,11 +258,8 @@ TEST(TokenSlotsDecode, RenormalizationDividesEachKeyByItsCentroidNorm) {
         const double c = scenario.constants.centroids[unpack_code(base + layout.key_offset(t % 32, 0), d, 3)];
         square += c * c;
       }
-      std::uint8_t* norm = base + layout.field_offset(t % 32, 0, 0);
-      const float stored = half_bits_to_float(static_cast<std::uint16_t>(norm[0] | norm[1] << 8));
-      const std::uint16_t bits = float_to_half_bits(static_cast<float>(stored / std::sqrt(square)));
-      norm[0] = static_cast<std::uint8_t>(bits & 0xff);
-      norm[1] = static_cast<std::uint8_t>(bits >> 8);
+      const float stored = half_bits_to_float(read_field_bits(base, layout, t % 32, 0, 0));
+      write_field_bits(base, layout, t % 32, 0, 0, float_to_half_bits(static_cast<float>(stored / std::sqrt(square))));
     }
   }
   args.cache = folded.data();

@@ -21,6 +21,7 @@
 #include "support/scenario.hpp"
 #include "tqdecode/decode.hpp"
 #include "tqdecode/error.hpp"
+#include "tqdecode/numeric.hpp"
 #include "tqdecode/reference.hpp"
 
 namespace tqdecode {
@@ -840,9 +841,19 @@ TEST(DecodeGpuArguments, LengthsPastTheBlockTableAreClampedOnEveryPath) {
     config.sinks = true;
     config.seed = 23;
     config.keep_unquantized = false;
-    const Scenario scenario = make_scenario(config);
+    Scenario scenario = make_scenario(config);
     const int coverage = scenario.max_blocks_per_seq * scenario.layout.block_size;
     ASSERT_EQ(coverage, 48 * 16);
+    // A read of row 0 one position past its coverage would take the first
+    // slot of the next row's first block: that token's values get a zero of
+    // 2000 in every kv head, so even one such token moves row 0 far outside
+    // the closeness bounds.
+    const CacheLayout& layout = scenario.layout;
+    const std::int32_t next_row_block = scenario.block_table[std::size_t(scenario.max_blocks_per_seq)];
+    for (int head = 0; head < layout.num_kv_heads; ++head) {
+      write_field_bits(scenario.cache.data() + layout.block_offset(next_row_block), layout, 0, head,
+                       layout.value_zero_field(), float_to_half_bits(2000.0f));
+    }
     const std::vector<std::int32_t> lengths = {coverage + 1, -5, std::numeric_limits<std::int32_t>::max(), coverage + 999};
     const std::vector<std::int32_t> clamped = {coverage, 0, coverage, coverage};
     DecodeArgs host = scenario.host_args(nullptr);

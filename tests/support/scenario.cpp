@@ -311,6 +311,13 @@ std::uint16_t read_field_bits(const std::uint8_t* block, const CacheLayout& layo
   return static_cast<std::uint16_t>(at[0] | at[1] << 8);
 }
 
+void write_field_bits(std::uint8_t* block, const CacheLayout& layout, int slot, int head, int field,
+                      std::uint16_t bits) {
+  std::uint8_t* at = block + layout.field_offset(slot, head, field);
+  at[0] = static_cast<std::uint8_t>(bits & 0xffu);
+  at[1] = static_cast<std::uint8_t>(bits >> 8);
+}
+
 std::vector<std::uint8_t> random_bytes(std::size_t count, std::uint64_t seed) {
   Rng rng(seed);
   std::vector<std::uint8_t> bytes(count);

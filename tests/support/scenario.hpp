@@ -114,6 +114,9 @@ DequantizedKv dequantize(const Scenario& scenario);
 
 /// fp16 metadata `field` of (slot, head), as bits, from the block starting at `block`.
 std::uint16_t read_field_bits(const std::uint8_t* block, const CacheLayout& layout, int slot, int head, int field);
+/// Writes fp16 `bits` as metadata `field` of (slot, head) in the block starting at `block`.
+void write_field_bits(std::uint8_t* block, const CacheLayout& layout, int slot, int head, int field,
+                      std::uint16_t bits);
 
 /// `count` random bytes, deterministic in `seed`.
 std::vector<std::uint8_t> random_bytes(std::size_t count, std::uint64_t seed);
