@@ -123,7 +123,8 @@ def store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_m
     int64 or int32). ``Pi`` ``[D, D]`` and ``centroids`` are fp32 (unused by
     fp8 keys). Every token is checked before any byte is written: slot in
     range, each slot at most once per call, K/V finite (and their fp16 norm,
-    scale and zero); when a check fails nothing is written.
+    scale and zero), and for MSE keys a finite ``Pi`` and finite
+    ``centroids`` sorted ascending; when a check fails nothing is written.
 
     On CUDA the checks run on the device. By default (``check=False``) the
     call never synchronises and works inside CUDA graphs: a failure is
