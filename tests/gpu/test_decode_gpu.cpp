@@ -844,15 +844,26 @@ TEST(DecodeGpuArguments, LengthsPastTheBlockTableAreClampedOnEveryPath) {
     Scenario scenario = make_scenario(config);
     const int coverage = scenario.max_blocks_per_seq * scenario.layout.block_size;
     ASSERT_EQ(coverage, 48 * 16);
-    // A read of row 0 one position past its coverage would take the first
-    // slot of the next row's first block: that token's values get a zero of
-    // 2000 in every kv head, so even one such token moves row 0 far outside
-    // its closeness bounds.
+    // A read one position past row 0's coverage takes physical block 0:
+    // through the table's next entry (row 1's first, made block 0 here, with
+    // stored tokens), or through a copy of the table that fills entries past
+    // a row with 0. Row 1 is empty, so no row reads block 0 legitimately;
+    // its first slot's values get a zero of 2000 in every kv head, so even
+    // one such read moves a row far outside its closeness bounds.
     const CacheLayout& layout = scenario.layout;
-    const std::int32_t next_row_block = scenario.block_table[std::size_t(scenario.max_blocks_per_seq)];
+    std::vector<std::int32_t>& table = scenario.block_table;
+    std::int32_t& next_row_block = table[std::size_t(scenario.max_blocks_per_seq)];
+    const auto block_zero = std::find(table.begin(), table.end(), 0);
+    if (block_zero != table.end()) {
+      std::swap(*block_zero, next_row_block);
+    } else {
+      std::copy_n(scenario.cache.begin() + layout.block_offset(next_row_block), layout.block_stride,
+                  scenario.cache.begin());
+      next_row_block = 0;
+    }
     for (int head = 0; head < layout.num_kv_heads; ++head) {
-      write_field_bits(scenario.cache.data() + layout.block_offset(next_row_block), layout, 0, head,
-                       layout.value_zero_field(), float_to_half_bits(2000.0f));
+      write_field_bits(scenario.cache.data() + layout.block_offset(0), layout, 0, head, layout.value_zero_field(),
+                       float_to_half_bits(2000.0f));
     }
     const std::vector<std::int32_t> lengths = {coverage + 1, -5, std::numeric_limits<std::int32_t>::max(), coverage + 999};
     const std::vector<std::int32_t> clamped = {coverage, 0, coverage, coverage};
