@@ -371,8 +371,7 @@ TEST(StoreGpu, RejectsBadInputsAndWritesNothing) {
         expect_rejected(in, "slot_mapping", StoreStatus::duplicate_slot);
       }
       if (preset != Preset::turboquant_k8v4) {
-        // The model constants, checked as store_cpu checks them.
-        const float nan = std::numeric_limits<float>::quiet_NaN();
+        // MSE keys: the model constants, checked as store_cpu checks them, and the key norm.
         {
           SCOPED_TRACE("unsorted centroids");
           StoreInputs in = good;
@@ -388,16 +387,16 @@ TEST(StoreGpu, RejectsBadInputsAndWritesNothing) {
         {
           SCOPED_TRACE("NaN in Pi");
           StoreInputs in = good;
-          in.constants.Pi[std::size_t(c.head_dim) * c.head_dim - 5] = nan;
+          in.constants.Pi[std::size_t(c.head_dim) * c.head_dim - 5] = std::numeric_limits<float>::quiet_NaN();
           expect_rejected(in, "Pi", StoreStatus::non_finite_rotation);
         }
-      }
-      if (preset != Preset::turboquant_k8v4) {
-        SCOPED_TRACE("key norm past fp16");
-        StoreInputs in = good;
-        // |k| = 1.1e6: over 65504 times any centroid-vector norm of these codebooks.
-        for (int d = 0; d < c.head_dim; ++d) set_element(in.key, c.kv_dtype, stored_token * row + d, 1.0e5f);
-        expect_rejected(in, "key", StoreStatus::non_finite_key);
+        {
+          SCOPED_TRACE("key norm past fp16");
+          StoreInputs in = good;
+          // |k| = 1.1e6: over 65504 times any centroid-vector norm of these codebooks.
+          for (int d = 0; d < c.head_dim; ++d) set_element(in.key, c.kv_dtype, stored_token * row + d, 1.0e5f);
+          expect_rejected(in, "key", StoreStatus::non_finite_key);
+        }
       }
     }
   }
