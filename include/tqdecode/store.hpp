@@ -50,8 +50,8 @@ enum class StoreStatus : int {
   non_finite_rotation = 6,  ///< MSE keys: a NaN or infinite element of Pi
 };
 
-/// The number of StoreStatus codes, ok included.
-inline constexpr int kStoreStatuses = 7;
+/// The number of StoreStatus codes, ok included (the last code + 1).
+inline constexpr int kStoreStatuses = static_cast<int>(StoreStatus::non_finite_rotation) + 1;
 
 /// How store_cuda reports a failed device-side check. Nothing is written
 /// either way.
