@@ -187,10 +187,19 @@ struct CtaWork {
 /// the last tile's; the others skip the masks). A lane takes one 16-byte
 /// key chunk (dims 32c ..) of two tokens and value dims 4l .. 4l + 3 of
 /// lane l (write order rotated by the lane pair), so that no shared-memory
-/// access conflicts.
-template <bool Partial>
+/// access conflicts. `wait_for_slot` waits for the slot's release.
+/// LookupsFirst (a 64-row CTA, whose producers set the pace): the first
+/// token's lookups are issued before that wait, and each token's 16 before
+/// its stores; the compiler cannot tell the slot's addresses from the
+/// table's, so a store holds back every lookup after it, and storing per 4
+/// lookups would pay their latency 8 times a tile. Otherwise (a 128-row
+/// CTA, whose consumers set the pace) the wait comes first and each 4
+/// lookups are stored at once: lookups issued while the consumers' products
+/// read the shared memory slow those down.
+template <bool Partial, bool LookupsFirst, class WaitForSlot>
 __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const std::uint8_t* stage,
-                                                std::uint8_t* slot, int warp, int lane, int valid, float score_scale) {
+                                                std::uint8_t* slot, int warp, int lane, int valid, float score_scale,
+                                                const WaitForSlot& wait_for_slot) {
   using L = SharedLayout;
   const std::uint8_t* records = stage + warp * kBoxTokens * kRecordBytes;
   const std::uint8_t* fields = stage + L::kRecordsBytes + warp * L::kFieldBoxStride;
@@ -204,29 +213,37 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
   const int quarter = lane >> 3, pair = (lane >> 1) & 3, upper = quarter >> 1;
   const int token8 = pair < 2 ? pair + 2 * upper : pair + 4 - 2 * upper;
   const int c = 2 * ((pair & 1) ^ (quarter & 1)) + (lane & 1);
+  const float norm = lane < kBoxTokens ? __half2float(reinterpret_cast<const __half*>(fields)[lane]) : 0.0f;
+  if (!LookupsFirst) wait_for_slot();
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int token = 8 * j + token8;  // of the box; its row's swizzle is token8 (boxes start on 8-token rows)
     const uint4 chunk = *reinterpret_cast<const uint4*>(records + token * kRecordBytes + ((c ^ token8) << 4));
-    const std::uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};  // dims 32c + 8s ..
+    const std::uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+    std::uint32_t pairs[4][4];  // [dims 32c + 8s ..][byte b]
+    const auto store = [&](int s) {
+      *reinterpret_cast<uint4*>(keys + swizzled_offset(kTileTokens, kBoxTokens * warp + token, 32 * c + 8 * s)) =
+          make_uint4(pairs[s][0], pairs[s][1], pairs[s][2], pairs[s][3]);
+    };
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      std::uint32_t pairs[4];
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
         const std::uint32_t offset = __byte_perm(words[s], lane_lut, 0x5504u | (b << 4));  // byte x 256 + lane x 4
-        pairs[b] = *reinterpret_cast<const std::uint32_t*>(table + offset);
+        pairs[s][b] = *reinterpret_cast<const std::uint32_t*>(table + offset);
       }
-      *reinterpret_cast<uint4*>(keys + swizzled_offset(kTileTokens, kBoxTokens * warp + token, 32 * c + 8 * s)) =
-          make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+      if (!LookupsFirst) store(s);
+    }
+    if (LookupsFirst) {
+      if (j == 0) wait_for_slot();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) store(s);
     }
   }
-  if (lane < kBoxTokens) {
-    const float norm = __half2float(reinterpret_cast<const __half*>(fields)[lane]);  // field 0 of token `lane`
-    factors[kBoxTokens * warp + lane] = !Partial || lane < valid ? norm * score_scale : 0.0f;
-  }
+  if (lane < kBoxTokens) factors[kBoxTokens * warp + lane] = !Partial || lane < valid ? norm * score_scale : 0.0f;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
+    // Value codes: dims 4 lane .. + 3 of the half's eight tokens.
     std::uint32_t code[8];
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
@@ -317,7 +334,8 @@ __device__ __forceinline__ CtaWork cta_work(const PartitionParams& p, const Quer
 /// rotates so that the refills (the wait for the group's reads, the copies'
 /// issue) are spread over the group's warps: the group's tile is complete
 /// only when its last warp is, and a fixed issuer would be that warp on every
-/// tile.
+/// tile. SharedTiles: a 128-row CTA (dequantize_tile's LookupsFirst for the others).
+template <bool SharedTiles>
 __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTensorMaps& maps, std::uint8_t* shared,
                                         const std::uint8_t* table, const Barriers& barriers, const CtaWork& work,
                                         int group, int warp, int lane, float score_scale) {
@@ -379,17 +397,20 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
       cp_async_commit();
     }
     mbarrier_wait_parity(barriers.input(stage), stage_parity);
-    if (tile >= L::kSlots) {
-      const int previous = tile - L::kSlots;
-      mbarrier_wait_parity(barriers.empty(previous % L::kRingBarriers), (previous / L::kRingBarriers) & 1u);
-    }
+    const auto wait_for_slot = [&] {
+      if (tile >= L::kSlots) {
+        const int previous = tile - L::kSlots;
+        mbarrier_wait_parity(barriers.empty(previous % L::kRingBarriers), (previous / L::kRingBarriers) & 1u);
+      }
+    };
     const std::uint8_t* input = shared + L::kInput + stage * L::kStageBytes;
     std::uint8_t* ring_slot = shared + L::kRing + slot * L::kSlotBytes;
     const int valid = work.range.end - first;
     if (valid >= kBoxTokens) {  // warp-uniform
-      dequantize_tile<false>(table, input, ring_slot, warp, lane, kBoxTokens, score_scale);
+      dequantize_tile<false, !SharedTiles>(table, input, ring_slot, warp, lane, kBoxTokens, score_scale, wait_for_slot);
     } else {
-      dequantize_tile<true>(table, input, ring_slot, warp, lane, max(0, valid), score_scale);
+      dequantize_tile<true, !SharedTiles>(table, input, ring_slot, warp, lane, max(0, valid), score_scale,
+                                          wait_for_slot);
     }
     fence_proxy_async_shared();  // the generic-proxy stores before the products' reads
     mbarrier_arrive(barriers.full(tile % L::kRingBarriers));
@@ -614,7 +635,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int role = warp / 4, wg_warp = warp % 4;
     if (role < kProducerGroups) {
       TQ_RELEASE_REGISTERS(kProducerRegisters);
-      produce(p, maps, shared, dynamic_shared, barriers, work, role, wg_warp, lane, p.scale * kLog2e);
+      produce<kSharedTiles>(p, maps, shared, dynamic_shared, barriers, work, role, wg_warp, lane, p.scale * kLog2e);
       // The merge below reuses the ring: every slot store of the producers precedes it by this barrier too,
       // not only through the slots' mbarriers.
       if constexpr (!kSharedTiles) asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
