@@ -194,8 +194,8 @@ struct CtaWork {
 /// table's, so a store holds back every lookup after it, and storing per 4
 /// lookups would pay their latency 8 times a tile. Otherwise (a 128-row
 /// CTA, whose consumers set the pace) the wait comes first and each 4
-/// lookups are stored at once: lookups issued while the consumers' products
-/// read the shared memory slow those down.
+/// lookups are stored at once: the lookups first measured slower there
+/// (they are issued while the consumers' products read the shared memory).
 template <bool Partial, bool LookupsFirst, class WaitForSlot>
 __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const std::uint8_t* stage,
                                                 std::uint8_t* slot, int warp, int lane, int valid, float score_scale,
@@ -213,6 +213,7 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
   const int quarter = lane >> 3, pair = (lane >> 1) & 3, upper = quarter >> 1;
   const int token8 = pair < 2 ? pair + 2 * upper : pair + 4 - 2 * upper;
   const int c = 2 * ((pair & 1) ^ (quarter & 1)) + (lane & 1);
+  // Field 0 of token `lane`.
   const float norm = lane < kBoxTokens ? __half2float(reinterpret_cast<const __half*>(fields)[lane]) : 0.0f;
   if (!LookupsFirst) wait_for_slot();
 #pragma unroll
