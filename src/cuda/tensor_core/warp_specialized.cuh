@@ -215,7 +215,7 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
   const int c = 2 * ((pair & 1) ^ (quarter & 1)) + (lane & 1);
   // Field 0 of token `lane`.
   const float norm = lane < kBoxTokens ? __half2float(reinterpret_cast<const __half*>(fields)[lane]) : 0.0f;
-  if (!LookupsFirst) wait_for_slot();
+  if constexpr (!LookupsFirst) wait_for_slot();
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int token = 8 * j + token8;  // of the box; its row's swizzle is token8 (boxes start on 8-token rows)
@@ -233,9 +233,9 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
         const std::uint32_t offset = __byte_perm(words[s], lane_lut, 0x5504u | (b << 4));  // byte x 256 + lane x 4
         pairs[s][b] = *reinterpret_cast<const std::uint32_t*>(table + offset);
       }
-      if (!LookupsFirst) store(s);
+      if constexpr (!LookupsFirst) store(s);
     }
-    if (LookupsFirst) {
+    if constexpr (LookupsFirst) {
       if (j == 0) wait_for_slot();
 #pragma unroll
       for (int s = 0; s < 4; ++s) store(s);
