@@ -118,8 +118,9 @@ struct LaunchPlan {
   /// CTAs fill a wave without partitions (one CTA of 8 warps per SM).
   int head_tiles = 1;
   /// PathRequest::hopper_warp_specialized (several query tokens per
-  /// sequence of turboquant_4bit_nc in the blocks order at D = 128 with more
-  /// than 16 query rows per kv head, sm_90 and a build with sm_90a code),
+  /// sequence of turboquant_4bit_nc at D = 128, in the blocks order or in
+  /// token_slots rows and blocks of 16-byte multiples, with more than 16
+  /// query rows per kv head, sm_90 and a build with sm_90a code),
   /// or the automatic path with more than 32 query rows per kv head:
   /// the warp-specialized partition kernel (two producer warpgroups
   /// dequantize each 64-token tile once into shared memory, two consumer

@@ -133,8 +133,9 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
                    preset_info(args.layout.preset).name + ", D=" + std::to_string(head_dim) + ", " +
                    std::to_string(rows_per_head) +
                    " query rows per kv head); accepted: several query tokens per sequence (query_start_loc) of "
-                   "turboquant_4bit_nc in the blocks order at D = 128 with more than 16 query rows per kv head "
-                   "(group x max_query_len), in a build with sm_90a code");
+                   "turboquant_4bit_nc at D = 128, in the blocks order or in the token_slots order with token rows "
+                   "and blocks of 16-byte multiples, with more than 16 query rows per kv head (group x "
+                   "max_query_len), in a build with sm_90a code");
     const int tokens_per_cta = cuda::warp_specialized_tokens_per_cta(args.group_size(), args.max_query_len);
     const int query_tiles = (args.max_query_len + tokens_per_cta - 1) / tokens_per_cta;
     LaunchPlan plan{DecodePath::hopper,

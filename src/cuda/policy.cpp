@@ -88,8 +88,9 @@ bool warp_specialized_built() {
 }
 
 bool warp_specialized_serves(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head) {
-  return warp_specialized_built() && path == DecodePath::hopper && varlen && wide_table_kernel(layout.preset, layout.head_dim) &&
-         !layout.token_slots() && rows_per_head > 2 * kHeadsPerTile;
+  return warp_specialized_built() && path == DecodePath::hopper && varlen &&
+         wide_table_kernel(layout.preset, layout.head_dim) &&
+         (!layout.token_slots() || token_slots_box_copies(layout)) && rows_per_head > 2 * kHeadsPerTile;
 }
 
 bool warp_specialized_automatic(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head) {
@@ -277,11 +278,15 @@ std::string tensor_core_layout_unsupported_reason(const DecodeArgs& args, const 
 
 }  // namespace
 
+bool token_slots_box_copies(const CacheLayout& layout) {
+  return layout.token_slots() && layout.token_stride % 16 == 0 && layout.block_stride % 16 == 0 &&
+         (layout.num_kv_heads - 1) * layout.head_stride + layout.slot_bytes() <= layout.token_stride;
+}
+
 bool token_slots_bulk_copy(const DecodeArgs& args) {
   const CacheLayout& layout = args.layout;
-  return layout.token_slots() && wide_table_kernel(layout.preset, layout.head_dim) && layout.token_stride % 16 == 0 &&
-         layout.block_stride % 16 == 0 && reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0 &&
-         (layout.num_kv_heads - 1) * layout.head_stride + layout.slot_bytes() <= layout.token_stride;
+  return wide_table_kernel(layout.preset, layout.head_dim) && token_slots_box_copies(layout) &&
+         reinterpret_cast<std::uintptr_t>(args.cache) % 16 == 0;
 }
 
 bool token_slots_read_in_place(const CacheLayout& layout) {

@@ -101,9 +101,10 @@ inline constexpr int kWarpSpecializedAutomaticPast = 4 * kHeadsPerTile;
 /// hopper_warp_specialized; tensor_core/warp_specialized.cuh: every 64-token
 /// tile dequantized once into shared memory for up to 64 query rows, the
 /// products on warpgroup MMA) serves a call on `path`: several query tokens
-/// per sequence (query_start_loc) of 4-bit keys in the blocks order at
-/// D = 128 with more than two head tiles' rows per kv head, where the
-/// tensor-core kernel's four- and two-head-tile loops grow with the rows.
+/// per sequence (query_start_loc) of 4-bit keys at D = 128, in the blocks
+/// order or in the token_slots order where token_slots_box_copies, with more
+/// than two head tiles' rows per kv head, where the tensor-core kernel's
+/// four- and two-head-tile loops grow with the rows.
 /// Also false where the library was built without sm_90a (warp_specialized_built).
 bool warp_specialized_serves(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head);
 
@@ -222,10 +223,16 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
                        int max_context_tokens, int sm_count, int head_dim = 128, SlotRead slots = SlotRead::none,
                        bool renormalized_keys = false, double memory_bytes_per_sm_cycle = 0.0);
 
+/// Whether a token_slots layout's slots can come by bulk tensor copies of a
+/// box per kv head (its tensor map, cache_tensor_maps.cpp): token stride and
+/// block stride multiples of 16 bytes, and every kv head's slot inside its
+/// token's row. (The cache pointer must be 16-byte aligned too, as for any
+/// Hopper kernel over token_slots.)
+bool token_slots_box_copies(const CacheLayout& layout);
+
 /// Whether the Hopper kernel's wide shape reads this token_slots cache with
-/// bulk tensor copies of its token rows: 4-bit keys at D = 128, a cache
-/// pointer, token stride and block stride that are multiples of 16 bytes,
-/// and every kv head's slot inside its token's row.
+/// bulk tensor copies of its token rows: 4-bit keys at D = 128, a 16-byte
+/// aligned cache pointer and token_slots_box_copies.
 bool token_slots_bulk_copy(const DecodeArgs& args);
 
 /// Whether the tensor-core kernels read this token_slots cache's slots where

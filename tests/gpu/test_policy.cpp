@@ -239,10 +239,11 @@ TEST(PartitionPolicy, QueryRowsFoldIntoRowTilesOfOneTwoOrFourHeadTiles) {
 }
 
 // The warp-specialized kernel: several query tokens per sequence (varlen)
-// of the 4-bit blocks order at D = 128 on the Hopper path with more than two
-// head tiles' rows, in builds with sm_90a code; its CTAs take as many
-// tokens as fit 64 rows, or 128 where a kv head has more rows.
-TEST(PartitionPolicy, WarpSpecializedKernelServesManyRowsOfTheBlocksOrder) {
+// of 4-bit keys at D = 128 on the Hopper path with more than two head
+// tiles' rows, in the blocks order or in token_slots rows of 16-byte
+// multiples, in builds with sm_90a code; its CTAs take as many tokens as fit
+// 64 rows, or 128 where a kv head has more rows.
+TEST(PartitionPolicy, WarpSpecializedKernelServesManyRowsOf4BitKeys) {
   const CacheLayout blocks = make_layout(Preset::turboquant_4bit_nc, 128, 16, 8);
   // Built with sm_90a (the default architectures): served.
   EXPECT_EQ(warp_specialized_serves(DecodePath::hopper, blocks, true, 32), warp_specialized_built());    // q_len 4
@@ -253,8 +254,18 @@ TEST(PartitionPolicy, WarpSpecializedKernelServesManyRowsOfTheBlocksOrder) {
   EXPECT_FALSE(warp_specialized_serves(DecodePath::hopper, make_layout(Preset::turboquant_k8v4, 128, 16, 8), true, 32));
   EXPECT_FALSE(
       warp_specialized_serves(DecodePath::hopper, make_layout(Preset::turboquant_4bit_nc, 256, 16, 8), true, 32));
+  // token_slots: vLLM's rows of 8 kv heads (1072 bytes) by bulk copies, with or without norm correction; not
+  // rows of 4 kv heads (536 bytes, no 16-byte multiple).
+  for (const bool renormalize : {true, false}) {
+    EXPECT_EQ(
+        warp_specialized_serves(DecodePath::hopper,
+                                make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 8, renormalize), true, 64),
+        warp_specialized_built());
+  }
   EXPECT_FALSE(warp_specialized_serves(
-      DecodePath::hopper, make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 8, true), true, 32));
+      DecodePath::hopper, make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 4, true), true, 64));
+  EXPECT_FALSE(warp_specialized_serves(DecodePath::hopper,
+                                       make_token_slots_layout(Preset::turboquant_k8v4, 128, 16, 8, false), true, 64));
   for (int group = 1; group <= 16; ++group) {
     for (int max_query_len = 1; max_query_len <= 300; ++max_query_len) {
       const int tokens = warp_specialized_tokens_per_cta(group, max_query_len);
@@ -292,8 +303,12 @@ TEST(PartitionPolicy, AutomaticPathTakesTheWarpSpecializedKernelPast32Rows) {
   EXPECT_FALSE(warp_specialized_automatic(DecodePath::cuda_generic, blocks, true, 128));
   EXPECT_FALSE(
       warp_specialized_automatic(DecodePath::hopper, make_layout(Preset::turboquant_k8v4, 128, 16, 8), true, 128));
+  // vLLM's token_slots rows of 8 kv heads (bulk copies) as the blocks order; rows of 4 (536 bytes) keep the row tiles.
+  const CacheLayout slots = make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 8, true);
+  EXPECT_FALSE(warp_specialized_automatic(DecodePath::hopper, slots, true, 32));
+  EXPECT_EQ(warp_specialized_automatic(DecodePath::hopper, slots, true, 128), warp_specialized_built());
   EXPECT_FALSE(warp_specialized_automatic(
-      DecodePath::hopper, make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 8, true), true, 128));
+      DecodePath::hopper, make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 4, true), true, 128));
 }
 
 // The benchmark shapes (Hq 64, Hk 8 unless stated): the wide shape with one

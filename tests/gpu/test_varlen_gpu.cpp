@@ -54,6 +54,7 @@ struct VarlenCase {
   CacheOrder order = CacheOrder::blocks;
   int declared_max_query_len = 0;  ///< 0: the longest query
   int longest_query = 128;         ///< query lengths drawn up to this (speculative decoding: a few)
+  bool raw_norms = false;          ///< token_slots MSE keys without norm correction
 };
 
 // Query lengths drawn from 0, 1, 2-8, 17 and 128, those up to `longest`.
@@ -85,7 +86,7 @@ ScenarioConfig config_of(const VarlenCase& c) {
   config.sinks = c.sinks;
   config.query_dtype = c.dtype;
   config.order = c.order;
-  config.renormalize_keys = c.order == CacheOrder::token_slots && !preset_info(c.preset).key_fp8;
+  config.renormalize_keys = c.order == CacheOrder::token_slots && !preset_info(c.preset).key_fp8 && !c.raw_norms;
   config.seed = c.seed;
   config.keep_unquantized = false;
   return config;
@@ -106,6 +107,11 @@ std::vector<VarlenCase> varlen_cases() {
       // vLLM's CUDA cache at Hk 8: the wide shape's bulk copies, speculative verification of up to 4 tokens.
       {"q4_slots_renorm_hk8_spec4_bulk", p4, 64, 8, 128, 16, 7, 1500, 11, false, DType::bf16, CacheOrder::token_slots,
        0, 4},
+      // vLLM's CUDA cache at Hk 8 with many rows: the warp-specialized kernel's token_slots boxes, 128-token chunks
+      // (128-row CTAs) with norm correction, and up to 8 tokens (64-row CTAs) without it at block size 64.
+      {"q4_slots_renorm_hk8_chunks", p4, 64, 8, 128, 16, 4, 3000, 18, true, DType::bf16, CacheOrder::token_slots},
+      {"q4_slots_raw_hk8_spec8_bs64", p4, 64, 8, 128, 64, 5, 4000, 19, false, DType::f16, CacheOrder::token_slots, 0, 8,
+       true},
       // 64 kv heads at group 2, up to 4 tokens (8 rows): whole token rows of 8 kv heads per CTA.
       {"k3v4_slots_hk64_g2_spec4_rows", Preset::turboquant_k3v4_nc, 128, 64, 128, 16, 8, 5000, 12, true, DType::bf16,
        CacheOrder::token_slots, 0, 4},
@@ -243,12 +249,12 @@ TEST(VarlenGpuOneToken, MatchesTheOneTokenDecodeBitwiseOnEveryKernel) {
   }
 }
 
-// Capture one varlen decode, then change seq_lens, block tables and how the
-// T tokens split over the sequences (query_start_loc) in place and replay:
-// each replay equals an eager call and the reference.
-TEST(VarlenGpuGraph, ReplayWithNewLengthsAndQueryStartLocMatchesEager) {
-  TQ_SKIP_WITHOUT_GPU();
-  VarlenCase c{"graph", Preset::turboquant_4bit_nc, 32, 8, 128, 16, 6, 2000, 77, true};
+// Capture one varlen decode of a cache in `order`, then change seq_lens,
+// block tables and how the T tokens split over the sequences
+// (query_start_loc) in place and replay: each replay equals an eager call and
+// the reference.
+void replay_with_new_lengths(CacheOrder order) {
+  VarlenCase c{"graph", Preset::turboquant_4bit_nc, 32, 8, 128, 16, 6, 2000, 77, true, DType::bf16, order};
   c.declared_max_query_len = 128;
   const Scenario scenario = make_scenario(config_of(c));
   DeviceScenario device(scenario);
@@ -294,16 +300,24 @@ TEST(VarlenGpuGraph, ReplayWithNewLengthsAndQueryStartLocMatchesEager) {
   }
 }
 
+TEST(VarlenGpuGraph, ReplayWithNewLengthsAndQueryStartLocMatchesEager) {
+  TQ_SKIP_WITHOUT_GPU();
+  for (const CacheOrder order : {CacheOrder::blocks, CacheOrder::token_slots}) {
+    SCOPED_TRACE(order == CacheOrder::blocks ? "blocks" : "token_slots");
+    replay_with_new_lengths(order);
+  }
+}
+
 // The warp-specialized kernel's request on calls it does not serve (one
-// token per sequence, k8v4 keys, 16 rows per kv head, the token_slots order)
-// is refused naming `path`, and nothing is written.
+// token per sequence, k8v4 keys, 16 rows per kv head, token_slots rows that
+// are not 16-byte multiples) is refused naming `path`, and nothing is written.
 TEST(VarlenGpuArguments, WarpSpecializedRequestRefusesWhatItDoesNotServe) {
   TQ_SKIP_WITHOUT_GPU();
   const Preset p4 = Preset::turboquant_4bit_nc;
   const std::vector<VarlenCase> refused = {
       {"k8v4", Preset::turboquant_k8v4, 64, 8, 128, 16, 3, 500, 21, false, DType::bf16, CacheOrder::blocks, 0, 8},
       {"rows16", p4, 32, 8, 128, 16, 3, 500, 22, false, DType::bf16, CacheOrder::blocks, 0, 4},
-      {"slots", p4, 64, 8, 128, 16, 3, 500, 23, false, DType::bf16, CacheOrder::token_slots, 0, 8},
+      {"slots_hk4", p4, 32, 4, 128, 16, 3, 500, 23, false, DType::bf16, CacheOrder::token_slots, 0, 8},
   };
   for (const VarlenCase& c : refused) {
     const Scenario scenario = make_scenario(config_of(c));

@@ -7,6 +7,7 @@
 #include "../cuda_check.hpp"
 #include "../dynamic_shared_memory.hpp"
 #include "../kernel_params.hpp"
+#include "../policy.hpp"
 #include "tqdecode/error.hpp"
 #include "warp_specialized.cuh"
 
@@ -16,11 +17,11 @@ void launch_partitions_warp_specialized(const PartitionParams& params, const Que
                                         CUstream_st* stream) {
   namespace ws = tensor_core::specialized;
   const CacheLayout& layout = params.layout;
-  TQ_REQUIRE(layout.preset == Preset::turboquant_4bit_nc && layout.head_dim == ws::kHeadDim && !layout.token_slots() &&
-                 layout.block_size % ws::kBoxTokens == 0,
+  TQ_REQUIRE(layout.preset == Preset::turboquant_4bit_nc && layout.head_dim == ws::kHeadDim &&
+                 layout.block_size % ws::kBoxTokens == 0 && (!layout.token_slots() || token_slots_box_copies(layout)),
              "layout",
-             "the warp-specialized kernel serves turboquant_4bit_nc at D = 128 in the blocks order with "
-             "block sizes that are multiples of 16");
+             "the warp-specialized kernel serves turboquant_4bit_nc at D = 128 with block sizes that are multiples "
+             "of 16, in the blocks order or in the token_slots order with token rows and blocks of 16-byte multiples");
   const int group = params.num_q_heads / layout.num_kv_heads;
   const int cta_rows = group * query_rows.tokens_per_cta;
   TQ_REQUIRE(query_rows.tokens_per_cta >= 1 && cta_rows <= 2 * ws::kConsumerRows, "tokens_per_cta",
@@ -35,15 +36,22 @@ void launch_partitions_warp_specialized(const PartitionParams& params, const Que
   const int query_tiles = (query_rows.max_query_len + query_rows.tokens_per_cta - 1) / query_rows.tokens_per_cta;
   const dim3 grid(params.num_partitions * query_tiles, layout.num_kv_heads, params.batch);
   const CacheTensorMaps maps = encode_cache_tensor_maps(params);
-  const auto launch = [&]<int CtaRows>() {
-    constexpr auto kernel = ws::warp_specialized_partitions<CtaRows>;
+  const auto launch = [&]<int CtaRows, bool Slots>() {
+    constexpr auto kernel = ws::warp_specialized_partitions<CtaRows, Slots>;
     allow_dynamic_shared_memory<kernel>(ws::SharedLayout::kAllocationBytes);
     kernel<<<grid, ws::kThreads, ws::SharedLayout::kAllocationBytes, stream>>>(params, query_rows, maps);
   };
-  if (cta_rows > ws::kConsumerRows) {
-    launch.template operator()<2 * ws::kConsumerRows>();
+  const auto launch_rows = [&]<bool Slots>() {
+    if (cta_rows > ws::kConsumerRows) {
+      launch.template operator()<2 * ws::kConsumerRows, Slots>();
+    } else {
+      launch.template operator()<ws::kConsumerRows, Slots>();
+    }
+  };
+  if (layout.token_slots()) {
+    launch_rows.template operator()<true>();
   } else {
-    launch.template operator()<ws::kConsumerRows>();
+    launch_rows.template operator()<false>();
   }
   TQ_CUDA_CHECK(cudaGetLastError());
 }

@@ -41,6 +41,15 @@
 //   rows' writer writes each valid row's partition: out = (O[d] + O[128]) /
 //   O[129], max = reference x ln 2, sum = O[129].
 //
+// The token_slots order (docs/FORMAT.md section 4b, vLLM's CUDA cache) where
+// its token rows are 16-byte multiples: per 16 tokens one box of the kv
+// head's slots (token_slots_box_bytes wide, from the 16-byte boundary at or
+// below the slot, the fused kernel's tensor map) instead of the records and
+// fields boxes; the producers read the slots where they landed (2-byte
+// aligned) and, with norm correction, divide each token's factor by its
+// centroid vector's norm (the squares of its table values summed on the
+// tensor cores, as the fused kernel does). The consumers are the same.
+//
 // Query row r of a CTA is head r % group of the kv head at query token
 // first_token + r / group (the generic kernel's CtaRows); rows past the
 // CTA's count compute on zero queries and are never written. Warp w of a
@@ -75,6 +84,15 @@ inline constexpr int kValueRows = 136;  ///< V'^T: 128 dims, the zeros, the ones
 inline constexpr int kZeroRow = 128;
 inline constexpr int kOnesRow = 129;
 inline constexpr float kLazyRescaleLog2 = 4.0f;
+/// token_slots: the slot's bytes (SlotTile: key data, norm, value data, value scale, value zero) and a box row's.
+using SlotBlocks = TileLayout<CacheFormat::mse4, kHeadDim>;
+using SlotFormat = SlotTile<SlotBlocks, CacheFormat::mse4>;
+inline constexpr int kSlotPitch = token_slots_box_bytes(SlotFormat::kSlotBytes);
+inline constexpr int kSlotValueOffset = SlotFormat::kKeyBytes + SlotFormat::kNormBytes;
+inline constexpr int kSlotNormOffset = SlotFormat::slot_field_offset(SlotBlocks::kNormField);
+inline constexpr int kSlotScaleOffset = SlotFormat::slot_field_offset(SlotBlocks::kValueScaleField);
+inline constexpr int kSlotZeroOffset = SlotFormat::slot_field_offset(SlotBlocks::kValueZeroField);
+static_assert(SlotFormat::kKeyBytes == kValueOffset && kSlotPitch % 16 == 0 && SlotFormat::kFields == kFields);
 
 /// Producer warpgroups (alternate tiles: one warp of each per scheduler hides
 /// the other's lookup latency), then two consumer warpgroups.
@@ -106,7 +124,8 @@ struct SharedLayout {
   static constexpr int kRecordsBytes = kTileTokens * kRecordBytes;
   static constexpr int kFieldBoxBytes = kBoxTokens * kFields * 2;
   static constexpr int kFieldBoxStride = 128;   // a bulk tensor copy's destination is 128-byte aligned
-  static constexpr int kStageBytes = 9 * 1024;  // records, fields, padding to the next 1024
+  // The blocks order's records and fields, or the token_slots boxes (10 KB), padded to the next 1024.
+  static constexpr int kStageBytes = 10 * 1024;
   static constexpr int kStages = 5;
   static constexpr int kInput = kRing + kSlots * kSlotBytes;
   /// A full and an empty barrier per slot and tile parity (tile % kRingBarriers): each is then used by one
@@ -123,6 +142,7 @@ struct SharedLayout {
   static constexpr int kMergeFloats = 2 + kValueRows / 2;
   static_assert(kSlotBytes % 1024 == 0 && kRing % 1024 == 0 && kInput % 1024 == 0 && kStageBytes % 1024 == 0);
   static_assert(kRecordsBytes + kBoxes * kFieldBoxStride <= kStageBytes && kFieldBoxBytes <= kFieldBoxStride);
+  static_assert(kBoxes * kBoxTokens * kSlotPitch <= kStageBytes, "a tile's token_slots boxes fit a stage");
   static_assert(kMergeFloats * 128 * 4 <= kSlots * kSlotBytes);
   static_assert(kIssueBlocks % 16 == 0, "a warp's entries are one 16-byte load");
   static_assert(kAllocationBytes <= 227 * 1024, "one CTA per SM");
@@ -181,6 +201,42 @@ struct CtaWork {
 #define TQ_RELEASE_REGISTERS(n) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(n))
 #define TQ_CLAIM_REGISTERS(n) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(n))
 
+/// The wide table's fp16 centroid pairs of the four bytes of `word` (dims 2b, 2b + 1 of byte b).
+__device__ __forceinline__ void look_up_word(const std::uint8_t* table, std::uint32_t word, std::uint32_t lane_lut,
+                                             std::uint32_t (&pairs)[4]) {
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const std::uint32_t offset = __byte_perm(word, lane_lut, 0x5504u | (b << 4));  // byte x 256 + lane x 4
+    pairs[b] = *reinterpret_cast<const std::uint32_t*>(table + offset);
+  }
+}
+
+/// Columns 4 lane .. + 3 of V'^T for tokens 16 warp + 8 half .. + 7: `code`
+/// holds each token's two value bytes of those dims, `scale_pair` the value
+/// scales of tokens (2p, 2p + 1) of the eight (0 past the range).
+__device__ __forceinline__ void store_value_codes(std::uint8_t* values, int warp, int half, int lane,
+                                                  const std::uint32_t (&code)[8],
+                                                  const std::uint32_t (&scale_pair)[4]) {
+#pragma unroll
+  for (int step = 0; step < 4; ++step) {
+    // Dim 4 lane + k: nibble k % 2 of value byte 2 lane + k / 2, as fp16 2^e + code (e 10 or 6).
+    const int k = (step + (lane >> 1)) & 3;
+    const std::uint32_t selector = k & 2 ? 0x7571u : 0x7470u;
+    const std::uint32_t mask = k & 1 ? 0x00f000f0u : 0x000f000fu, exponent = k & 1 ? 0x54005400u : 0x64006400u;
+    const __half2 offset = __float2half2_rn(k & 1 ? -64.0f : -1024.0f);
+    std::uint32_t row[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const std::uint32_t x = (__byte_perm(code[2 * p], code[2 * p + 1], selector) & mask) | exponent;
+      const __half2 exact_code = __hadd2(*reinterpret_cast<const __half2*>(&x), offset);
+      const __half2 v = __hmul2(exact_code, *reinterpret_cast<const __half2*>(&scale_pair[p]));
+      row[p] = *reinterpret_cast<const std::uint32_t*>(&v);
+    }
+    *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, 4 * lane + k, kBoxTokens * warp + 8 * half)) =
+        make_uint4(row[0], row[1], row[2], row[3]);
+  }
+}
+
 /// Producer warp `warp`'s share of a tile: tokens 16 warp .. + 15 of the
 /// stage at `stage` (records, then fields) into the slot at `slot`;
 /// `valid` of them (0 .. 16) lie in the range (Partial: fewer than 16,
@@ -228,11 +284,7 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
     };
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const std::uint32_t offset = __byte_perm(words[s], lane_lut, 0x5504u | (b << 4));  // byte x 256 + lane x 4
-        pairs[s][b] = *reinterpret_cast<const std::uint32_t*>(table + offset);
-      }
+      look_up_word(table, words[s], lane_lut, pairs[s]);
       if constexpr (!LookupsFirst) store(s);
     }
     if constexpr (LookupsFirst) {
@@ -264,28 +316,120 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
       scale_pair[p] = scale_words[p] & keep;
       zero_pair[p] = zero_words[p] & keep;
     }
-#pragma unroll
-    for (int step = 0; step < 4; ++step) {
-      // Dim 4 lane + k: nibble k % 2 of value byte 2 lane + k / 2, as fp16 2^e + code (e 10 or 6).
-      const int k = (step + (lane >> 1)) & 3;
-      const std::uint32_t selector = k & 2 ? 0x7571u : 0x7470u;
-      const std::uint32_t mask = k & 1 ? 0x00f000f0u : 0x000f000fu, exponent = k & 1 ? 0x54005400u : 0x64006400u;
-      const __half2 offset = __float2half2_rn(k & 1 ? -64.0f : -1024.0f);
-      std::uint32_t row[4];
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const std::uint32_t x = (__byte_perm(code[2 * p], code[2 * p + 1], selector) & mask) | exponent;
-        const __half2 exact_code = __hadd2(*reinterpret_cast<const __half2*>(&x), offset);
-        const __half2 v = __hmul2(exact_code, *reinterpret_cast<const __half2*>(&scale_pair[p]));
-        row[p] = *reinterpret_cast<const std::uint32_t*>(&v);
-      }
-      *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, 4 * lane + k, kBoxTokens * warp + 8 * half)) =
-          make_uint4(row[0], row[1], row[2], row[3]);
-    }
+    store_value_codes(values, warp, half, lane, code, scale_pair);
     if (lane == 0) {
       *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, kZeroRow, kBoxTokens * warp + 8 * half)) =
           make_uint4(zero_pair[0], zero_pair[1], zero_pair[2], zero_pair[3]);
     }
+  }
+}
+
+/// dequantize_tile for the token_slots order: box `warp` of the stage holds
+/// its 16 tokens' rows, kSlotPitch bytes apart, the kv head's slot `lead`
+/// bytes into each (2-byte aligned). Lane (g, c) takes key bytes 16c .. + 15
+/// of tokens g and g + 8 (three 8-byte loads and funnel shifts each) and
+/// stores their chunks rotated by two where c >= 2, so that a quarter warp's
+/// stores land in eight distinct chunk positions of the swizzle; the values
+/// as dequantize_tile's, the scales loaded per token. `renormalize` (norm
+/// correction): each token's factor over its centroid vector's norm, its
+/// squared table values summed in fp16 pairs over the lane's chunks, then
+/// over the quad's lanes by mma against ones in fp32 (rows g and g + 8).
+template <bool Partial, bool LookupsFirst, class WaitForSlot>
+__device__ __forceinline__ void dequantize_slots_tile(const std::uint8_t* table, const std::uint8_t* stage,
+                                                      std::uint8_t* slot, int warp, int lane, int valid, int lead,
+                                                      float score_scale, bool renormalize, float renormalized_scale,
+                                                      const WaitForSlot& wait_for_slot) {
+  using L = SharedLayout;
+  const std::uint8_t* const box = stage + warp * kBoxTokens * kSlotPitch;  // token t's row at t kSlotPitch
+  std::uint8_t* const keys = slot;
+  std::uint8_t* const values = slot + L::kKeyBytes;
+  float* const factors = reinterpret_cast<float*>(slot + L::kKeyBytes + L::kValueBytes);
+  const std::uint32_t lane_lut = static_cast<std::uint32_t>(lane) << 2;
+  const int g = lane >> 2, c = lane & 3;
+  const int rotation = 2 * (c >> 1);
+  // Token `lane`'s norm and value zero (lanes 0-15; 0 past the range, and the zeros' pairs on even lanes).
+  const std::uint8_t* const own = box + (lane & 15) * kSlotPitch + lead;
+  const bool own_valid = lane < kBoxTokens && (!Partial || lane < valid);
+  const float norm = own_valid ? __half2float(load_shared<__half>(own + kSlotNormOffset)) : 0.0f;
+  const std::uint32_t zero = own_valid ? load_shared<std::uint16_t>(own + kSlotZeroOffset) : 0u;
+  const auto square_sum = [](std::uint32_t sum, std::uint32_t x) {  // sum + x * x, fp16 pairs
+    const __half2 h = *reinterpret_cast<const __half2*>(&x);
+    const __half2 r = __hfma2(h, h, *reinterpret_cast<const __half2*>(&sum));
+    return *reinterpret_cast<const std::uint32_t*>(&r);
+  };
+  std::uint32_t squares[2][4] = {};  // [token g, g + 8][byte b]: the lane's squared table values, summed
+  if constexpr (!LookupsFirst) wait_for_slot();
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int token = 8 * j + g;
+    const int at = lead + 16 * c;
+    const uint4 chunk = load_shared_unaligned_16(box + token * kSlotPitch + (at & ~7), at & 7);
+    // Word s then holds dims 32c + 8 ((s + rotation) & 3) ..
+    const std::uint32_t words[4] = {rotation ? chunk.z : chunk.x, rotation ? chunk.w : chunk.y,
+                                    rotation ? chunk.x : chunk.z, rotation ? chunk.y : chunk.w};
+    std::uint32_t pairs[4][4];  // [word s][byte b]
+    const auto store = [&](int s) {
+      *reinterpret_cast<uint4*>(
+          keys + swizzled_offset(kTileTokens, kBoxTokens * warp + token, 32 * c + 8 * ((s + rotation) & 3))) =
+          make_uint4(pairs[s][0], pairs[s][1], pairs[s][2], pairs[s][3]);
+    };
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      look_up_word(table, words[s], lane_lut, pairs[s]);
+      if constexpr (!LookupsFirst) store(s);
+    }
+    if (renormalize) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          squares[j][b] = s == 0 ? square_f16x2(pairs[0][b]) : square_sum(squares[j][b], pairs[s][b]);
+      }
+    }
+    if constexpr (LookupsFirst) {
+      if (j == 0) wait_for_slot();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) store(s);
+    }
+  }
+  if (renormalize) {
+    // Row g of the sums: token g (lanes of quad g), row g + 8: token g + 8.
+    float square[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const std::uint32_t first[4] = {squares[0][0], squares[1][0], squares[0][1], squares[1][1]};
+    const std::uint32_t second[4] = {squares[0][2], squares[1][2], squares[0][3], squares[1][3]};
+    mma_f16(square, first, kHalfOnes, kHalfOnes);
+    mma_f16(square, second, kHalfOnes, kHalfOnes);
+    const float low = __shfl_sync(kFullMask, square[0], 4 * (lane & 7));
+    const float high = __shfl_sync(kFullMask, square[2], 4 * (lane & 7));
+    const float sum = lane < 8 ? low : high;  // token `lane`'s (lanes 0-15)
+    if (lane < kBoxTokens) {
+      factors[kBoxTokens * warp + lane] = sum > 0.0f ? norm * renormalized_scale * fast_rsqrt(sum) : 0.0f;
+    }
+  } else if (lane < kBoxTokens) {
+    factors[kBoxTokens * warp + lane] = norm * score_scale;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    std::uint32_t code[8];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      code[t] = load_shared<std::uint16_t>(box + (8 * half + t) * kSlotPitch + lead + kSlotValueOffset + 2 * lane);
+    }
+    std::uint32_t scale_pair[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int first = 8 * half + 2 * p;
+      const std::uint8_t* scales = box + first * kSlotPitch + lead + kSlotScaleOffset;
+      const std::uint32_t low = !Partial || first < valid ? load_shared<std::uint16_t>(scales) : 0u;
+      const std::uint32_t high = !Partial || first + 1 < valid ? load_shared<std::uint16_t>(scales + kSlotPitch) : 0u;
+      scale_pair[p] = low | high << 16;
+    }
+    store_value_codes(values, warp, half, lane, code, scale_pair);
+  }
+  const std::uint32_t zero_pair = zero | __shfl_down_sync(kFullMask, zero, 1) << 16;
+  if (lane < kBoxTokens && lane % 2 == 0) {
+    *reinterpret_cast<std::uint32_t*>(values + swizzled_offset(kValueRows, kZeroRow, kBoxTokens * warp + lane)) =
+        zero_pair;
   }
 }
 
@@ -335,12 +479,21 @@ __device__ __forceinline__ CtaWork cta_work(const PartitionParams& p, const Quer
 /// rotates so that the refills (the wait for the group's reads, the copies'
 /// issue) are spread over the group's warps: the group's tile is complete
 /// only when its last warp is, and a fixed issuer would be that warp on every
-/// tile. SharedTiles: a 128-row CTA (dequantize_tile's LookupsFirst for the others).
-template <bool SharedTiles>
+/// tile. SharedTiles: a 128-row CTA (dequantize_tile's LookupsFirst for the
+/// others). Slots: the token_slots order, one box of the kv head's slots per
+/// 16 tokens; `renormalized_scale` the factor's scale over the centroid
+/// norms (norm correction).
+template <bool SharedTiles, bool Slots>
 __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTensorMaps& maps, std::uint8_t* shared,
                                         const std::uint8_t* table, const Barriers& barriers, const CtaWork& work,
-                                        int group, int warp, int lane, float score_scale) {
+                                        int group, int warp, int lane, float score_scale, float renormalized_scale) {
   using L = SharedLayout;
+  // token_slots: the box's first byte in a token's row (a bulk tensor copy starts on a 16-byte boundary) and
+  // the slot's lead past it.
+  const int head_byte = work.kv_head * static_cast<int>(p.layout.head_stride);
+  const int box_column = head_byte & ~15, lead = head_byte & 15;
+  const bool renormalize = Slots && p.layout.renormalize_keys;
+  constexpr int kBoxBytes = Slots ? kBoxTokens * kSlotPitch : kBoxTokens * kRecordBytes + L::kFieldBoxBytes;
   const int tiles = (work.range.end - work.range.begin + kTileTokens - 1) / kTileTokens;
   // Block sizes are powers of two (kBlockSizes): shifts, not divisions, on the issue path.
   const int block_shift = __ffs(p.layout.block_size) - 1;
@@ -356,13 +509,17 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
     const int boxes = min(kBoxes, (work.range.end - first + kBoxTokens - 1) / kBoxTokens);
     if (elect_one_lane()) {
       const std::uint32_t barrier = barriers.input(stage), destination = barriers.stage_address(stage);
-      mbarrier_arrive_expect_tx(barrier, boxes * (kBoxTokens * kRecordBytes + L::kFieldBoxBytes));
+      mbarrier_arrive_expect_tx(barrier, boxes * kBoxBytes);
       for (int q = 0; q < boxes; ++q) {
         const int slot = (first + kBoxTokens * q) & slot_mask;
-        bulk_tensor_load(destination + q * kBoxTokens * kRecordBytes, &maps.records, 0, work.kv_head, slot, blocks[q],
-                         barrier);
-        bulk_tensor_load(destination + L::kRecordsBytes + q * L::kFieldBoxStride, &maps.fields, slot,
-                         kFields * work.kv_head, blocks[q], barrier);
+        if constexpr (Slots) {
+          bulk_tensor_load(destination + q * kBoxBytes, &maps.records, box_column, slot, blocks[q], barrier);
+        } else {
+          bulk_tensor_load(destination + q * kBoxTokens * kRecordBytes, &maps.records, 0, work.kv_head, slot, blocks[q],
+                           barrier);
+          bulk_tensor_load(destination + L::kRecordsBytes + q * L::kFieldBoxStride, &maps.fields, slot,
+                           kFields * work.kv_head, blocks[q], barrier);
+        }
       }
     }
     __syncwarp();
@@ -407,11 +564,18 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
     const std::uint8_t* input = shared + L::kInput + stage * L::kStageBytes;
     std::uint8_t* ring_slot = shared + L::kRing + slot * L::kSlotBytes;
     const int valid = work.range.end - first;
+    const auto dequantize = [&]<bool Partial>(int tokens) {
+      if constexpr (Slots) {
+        dequantize_slots_tile<Partial, !SharedTiles>(table, input, ring_slot, warp, lane, tokens, lead, score_scale,
+                                                     renormalize, renormalized_scale, wait_for_slot);
+      } else {
+        dequantize_tile<Partial, !SharedTiles>(table, input, ring_slot, warp, lane, tokens, score_scale, wait_for_slot);
+      }
+    };
     if (valid >= kBoxTokens) {  // warp-uniform
-      dequantize_tile<false, !SharedTiles>(table, input, ring_slot, warp, lane, kBoxTokens, score_scale, wait_for_slot);
+      dequantize.template operator()<false>(kBoxTokens);
     } else {
-      dequantize_tile<true, !SharedTiles>(table, input, ring_slot, warp, lane, max(0, valid), score_scale,
-                                          wait_for_slot);
+      dequantize.template operator()<true>(max(0, valid));
     }
     fence_proxy_async_shared();  // the generic-proxy stores before the products' reads
     mbarrier_arrive(barriers.full(tile % L::kRingBarriers));
@@ -586,8 +750,9 @@ inline constexpr bool kWithoutWgmma = false;
 
 // Launched on sm_90a only (policy.cpp); other targets compile a trap.
 // CtaRows: 64 (the two consumers take alternate tiles for the same rows and
-// merge) or 128 (each consumer takes every tile for its own 64 rows).
-template <int CtaRows>
+// merge) or 128 (each consumer takes every tile for its own 64 rows). Slots:
+// the token_slots order (produce).
+template <int CtaRows, bool Slots>
 __global__ void __launch_bounds__(kThreads, 1)
     warp_specialized_partitions(const __grid_constant__ PartitionParams p, const __grid_constant__ QueryRows query_rows,
                                 const __grid_constant__ CacheTensorMaps maps) {
@@ -636,7 +801,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int role = warp / 4, wg_warp = warp % 4;
     if (role < kProducerGroups) {
       TQ_RELEASE_REGISTERS(kProducerRegisters);
-      produce<kSharedTiles>(p, maps, shared, dynamic_shared, barriers, work, role, wg_warp, lane, p.scale * kLog2e);
+      // The stored norm is ||k||: with norm correction over ||c|| = sqrt(sum of squares) 2^-table_exponent.
+      const float score_scale = p.scale * kLog2e;
+      produce<kSharedTiles, Slots>(p, maps, shared, dynamic_shared, barriers, work, role, wg_warp, lane, score_scale,
+                                   score_scale * power_of_two(table_exponent));
       // The merge below reuses the ring: every slot store of the producers precedes it by this barrier too,
       // not only through the slots' mbarriers.
       if constexpr (!kSharedTiles) asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
