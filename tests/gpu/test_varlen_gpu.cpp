@@ -55,6 +55,7 @@ struct VarlenCase {
   int declared_max_query_len = 0;  ///< 0: the longest query
   int longest_query = 128;         ///< query lengths drawn up to this (speculative decoding: a few)
   bool raw_norms = false;          ///< token_slots MSE keys without norm correction
+  float value_amplitude = 1.0f;    ///< ScenarioConfig::value_amplitude
 };
 
 // Query lengths drawn from 0, 1, 2-8, 17 and 128, those up to `longest`.
@@ -88,6 +89,7 @@ ScenarioConfig config_of(const VarlenCase& c) {
   config.order = c.order;
   config.renormalize_keys = c.order == CacheOrder::token_slots && !preset_info(c.preset).key_fp8 && !c.raw_norms;
   config.seed = c.seed;
+  config.value_amplitude = c.value_amplitude;
   config.keep_unquantized = false;
   return config;
 }
@@ -133,6 +135,17 @@ std::vector<VarlenCase> varlen_cases() {
       // one sequence of at most one 64-token tile, then two sequences of many tiles.
       {"q4_d128_g8_hk1_one_tile", p4, 8, 1, 128, 16, 1, 56, 16, false, DType::bf16, CacheOrder::blocks, 0, 8},
       {"q4_d128_g8_hk1_tiles", p4, 8, 1, 128, 32, 2, 3000, 17, false, DType::bf16, CacheOrder::blocks, 0, 8},
+      // Values near 10^4 in its 64-row and 128-row CTAs, both orders: value ranges past fp16's largest value
+      // (code x scale would overflow), and scales for which p x scale would overflow at the lazy rescale's
+      // p <= 16, so those tiles take the exact references.
+      {"q4_d128_g8_spec8_hk8_large_values", p4, 64, 8, 128, 16, 3, 2500, 20, true, DType::bf16, CacheOrder::blocks, 0,
+       8, false, 10000.0f},
+      {"q4_slots_renorm_hk8_spec8_large_values", p4, 64, 8, 128, 16, 3, 2500, 21, false, DType::bf16,
+       CacheOrder::token_slots, 0, 8, false, 10000.0f},
+      {"q4_d128_g8_hk8_chunks_large_values", p4, 64, 8, 128, 32, 2, 2000, 22, false, DType::f16, CacheOrder::blocks, 0,
+       128, false, 10000.0f},
+      {"q4_slots_renorm_hk8_chunks_large_values", p4, 64, 8, 128, 16, 2, 2000, 23, true, DType::bf16,
+       CacheOrder::token_slots, 0, 128, false, 10000.0f},
   };
   // Every preset at every head dim, with groups 1 to 16 spread over them.
   const int groups[] = {1, 2, 4, 6, 8, 16, 3, 5, 7, 9, 12, 16};

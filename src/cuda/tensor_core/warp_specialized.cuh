@@ -20,11 +20,13 @@
 //   16w + 15 into a slot of a ring of kSlots:
 //     K [token][dim]: fp16 centroid pairs from the wide table (the
 //       centroids x 2^table_exponent, prologue.cuh), the B operand of S;
-//     V'^T [column][token]: columns 0-127 code x scale (the code made
-//       exact in fp16, then one rounding of the product; no offset term
-//       that overflows fp16 for large scales), 128 the tokens' zeros, 129
-//       ones, 130-135 zeros: the B operand of O, whose columns 128 and 129
-//       sum p x zero and p;
+//     V'^T [column][token]: columns 0-127 the codes (64-row CTAs, as
+//       fp16 2^e + code; their consumers multiply p by the value scale)
+//       or code x scale (128-row CTAs: the code made exact in fp16, then
+//       one rounding of the product; a token whose scale would overflow it
+//       has its column times 2^-kValueShift, its p times 2^kValueShift),
+//       128 the tokens' zeros, 129 ones, 130-135 zeros: the B operand of
+//       O, whose columns 128 and 129 sum p x zero and p;
 //     factors [token]: norm x scale x log2 e (0 past the range, whose
 //       scale and zero are 0 too, so stale stage bytes never reach the
 //       products as NaN).
@@ -60,6 +62,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 
 #include "../device_utils.cuh"
@@ -83,7 +86,23 @@ inline constexpr int kFields = 3;       ///< norm, value scale, value zero
 inline constexpr int kValueRows = 136;  ///< V'^T: 128 dims, the zeros, the ones, padding to N = 136
 inline constexpr int kZeroRow = 128;
 inline constexpr int kOnesRow = 129;
-inline constexpr float kLazyRescaleLog2 = 4.0f;
+inline constexpr std::uint32_t kHalfOnePair = 0x3c003c00u;  ///< fp16 (1, 1)
+/// Value scales past this would let code x scale overflow fp16: the largest fp16 whose 15-fold is finite.
+inline constexpr float kMaxValueScale = 4364.0f;
+static_assert(15.0f * kMaxValueScale <= 65504.0f && 15.0f * (kMaxValueScale + 4.0f) > 65504.0f);
+/// Per-token fp16 words for the consumers' A operand in a slot's factor area past the factors: the pair of
+/// tokens 16 kt + 8 h + 2c, + 1 at word token_pair_word(kt, h, c), so that consumer lane c loads those of
+/// its A operand as two 16-byte words. The 64-row CTAs' tiles leave the value scales to the consumers
+/// (ScaledProbabilities): V'^T holds each code as fp16 2^e + code and the words are the value scales. The
+/// 128-row CTAs' producers store code x scale, a token of scale past kMaxValueScale with its column (codes
+/// x scale, zero, one) times 2^-kValueShift, and the words are the p multipliers (1, or 2^kValueShift
+/// there), after them a byte per box: whether it has such a token (the consumers multiply only then).
+inline constexpr int kTokenWordsOffset = 256;  ///< bytes into a slot's factor area
+inline constexpr int kDownScaledOffset = kTokenWordsOffset + 128;
+__host__ __device__ constexpr int token_pair_word(int warp, int half, int pair) { return 8 * pair + 2 * warp + half; }
+inline constexpr float kValueShift = 8.0f;
+/// The exponents' offsets: dims 4l + k hold 2^10 + code (k even) or 2^6 + code (k odd).
+inline constexpr float kEvenDimOffset = 1024.0f, kOddDimOffset = 64.0f;
 /// token_slots: the slot's bytes (SlotTile: key data, norm, value data, value scale, value zero) and a box row's.
 using SlotBlocks = TileLayout<CacheFormat::mse4, kHeadDim>;
 using SlotFormat = SlotTile<SlotBlocks, CacheFormat::mse4>;
@@ -137,9 +156,10 @@ struct SharedLayout {
   static constexpr int kBytes = kIssueBlocks + kProducerGroups * kProducerWarps * kBoxes * 4;
   /// Dynamic shared memory to ask for: the layout starts at the first 1024-byte boundary of it.
   static constexpr int kAllocationBytes = kBytes + 1024;
-  /// After the loop: the second consumer's state for the first (70 floats a thread), over the ring.
+  /// After the loop: the second consumer's state for the first (74 floats a thread), over the ring.
   static constexpr int kMerge = kRing;
-  static constexpr int kMergeFloats = 2 + kValueRows / 2;
+  static constexpr int kMergeFloats = 2 + kValueRows / 2 + 4;
+  static_assert(kDownScaledOffset + kBoxes <= kFactorBytes, "the factor area's words and flags");
   static_assert(kSlotBytes % 1024 == 0 && kRing % 1024 == 0 && kInput % 1024 == 0 && kStageBytes % 1024 == 0);
   static_assert(kRecordsBytes + kBoxes * kFieldBoxStride <= kStageBytes && kFieldBoxBytes <= kFieldBoxStride);
   static_assert(kBoxes * kBoxTokens * kSlotPitch <= kStageBytes, "a tile's token_slots boxes fit a stage");
@@ -211,9 +231,48 @@ __device__ __forceinline__ void look_up_word(const std::uint8_t* table, std::uin
   }
 }
 
+/// Producer lane `lane` (0-15)'s token: whether its value column is down-scaled (`own_down_scaled`), and
+/// any of the box's (the return value); writes the token's p multiplier and the box's flag (128-row CTAs).
+/// `factors`: the slot's factor area.
+__device__ __forceinline__ bool mark_down_scaled(std::uint8_t* factors, int warp, int lane, bool own_down_scaled) {
+  const bool down_scaled = __any_sync(kFullMask, own_down_scaled);
+  const std::uint32_t own = own_down_scaled ? 0x5c00u : 0x3c00u;  // fp16 2^kValueShift or 1
+  const std::uint32_t pair = own | __shfl_down_sync(kFullMask, own, 1) << 16;
+  if (lane < kBoxTokens && lane % 2 == 0) {
+    reinterpret_cast<std::uint32_t*>(factors + kTokenWordsOffset)[token_pair_word(warp, lane / 8, lane % 8 / 2)] = pair;
+  }
+  if (lane == 0) factors[kDownScaledOffset + warp] = down_scaled;
+  return down_scaled;
+}
+
+/// The down-scaling multipliers (fp16 1 or 2^-kValueShift) of two tokens of value scales `scale_pair`.
+__device__ __forceinline__ std::uint32_t down_scaling_pair(std::uint32_t scale_pair) {
+  const __half2 large =
+      __hgt2(__habs2(*reinterpret_cast<const __half2*>(&scale_pair)), __float2half2_rn(kMaxValueScale));
+  const __half2 m = __hfma2(large, __float2half2_rn(exp2f(-kValueShift) - 1.0f), __float2half2_rn(1.0f));
+  return *reinterpret_cast<const std::uint32_t*>(&m);
+}
+
+__device__ __forceinline__ std::uint32_t multiply_pairs(std::uint32_t a, std::uint32_t b) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const std::uint32_t*>(&r);
+}
+
+/// Producer lane p < 4's scale pairs for the consumers (ScaledProbabilities):
+/// tokens 16 warp + 8 h + 2p, + 1 for halves h = 0, 1 (0 past the range).
+__device__ __forceinline__ void store_scale_pairs(std::uint8_t* values, int warp, int lane, std::uint32_t first_half,
+                                                  std::uint32_t second_half) {
+  static_assert(token_pair_word(0, 1, 0) == token_pair_word(0, 0, 0) + 1, "the halves' words side by side");
+  *reinterpret_cast<uint2*>(values + SharedLayout::kValueBytes + kTokenWordsOffset +
+                            4 * token_pair_word(warp, 0, lane)) = make_uint2(first_half, second_half);
+}
+
 /// Columns 4 lane .. + 3 of V'^T for tokens 16 warp + 8 half .. + 7: `code`
 /// holds each token's two value bytes of those dims, `scale_pair` the value
-/// scales of tokens (2p, 2p + 1) of the eight (0 past the range).
+/// scales of tokens (2p, 2p + 1) of the eight (0 past the range). Raw: the
+/// codes as fp16 2^e + code (ScaledProbabilities; `scale_pair` unused)
+/// instead of the products code x scale.
+template <bool Raw>
 __device__ __forceinline__ void store_value_codes(std::uint8_t* values, int warp, int half, int lane,
                                                   const std::uint32_t (&code)[8],
                                                   const std::uint32_t (&scale_pair)[4]) {
@@ -223,14 +282,18 @@ __device__ __forceinline__ void store_value_codes(std::uint8_t* values, int warp
     const int k = (step + (lane >> 1)) & 3;
     const std::uint32_t selector = k & 2 ? 0x7571u : 0x7470u;
     const std::uint32_t mask = k & 1 ? 0x00f000f0u : 0x000f000fu, exponent = k & 1 ? 0x54005400u : 0x64006400u;
-    const __half2 offset = __float2half2_rn(k & 1 ? -64.0f : -1024.0f);
     std::uint32_t row[4];
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const std::uint32_t x = (__byte_perm(code[2 * p], code[2 * p + 1], selector) & mask) | exponent;
-      const __half2 exact_code = __hadd2(*reinterpret_cast<const __half2*>(&x), offset);
-      const __half2 v = __hmul2(exact_code, *reinterpret_cast<const __half2*>(&scale_pair[p]));
-      row[p] = *reinterpret_cast<const std::uint32_t*>(&v);
+      if constexpr (Raw) {
+        row[p] = x;
+      } else {
+        const __half2 offset = __float2half2_rn(k & 1 ? -kOddDimOffset : -kEvenDimOffset);
+        const __half2 exact_code = __hadd2(*reinterpret_cast<const __half2*>(&x), offset);
+        const __half2 v = __hmul2(exact_code, *reinterpret_cast<const __half2*>(&scale_pair[p]));
+        row[p] = *reinterpret_cast<const std::uint32_t*>(&v);
+      }
     }
     *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, 4 * lane + k, kBoxTokens * warp + 8 * half)) =
         make_uint4(row[0], row[1], row[2], row[3]);
@@ -252,7 +315,7 @@ __device__ __forceinline__ void store_value_codes(std::uint8_t* values, int warp
 /// CTA, whose consumers set the pace) the wait comes first and each 4
 /// lookups are stored at once: the lookups first measured slower there
 /// (they are issued while the consumers' products read the shared memory).
-template <bool Partial, bool LookupsFirst, class WaitForSlot>
+template <bool Partial, bool LookupsFirst, bool ScaledProbabilities, class WaitForSlot>
 __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const std::uint8_t* stage,
                                                 std::uint8_t* slot, int warp, int lane, int valid, float score_scale,
                                                 const WaitForSlot& wait_for_slot) {
@@ -294,6 +357,25 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
     }
   }
   if (lane < kBoxTokens) factors[kBoxTokens * warp + lane] = !Partial || lane < valid ? norm * score_scale : 0.0f;
+  // The mask of the value fields of tokens (first, first + 1): 0 past the range.
+  const auto keep_pair = [&](int first) {
+    return !Partial || first + 1 < valid ? 0xffffffffu : first < valid ? 0x0000ffffu : 0u;
+  };
+  bool down_scaled = false;
+  if constexpr (ScaledProbabilities) {
+    if (lane < 4) {
+      const auto pair = [&](int half) {
+        return *reinterpret_cast<const std::uint32_t*>(fields + 32 + 16 * half + 4 * lane) &
+               keep_pair(8 * half + 2 * lane);
+      };
+      store_scale_pairs(values, warp, lane, pair(0), pair(1));
+    }
+  } else {
+    const bool own_valid = lane < kBoxTokens && (!Partial || lane < valid);
+    down_scaled = mark_down_scaled(
+        reinterpret_cast<std::uint8_t*>(factors), warp, lane,
+        own_valid && fabsf(__half2float(reinterpret_cast<const __half*>(fields + 32)[lane])) > kMaxValueScale);
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     // Value codes: dims 4 lane .. + 3 of the half's eight tokens.
@@ -304,22 +386,33 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
           records + (8 * half + t) * kRecordBytes + (((kValueOffset / 16 + (lane >> 3)) ^ t) << 4) + ((2 * lane) & 15));
     }
     // Scale and zero pairs of tokens (2p, 2p + 1) of the eight (one 16-byte load each); 0 past the range.
-    const uint4 scales = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
     const uint4 zeros = *reinterpret_cast<const uint4*>(fields + 64 + 16 * half);
-    const std::uint32_t scale_words[4] = {scales.x, scales.y, scales.z, scales.w};
     const std::uint32_t zero_words[4] = {zeros.x, zeros.y, zeros.z, zeros.w};
-    std::uint32_t scale_pair[4], zero_pair[4];
+    std::uint32_t scale_pair[4] = {}, zero_pair[4], one_pair[4];
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const int first = 8 * half + 2 * p;
-      const std::uint32_t keep = !Partial || first + 1 < valid ? 0xffffffffu : first < valid ? 0x0000ffffu : 0u;
-      scale_pair[p] = scale_words[p] & keep;
-      zero_pair[p] = zero_words[p] & keep;
+    for (int p = 0; p < 4; ++p) zero_pair[p] = zero_words[p] & keep_pair(8 * half + 2 * p), one_pair[p] = kHalfOnePair;
+    if constexpr (!ScaledProbabilities) {
+      const uint4 scales = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
+      const std::uint32_t scale_words[4] = {scales.x, scales.y, scales.z, scales.w};
+#pragma unroll
+      for (int p = 0; p < 4; ++p) scale_pair[p] = scale_words[p] & keep_pair(8 * half + 2 * p);
+      if (down_scaled) {  // warp-uniform, rare
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          one_pair[p] = down_scaling_pair(scale_pair[p]);
+          scale_pair[p] = multiply_pairs(scale_pair[p], one_pair[p]);
+          zero_pair[p] = multiply_pairs(zero_pair[p], one_pair[p]);
+        }
+      }
     }
-    store_value_codes(values, warp, half, lane, code, scale_pair);
+    store_value_codes<ScaledProbabilities>(values, warp, half, lane, code, scale_pair);
     if (lane == 0) {
       *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, kZeroRow, kBoxTokens * warp + 8 * half)) =
           make_uint4(zero_pair[0], zero_pair[1], zero_pair[2], zero_pair[3]);
+      if constexpr (!ScaledProbabilities) {
+        *reinterpret_cast<uint4*>(values + swizzled_offset(kValueRows, kOnesRow, kBoxTokens * warp + 8 * half)) =
+            make_uint4(one_pair[0], one_pair[1], one_pair[2], one_pair[3]);
+      }
     }
   }
 }
@@ -330,14 +423,14 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
 /// of tokens g and g + 8 (three 8-byte loads and funnel shifts each) and
 /// stores their chunks rotated by two where c >= 2, so that a quarter warp's
 /// stores land in eight distinct chunk positions of the swizzle; the values
-/// as dequantize_tile's, the scales loaded per token. `renormalize` (norm
+/// as dequantize_tile's, the scales loaded per token. Renormalize (norm
 /// correction): each token's factor over its centroid vector's norm, its
 /// squared table values summed in fp16 pairs over the lane's chunks, then
 /// over the quad's lanes by mma against ones in fp32 (rows g and g + 8).
-template <bool Partial, bool LookupsFirst, class WaitForSlot>
+template <bool Partial, bool LookupsFirst, bool Renormalize, bool ScaledProbabilities, class WaitForSlot>
 __device__ __forceinline__ void dequantize_slots_tile(const std::uint8_t* table, const std::uint8_t* stage,
                                                       std::uint8_t* slot, int warp, int lane, int valid, int lead,
-                                                      float score_scale, bool renormalize, float renormalized_scale,
+                                                      float score_scale, float renormalized_scale,
                                                       const WaitForSlot& wait_for_slot) {
   using L = SharedLayout;
   const std::uint8_t* const box = stage + warp * kBoxTokens * kSlotPitch;  // token t's row at t kSlotPitch
@@ -378,7 +471,7 @@ __device__ __forceinline__ void dequantize_slots_tile(const std::uint8_t* table,
       look_up_word(table, words[s], lane_lut, pairs[s]);
       if constexpr (!LookupsFirst) store(s);
     }
-    if (renormalize) {
+    if constexpr (Renormalize) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
 #pragma unroll
@@ -392,7 +485,7 @@ __device__ __forceinline__ void dequantize_slots_tile(const std::uint8_t* table,
       for (int s = 0; s < 4; ++s) store(s);
     }
   }
-  if (renormalize) {
+  if constexpr (Renormalize) {
     // Row g of the sums: token g (lanes of quad g), row g + 8: token g + 8.
     float square[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const std::uint32_t first[4] = {squares[0][0], squares[1][0], squares[0][1], squares[1][1]};
@@ -408,6 +501,22 @@ __device__ __forceinline__ void dequantize_slots_tile(const std::uint8_t* table,
   } else if (lane < kBoxTokens) {
     factors[kBoxTokens * warp + lane] = norm * score_scale;
   }
+  // The value scales of tokens (first, first + 1); 0 past the range.
+  const auto slot_scale_pair = [&](int first) {
+    const std::uint8_t* scales = box + first * kSlotPitch + lead + kSlotScaleOffset;
+    const std::uint32_t low = !Partial || first < valid ? load_shared<std::uint16_t>(scales) : 0u;
+    const std::uint32_t high = !Partial || first + 1 < valid ? load_shared<std::uint16_t>(scales + kSlotPitch) : 0u;
+    return low | high << 16;
+  };
+  // 128-row CTAs: token `lane`'s column down-scaled where its scale is past kMaxValueScale (after the slot's wait:
+  // the marks are in the slot).
+  bool own_down_scaled = false, down_scaled = false;
+  if constexpr (ScaledProbabilities) {
+    if (lane < 4) store_scale_pairs(values, warp, lane, slot_scale_pair(2 * lane), slot_scale_pair(8 + 2 * lane));
+  } else {
+    own_down_scaled = own_valid && fabsf(__half2float(load_shared<__half>(own + kSlotScaleOffset))) > kMaxValueScale;
+    down_scaled = mark_down_scaled(reinterpret_cast<std::uint8_t*>(factors), warp, lane, own_down_scaled);
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     std::uint32_t code[8];
@@ -415,21 +524,31 @@ __device__ __forceinline__ void dequantize_slots_tile(const std::uint8_t* table,
     for (int t = 0; t < 8; ++t) {
       code[t] = load_shared<std::uint16_t>(box + (8 * half + t) * kSlotPitch + lead + kSlotValueOffset + 2 * lane);
     }
-    std::uint32_t scale_pair[4];
+    std::uint32_t scale_pair[4] = {};
+    if constexpr (!ScaledProbabilities) {
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const int first = 8 * half + 2 * p;
-      const std::uint8_t* scales = box + first * kSlotPitch + lead + kSlotScaleOffset;
-      const std::uint32_t low = !Partial || first < valid ? load_shared<std::uint16_t>(scales) : 0u;
-      const std::uint32_t high = !Partial || first + 1 < valid ? load_shared<std::uint16_t>(scales + kSlotPitch) : 0u;
-      scale_pair[p] = low | high << 16;
+      for (int p = 0; p < 4; ++p) {
+        scale_pair[p] = slot_scale_pair(8 * half + 2 * p);
+        if (down_scaled) scale_pair[p] = multiply_pairs(scale_pair[p], down_scaling_pair(scale_pair[p]));  // rare
+      }
     }
-    store_value_codes(values, warp, half, lane, code, scale_pair);
+    store_value_codes<ScaledProbabilities>(values, warp, half, lane, code, scale_pair);
   }
-  const std::uint32_t zero_pair = zero | __shfl_down_sync(kFullMask, zero, 1) << 16;
+  // Token `lane`'s zero and one, down-scaled where its column is.
+  const std::uint32_t own_one = own_down_scaled ? 0x1c00u : 0x3c00u;  // fp16 2^-kValueShift or 1
+  const std::uint32_t own_zero =
+      down_scaled
+          ? __half_as_ushort(__hmul(__ushort_as_half(static_cast<unsigned short>(zero)), __ushort_as_half(own_one)))
+          : zero;
+  const std::uint32_t zero_pair = own_zero | __shfl_down_sync(kFullMask, own_zero, 1) << 16;
+  const std::uint32_t one_pair = own_one | __shfl_down_sync(kFullMask, own_one, 1) << 16;
   if (lane < kBoxTokens && lane % 2 == 0) {
     *reinterpret_cast<std::uint32_t*>(values + swizzled_offset(kValueRows, kZeroRow, kBoxTokens * warp + lane)) =
         zero_pair;
+    if constexpr (!ScaledProbabilities) {
+      *reinterpret_cast<std::uint32_t*>(values + swizzled_offset(kValueRows, kOnesRow, kBoxTokens * warp + lane)) =
+          one_pair;
+    }
   }
 }
 
@@ -493,6 +612,7 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
   const int head_byte = work.kv_head * static_cast<int>(p.layout.head_stride);
   const int box_column = head_byte & ~15, lead = head_byte & 15;
   const bool renormalize = Slots && p.layout.renormalize_keys;
+  constexpr bool kScaledProbabilities = !SharedTiles;  // consume's ScaledProbabilities
   constexpr int kBoxBytes = Slots ? kBoxTokens * kSlotPitch : kBoxTokens * kRecordBytes + L::kFieldBoxBytes;
   const int tiles = (work.range.end - work.range.begin + kTileTokens - 1) / kTileTokens;
   // Block sizes are powers of two (kBlockSizes): shifts, not divisions, on the issue path.
@@ -566,10 +686,18 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
     const int valid = work.range.end - first;
     const auto dequantize = [&]<bool Partial>(int tokens) {
       if constexpr (Slots) {
-        dequantize_slots_tile<Partial, !SharedTiles>(table, input, ring_slot, warp, lane, tokens, lead, score_scale,
-                                                     renormalize, renormalized_scale, wait_for_slot);
+        // Norm correction as a template argument: each form of the tile is one straight-line block, so the
+        // squares' products and shuffles overlap the value codes' work.
+        if (renormalize) {
+          dequantize_slots_tile<Partial, !SharedTiles, true, kScaledProbabilities>(
+              table, input, ring_slot, warp, lane, tokens, lead, score_scale, renormalized_scale, wait_for_slot);
+        } else {
+          dequantize_slots_tile<Partial, !SharedTiles, false, kScaledProbabilities>(
+              table, input, ring_slot, warp, lane, tokens, lead, score_scale, renormalized_scale, wait_for_slot);
+        }
       } else {
-        dequantize_tile<Partial, !SharedTiles>(table, input, ring_slot, warp, lane, tokens, score_scale, wait_for_slot);
+        dequantize_tile<Partial, !SharedTiles, kScaledProbabilities>(table, input, ring_slot, warp, lane, tokens,
+                                                                     score_scale, wait_for_slot);
       }
     };
     if (valid >= kBoxTokens) {  // warp-uniform
@@ -598,11 +726,20 @@ __device__ __forceinline__ void produce(const PartitionParams& p, const CacheTen
 /// rows a CTA: SharedTiles); its (reference, O) per thread on return.
 /// `query`: the A operand of S for rows row_base + 16 w + g (+ 8), k-step ks
 /// dims 16 ks + 2c (+ 1, + 8, + 9).
+/// ScaledProbabilities (the 64-row CTAs, whose producers set the pace: the
+/// value scales move from their dequantization to here): O = P' V' with
+/// P' = p x the token's value scale (fp16) and V' the codes as 2^e + code,
+/// so O[d] = sum p' code + 2^e O[129] (the ones row); `sums` = P (V'^T rows
+/// 128..135), columns 0 and 1: sum p x zero and sum p. A tile with a scale
+/// too large for p' to stay finite in fp16 moves every reference to its row's
+/// maximum (p <= 1), as the fused kernel does.
 template <bool SharedTiles>
 __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& barriers, const CtaWork& work,
                                         const std::uint32_t (&query)[8][4], int consumer, int row_base, int wg_warp,
-                                        int lane, float (&reference)[2], float (&acc)[kValueRows / 2]) {
+                                        int lane, float (&reference)[2], float (&acc)[kValueRows / 2],
+                                        float (&sums)[4]) {
   using L = SharedLayout;
+  constexpr bool kScaledProbabilities = !SharedTiles;
   const int g = lane / 4, c = lane % 4;
   const int tiles = (work.range.end - work.range.begin + kTileTokens - 1) / kTileTokens;
   const int rows[2] = {row_base + 16 * wg_warp + g, row_base + 16 * wg_warp + g + 8};
@@ -631,7 +768,24 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
     wgmma_wait_all();
     keep(score);
     std::uint32_t probability[4][4];
+    // The per-token words of the lane's A operand tokens (16 kt + 8 h + 2c, + 1: word 2 kt + h): value scales
+    // (ScaledProbabilities) or p multipliers; loaded where used (held across a product, they would not fit the
+    // registers).
+    const auto token_pair_words = [&] {
+      const uint4* words =
+          reinterpret_cast<const uint4*>(reinterpret_cast<const std::uint8_t*>(factors) + kTokenWordsOffset) + 2 * c;
+      const uint4 low = words[0], high = words[1];
+      return std::array<std::uint32_t, 8>{low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+    };
     if (real_rows) {
+      bool large_scale = false;
+      if constexpr (kScaledProbabilities) {
+        const std::array<std::uint32_t, 8> pairs = token_pair_words();
+        __half2 largest = __habs2(*reinterpret_cast<const __half2*>(&pairs[0]));
+#pragma unroll
+        for (int i = 1; i < 8; ++i) largest = __hmax2(largest, __habs2(*reinterpret_cast<const __half2*>(&pairs[i])));
+        large_scale = __hgt(__hmax(__low2half(largest), __high2half(largest)), __float2half_rn(kMaxLazyValueScale));
+      }
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float2 factor = *reinterpret_cast<const float2*>(factors + 8 * i + 2 * c);
@@ -660,7 +814,8 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
       // Rare past the first tile; the vote keeps the branch warp-uniform (a divergent branch beside the
       // accumulators serializes the products). A row with every score masked so far keeps -inf (NaN
       // comparisons are false).
-      const bool moves[2] = {local[0] - reference[0] > kLazyRescaleLog2, local[1] - reference[1] > kLazyRescaleLog2};
+      const float threshold = kScaledProbabilities && __any_sync(kFullMask, large_scale) ? 0.0f : kLazyRescaleLog2;
+      const bool moves[2] = {local[0] - reference[0] > threshold, local[1] - reference[1] > threshold};
       if (__any_sync(kFullMask, moves[0] || moves[1])) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -669,16 +824,56 @@ __device__ __forceinline__ void consume(std::uint8_t* shared, const Barriers& ba
           reference[r] = moved;
 #pragma unroll
           for (int i = 0; i < kValueRows / 8; ++i) acc[4 * i + 2 * r] *= alpha, acc[4 * i + 2 * r + 1] *= alpha;
+          if constexpr (kScaledProbabilities) sums[2 * r] *= alpha, sums[2 * r + 1] *= alpha;
         }
       }
       // p = 2^(x - reference); a row still at -inf has only masked scores (p = 0).
       const float base[2] = {reference[0] == -INFINITY ? 0.0f : reference[0],
                              reference[1] == -INFINITY ? 0.0f : reference[1]};
       probabilities_as_a_operand(probability, [&](int i, int e) { return fast_exp2(score[4 * i + e] - base[e / 2]); });
+      if constexpr (!kScaledProbabilities) {
+        // Down-scaled columns (rare): their tokens' p times 2^kValueShift.
+        const std::uint8_t* factor_area = reinterpret_cast<const std::uint8_t*>(factors);
+        if (__any_sync(kFullMask, load_shared<std::uint32_t>(factor_area + kDownScaledOffset) != 0u)) {
+          const std::array<std::uint32_t, 8> multipliers = token_pair_words();
+#pragma unroll
+          for (int kt = 0; kt < 4; ++kt) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              probability[kt][j] = multiply_pairs(probability[kt][j], multipliers[2 * kt + j / 2]);
+            }
+          }
+        }
+      }
     } else {
       zero_words(probability);
     }
-    // O = P V': k-step kt takes tokens 16 kt ..
+    if constexpr (kScaledProbabilities) {
+      // sum p x zero and sum p: P over V'^T's rows 128..135; then P' in P's registers (a second A operand
+      // beside it does not fit the consumers' registers: ptxas would serialize the products).
+      float tile_sums[4];
+      wgmma_fence();
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt) {
+        wgmma_rs<8>(tile_sums, probability[kt],
+                    descriptor_of_low(values_low + ((k_step_offset(kValueRows, kt) + kZeroRow * 128) >> 4)), kt > 0);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      keep(tile_sums);
+      keep_words(probability);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sums[i] += tile_sums[i];
+      if (real_rows) {
+        const std::array<std::uint32_t, 8> scales = token_pair_words();
+#pragma unroll
+        for (int kt = 0; kt < 4; ++kt) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) probability[kt][j] = multiply_pairs(probability[kt][j], scales[2 * kt + j / 2]);
+        }
+      }
+    }
+    // O = P V' (ScaledProbabilities: P' V'): k-step kt takes tokens 16 kt ..
     wgmma_fence();
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
@@ -715,16 +910,23 @@ __device__ __forceinline__ void load_query(const PartitionParams& p, const CtaWo
   }
 }
 
-/// The first consumer's rows after the merge: out = (O[d] + O[128]) / O[129].
+/// The consumer's rows (after the merge of a 64-row CTA's two): out =
+/// (O[d] + O[128]) / O[129], or ScaledProbabilities (O[d] - 2^e O[129] +
+/// sum p x zero) / sum p.
+template <bool ScaledProbabilities>
 __device__ __forceinline__ void write_partition(const PartitionParams& p, const CtaWork& work, int row_base,
                                                 int wg_warp, int lane, const float (&reference)[2],
-                                                const float (&acc)[kValueRows / 2]) {
+                                                const float (&acc)[kValueRows / 2], const float (&sums)[4]) {
   const int g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    // Columns 128 and 129 are lane (g, 0)'s accumulators 64 + 2e and 65 + 2e.
-    const float zero_sum = __shfl_sync(kFullMask, acc[kHeadDim / 2 + 2 * e], lane & ~3);
-    const float sum = __shfl_sync(kFullMask, acc[kHeadDim / 2 + 2 * e + 1], lane & ~3);
+    // Columns 128 and 129 are lane (g, 0)'s accumulators 64 + 2e and 65 + 2e; so are the sums' columns 0 and 1.
+    const float ones_sum = __shfl_sync(kFullMask, acc[kHeadDim / 2 + 2 * e + 1], lane & ~3);
+    const float zero_sum =
+        __shfl_sync(kFullMask, ScaledProbabilities ? sums[2 * e] : acc[kHeadDim / 2 + 2 * e], lane & ~3);
+    const float sum = ScaledProbabilities ? __shfl_sync(kFullMask, sums[2 * e + 1], lane & ~3) : ones_sum;
+    const float even_offset = ScaledProbabilities ? kEvenDimOffset * ones_sum : 0.0f;
+    const float odd_offset = ScaledProbabilities ? kOddDimOffset * ones_sum : 0.0f;
     const int row = row_base + 16 * wg_warp + g + 8 * e;
     if (row >= work.count) continue;
     const std::int64_t index = work.entry(row, p.num_q_heads) * p.num_partitions + work.partition;
@@ -733,7 +935,8 @@ __device__ __forceinline__ void write_partition(const PartitionParams& p, const 
 #pragma unroll
     for (int i = 0; i < kHeadDim / 8; ++i) {
       *reinterpret_cast<float2*>(out + 8 * i + 2 * c) =
-          make_float2((acc[4 * i + 2 * e] + zero_sum) * inverse, (acc[4 * i + 2 * e + 1] + zero_sum) * inverse);
+          make_float2((acc[4 * i + 2 * e] - even_offset + zero_sum) * inverse,
+                      (acc[4 * i + 2 * e + 1] - odd_offset + zero_sum) * inverse);
     }
     if (c == 0) {
       p.part_max[index] = sum > 0.0f ? reference[e] * 0.6931471805599453f : -INFINITY;  // natural units
@@ -817,12 +1020,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_query(p, work, row_base, wg_warp, lane, power_of_two(-table_exponent), query);
     keep_words(query);  // held in registers, not reloaded beside the products
     float reference[2] = {-INFINITY, -INFINITY};
-    float acc[kValueRows / 2];
+    float acc[kValueRows / 2], sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < kValueRows / 2; ++i) acc[i] = 0.0f;
-    consume<kSharedTiles>(shared, barriers, work, query, consumer, row_base, wg_warp, lane, reference, acc);
+    consume<kSharedTiles>(shared, barriers, work, query, consumer, row_base, wg_warp, lane, reference, acc, sums);
     if constexpr (kSharedTiles) {
-      write_partition(p, work, row_base, wg_warp, lane, reference, acc);
+      write_partition<false>(p, work, row_base, wg_warp, lane, reference, acc, sums);
       return;
     }
     // Both consumers past their last product and the producers past their last store (the ring is free),
@@ -833,6 +1036,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       merge[0] = reference[0], merge[128] = reference[1];
 #pragma unroll
       for (int i = 0; i < kValueRows / 2; ++i) merge[128 * (2 + i)] = acc[i];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) merge[128 * (2 + kValueRows / 2 + i)] = sums[i];
     }
     asm volatile("bar.sync 2, 256;\n" ::: "memory");
     if (consumer == 1) return;
@@ -850,7 +1055,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r = (i / 2) % 2;  // accumulator 4j + 2r + h is row g + 8r
       acc[i] = acc[i] * weight[r] + merge[128 * (2 + i)] * other_weight[r];
     }
-    write_partition(p, work, 0, wg_warp, lane, reference, acc);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = i / 2;  // sums 2r and 2r + 1 are row g + 8r
+      sums[i] = sums[i] * weight[r] + merge[128 * (2 + kValueRows / 2 + i)] * other_weight[r];
+    }
+    write_partition<true>(p, work, 0, wg_warp, lane, reference, acc, sums);
   }
 }
 
