@@ -209,32 +209,10 @@ std::vector<DecodeCase> decode_cases() {
   // token runs.
   cases.push_back({"slots_4bit_renorm_hk8_large_values", p4, 64, 8, 128, 16, random_lengths(6, 3000, 26), 0, true,
                    DType::bf16, 10000.0f, CacheOrder::token_slots, true});
-  cases.push_back({"slots_k8v4_hk8_large_values",
-                   Preset::turboquant_k8v4,
-                   64,
-                   8,
-                   128,
-                   16,
-                   {2500, 17, 900},
-                   0,
-                   false,
-                   DType::f16,
-                   10000.0f,
-                   CacheOrder::token_slots,
-                   false});
-  cases.push_back({"slots_k3v4_renorm_hk2_large_values",
-                   Preset::turboquant_k3v4_nc,
-                   16,
-                   2,
-                   128,
-                   16,
-                   {2000, 333},
-                   0,
-                   false,
-                   DType::bf16,
-                   10000.0f,
-                   CacheOrder::token_slots,
-                   true});
+  cases.push_back({"slots_k8v4_hk8_large_values", Preset::turboquant_k8v4, 64, 8, 128, 16, {2500, 17, 900}, 0,
+                   false, DType::f16, 10000.0f, CacheOrder::token_slots, false});
+  cases.push_back({"slots_k3v4_renorm_hk2_large_values", Preset::turboquant_k3v4_nc, 16, 2, 128, 16, {2000, 333}, 0,
+                   false, DType::bf16, 10000.0f, CacheOrder::token_slots, true});
   // Length-balanced partitions over slots: one long sequence beside short
   // and empty ones, one kv head per CTA (4-bit) and whole token rows (fp8).
   cases.push_back({"slots_4bit_renorm_hk2_b16_one_long", p4, 16, 2, 128, 16,
