@@ -86,7 +86,6 @@ inline constexpr int kFields = 3;       ///< norm, value scale, value zero
 inline constexpr int kValueRows = 136;  ///< V'^T: 128 dims, the zeros, the ones, padding to N = 136
 inline constexpr int kZeroRow = 128;
 inline constexpr int kOnesRow = 129;
-inline constexpr std::uint32_t kHalfOnePair = 0x3c003c00u;  ///< fp16 (1, 1)
 /// Value scales past this would let code x scale overflow fp16: the largest fp16 whose 15-fold is finite.
 inline constexpr float kMaxValueScale = 4364.0f;
 static_assert(15.0f * kMaxValueScale <= 65504.0f && 15.0f * (kMaxValueScale + 4.0f) > 65504.0f);
@@ -390,7 +389,7 @@ __device__ __forceinline__ void dequantize_tile(const std::uint8_t* table, const
     const std::uint32_t zero_words[4] = {zeros.x, zeros.y, zeros.z, zeros.w};
     std::uint32_t scale_pair[4] = {}, zero_pair[4], one_pair[4];
 #pragma unroll
-    for (int p = 0; p < 4; ++p) zero_pair[p] = zero_words[p] & keep_pair(8 * half + 2 * p), one_pair[p] = kHalfOnePair;
+    for (int p = 0; p < 4; ++p) zero_pair[p] = zero_words[p] & keep_pair(8 * half + 2 * p), one_pair[p] = kHalfOnes;
     if constexpr (!ScaledProbabilities) {
       const uint4 scales = *reinterpret_cast<const uint4*>(fields + 32 + 16 * half);
       const std::uint32_t scale_words[4] = {scales.x, scales.y, scales.z, scales.w};
