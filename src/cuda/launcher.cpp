@@ -123,7 +123,8 @@ LaunchPlan make_plan(const DecodeArgs& args, PathRequest request, const cuda::De
   }
   const bool warp_specialized_by_default =
       request == PathRequest::automatic && not_hopper.empty() &&
-      cuda::warp_specialized_automatic(DecodePath::hopper, args.layout, args.varlen(), rows_per_head);
+      cuda::warp_specialized_automatic(DecodePath::hopper, args.layout, args.varlen(), rows_per_head, args.batch,
+                                       device.sm_count);
   if (request == PathRequest::hopper_warp_specialized || warp_specialized_by_default) {
     TQ_REQUIRE(not_hopper.empty(), "path",
                "the warp-specialized kernel runs on the Hopper path, which cannot serve this call: " + not_hopper);

@@ -93,8 +93,12 @@ bool warp_specialized_serves(DecodePath path, const CacheLayout& layout, bool va
          (!layout.token_slots() || token_slots_box_copies(layout)) && rows_per_head > 2 * kHeadsPerTile;
 }
 
-bool warp_specialized_automatic(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head) {
-  return warp_specialized_serves(path, layout, varlen, rows_per_head) && rows_per_head > kWarpSpecializedAutomaticPast;
+bool warp_specialized_automatic(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head, int batch,
+                                int sm_count) {
+  if (!warp_specialized_serves(path, layout, varlen, rows_per_head)) return false;
+  if (rows_per_head > kWarpSpecializedAutomaticPast) return true;
+  return layout.token_slots() && layout.renormalize_keys &&
+         static_cast<long long>(batch) * layout.num_kv_heads >= kGoodWaveUtilization * sm_count;
 }
 
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table, int head_dim) {

@@ -114,8 +114,15 @@ bool warp_specialized_serves(DecodePath path, const CacheLayout& layout, bool va
 /// (docs/PERFORMANCE.md: 1.3x faster at 64 rows, 1.3-1.7x past). A 64-row
 /// CTA costs about the same at any of its rows (the producers' dequantization
 /// and the consumers' 64-row products), so at 32 rows and below the row
-/// tiles, which do work for 32, keep the call (1.5x faster there).
-bool warp_specialized_automatic(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head);
+/// tiles, which do work for 32, keep the call (1.5x faster there), but for
+/// the token_slots order with norm correction where the batch's (sequence,
+/// kv head) pairs fill a wave (`batch` x Hk CTAs of one partition on
+/// `sm_count` SMs): its row tiles hold 16 rows (four head tiles are the
+/// blocks order's), so 17-32 rows read each token twice, and the
+/// warp-specialized kernel measured faster there; on smaller grids, and
+/// without norm correction, it did not (docs/PERFORMANCE.md).
+bool warp_specialized_automatic(DecodePath path, const CacheLayout& layout, bool varlen, int rows_per_head, int batch,
+                                int sm_count);
 
 /// Whether this build has the warp-specialized kernel's sm_90a code
 /// (CMAKE_CUDA_ARCHITECTURES with 90a).

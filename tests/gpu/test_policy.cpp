@@ -290,25 +290,42 @@ TEST(PartitionPolicy, WarpSpecializedKernelServesManyRowsOf4BitKeys) {
 
 // The automatic path takes the warp-specialized kernel where it serves more
 // rows per kv head than one four-head-tile CTA holds (32); at 32 rows and
-// below the row tiles measure faster.
+// below the row tiles measure faster, but for the token_slots order with
+// norm correction on grids whose (sequence, kv head) pairs fill a wave.
 TEST(PartitionPolicy, AutomaticPathTakesTheWarpSpecializedKernelPast32Rows) {
+  constexpr int kSms = 132;
+  const auto automatic = [](const CacheLayout& layout, bool varlen, int rows, int batch = 16,
+                            DecodePath path = DecodePath::hopper) {
+    return warp_specialized_automatic(path, layout, varlen, rows, batch, kSms);
+  };
   const CacheLayout blocks = make_layout(Preset::turboquant_4bit_nc, 128, 16, 8);
   for (const int rows : {17, 24, 32}) {  // q_len 3-4 at group 8, 2 at group 16
-    EXPECT_FALSE(warp_specialized_automatic(DecodePath::hopper, blocks, true, rows)) << rows;
+    EXPECT_FALSE(automatic(blocks, true, rows)) << rows;
+    EXPECT_FALSE(automatic(blocks, true, rows, 64)) << rows;
   }
   for (const int rows : {33, 40, 48, 64, 65, 80, 128, 1024}) {  // q_len 5-8 and 9 at group 8, 5 at group 16, chunks
-    EXPECT_EQ(warp_specialized_automatic(DecodePath::hopper, blocks, true, rows), warp_specialized_built()) << rows;
+    EXPECT_EQ(automatic(blocks, true, rows), warp_specialized_built()) << rows;
+    EXPECT_EQ(automatic(blocks, true, rows, 1), warp_specialized_built()) << rows;
   }
-  EXPECT_FALSE(warp_specialized_automatic(DecodePath::hopper, blocks, false, 128));  // one token per sequence
-  EXPECT_FALSE(warp_specialized_automatic(DecodePath::cuda_generic, blocks, true, 128));
-  EXPECT_FALSE(
-      warp_specialized_automatic(DecodePath::hopper, make_layout(Preset::turboquant_k8v4, 128, 16, 8), true, 128));
-  // vLLM's token_slots rows of 8 kv heads (bulk copies) as the blocks order; rows of 4 (536 bytes) keep the row tiles.
+  EXPECT_FALSE(automatic(blocks, false, 128));  // one token per sequence
+  EXPECT_FALSE(automatic(blocks, true, 128, 16, DecodePath::cuda_generic));
+  EXPECT_FALSE(automatic(make_layout(Preset::turboquant_k8v4, 128, 16, 8), true, 128));
+  // vLLM's token_slots rows of 8 kv heads (bulk copies) as the blocks order past 32 rows; rows of 4 (536 bytes) keep
+  // the row tiles.
   const CacheLayout slots = make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 8, true);
-  EXPECT_FALSE(warp_specialized_automatic(DecodePath::hopper, slots, true, 32));
-  EXPECT_EQ(warp_specialized_automatic(DecodePath::hopper, slots, true, 128), warp_specialized_built());
-  EXPECT_FALSE(warp_specialized_automatic(
-      DecodePath::hopper, make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 4, true), true, 128));
+  EXPECT_EQ(automatic(slots, true, 128, 1), warp_specialized_built());
+  EXPECT_FALSE(automatic(make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 4, true), true, 128));
+  // 17-32 rows over token_slots with norm correction: where batch x Hk CTAs fill a wave (16 x 8 = 128 of 132 SMs at
+  // 95 %), not on smaller grids, nor without norm correction.
+  const CacheLayout raw_slots = make_token_slots_layout(Preset::turboquant_4bit_nc, 128, 16, 8, false);
+  for (const int rows : {17, 24, 32}) {
+    EXPECT_EQ(automatic(slots, true, rows, 16), warp_specialized_built()) << rows;
+    EXPECT_EQ(automatic(slots, true, rows, 64), warp_specialized_built()) << rows;
+    EXPECT_FALSE(automatic(slots, true, rows, 15)) << rows;
+    EXPECT_FALSE(automatic(slots, true, rows, 8)) << rows;
+    EXPECT_FALSE(automatic(raw_slots, true, rows, 64)) << rows;
+  }
+  EXPECT_FALSE(automatic(slots, true, 16, 64));  // two head tiles' rows: the row tiles read each token once
 }
 
 // The benchmark shapes (Hq 64, Hk 8 unless stated): the wide shape with one

@@ -183,9 +183,11 @@ TEST_P(VarlenGpu, MatchesCpuReferenceOnSameCacheBytes) {
   EXPECT_EQ(plan.generic_kernel, one_token_plan.generic_kernel) << plan.reason;
   if (c.name.ends_with("_rows") && plan.path == DecodePath::hopper) EXPECT_EQ(plan.kv_heads_per_cta, 8) << plan.reason;
   if (plan.path == DecodePath::hopper) {
-    // More than 32 rows per kv head: the warp-specialized kernel (where built); the Hopper request keeps the row tiles.
-    EXPECT_EQ(plan.warp_specialized, cuda::warp_specialized_automatic(DecodePath::hopper, device.args().layout, true,
-                                                                      cuda::tensor_core_rows_per_head(device.args())))
+    // The warp-specialized kernel where the policy takes it (where built); the Hopper request keeps the row tiles.
+    EXPECT_EQ(plan.warp_specialized,
+              cuda::warp_specialized_automatic(DecodePath::hopper, device.args().layout, true,
+                                               cuda::tensor_core_rows_per_head(device.args()), device.args().batch,
+                                               cuda::current_device_info().sm_count))
         << plan.reason;
     const LaunchPlan row_tiles = plan_decode(device.args(), PathRequest::hopper);
     EXPECT_FALSE(row_tiles.warp_specialized) << row_tiles.reason;
