@@ -67,6 +67,9 @@ int choose_num_partitions(int batch, int num_kv_heads, int max_context_tokens, i
   return static_cast<int>(best);
 }
 
+/// Whether `ctas` CTAs of one per SM fill a wave of `sm_count` SMs (kGoodWaveUtilization).
+static bool fills_a_wave(long long ctas, int sm_count) { return ctas >= kGoodWaveUtilization * sm_count; }
+
 bool wide_table_kernel(Preset preset, int head_dim) { return preset == Preset::turboquant_4bit_nc && head_dim == 128; }
 
 bool tensor_core_four_head_tiles(DecodePath path, const CacheLayout& layout, int rows_per_head, int batch,
@@ -76,7 +79,7 @@ bool tensor_core_four_head_tiles(DecodePath path, const CacheLayout& layout, int
     return false;
   }
   const long long ctas = static_cast<long long>(batch) * layout.num_kv_heads * tensor_core_row_tiles(rows_per_head, 4);
-  return ctas >= kGoodWaveUtilization * sm_count;
+  return fills_a_wave(ctas, sm_count);
 }
 
 bool warp_specialized_built() {
@@ -98,7 +101,7 @@ bool warp_specialized_automatic(DecodePath path, const CacheLayout& layout, bool
   if (!warp_specialized_serves(path, layout, varlen, rows_per_head)) return false;
   if (rows_per_head > kWarpSpecializedAutomaticPast) return true;
   return layout.token_slots() && layout.renormalize_keys &&
-         static_cast<long long>(batch) * layout.num_kv_heads >= kGoodWaveUtilization * sm_count;
+         fills_a_wave(static_cast<long long>(batch) * layout.num_kv_heads, sm_count);
 }
 
 int resident_ctas_per_sm(DecodePath path, Preset preset, int group_size, bool wide_table, int head_dim) {
@@ -134,7 +137,7 @@ GridChoice choose_grid(DecodePath path, Preset preset, int group_size, int batch
     const int partitions = choose_num_partitions(batch, num_kv_heads / heads_per_cta, max_context_tokens, sm_count,
                                                  resident(false, heads_per_cta, runs));
     const long long ctas = static_cast<long long>(batch) * (num_kv_heads / heads_per_cta) * partitions;
-    if (ctas >= kGoodWaveUtilization * sm_count && max_context_tokens / partitions >= kRowsMinStreamTokens) {
+    if (fills_a_wave(ctas, sm_count) && max_context_tokens / partitions >= kRowsMinStreamTokens) {
       return {partitions, false, heads_per_cta, runs};
     }
   }
