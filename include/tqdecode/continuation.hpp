@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "tqdecode/decode_args.hpp"
+
 struct CUstream_st;
 
 namespace tqdecode {
@@ -32,5 +34,24 @@ void continuation_route(const std::int32_t* seq_lens, int rows, std::int64_t cap
 
 /// The same route from host memory (the CPU path, and the device route's reference).
 void continuation_route_host(const std::int32_t* seq_lens, int rows, std::int64_t capacity, std::int32_t* route);
+
+/// The two calls of a route: `rows` is a single-token decode of rows whose
+/// block-table rows are all its first row (`rows.block_table`), and `route`
+/// the route continuation_route wrote for rows.seq_lens (memory of the same
+/// kind as the call's other pointers).
+struct ContinuationCalls {
+  DecodeArgs per_row;  ///< `rows` with the route's per-row lengths
+  DecodeArgs chunk;    ///< one sequence of rows.batch tokens at most over the first table row (varlen)
+};
+
+/// The calls that serve `rows` through `route`; run per_row, then chunk, on
+/// one stream. Throws Error naming the argument where `rows` has
+/// query_start_loc set, no rows, or more than kMaxQueryLen.
+ContinuationCalls continuation_calls(const DecodeArgs& rows, const std::int32_t* route);
+
+/// The positions a route's rows may reach: the shared table row's blocks.
+inline std::int64_t continuation_capacity(const DecodeArgs& rows) {
+  return std::int64_t(rows.max_blocks_per_seq) * rows.layout.block_size;
+}
 
 }  // namespace tqdecode

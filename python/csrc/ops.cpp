@@ -370,6 +370,17 @@ void set_output(tqdecode::DecodeArgs& args, const Tensor& out, const Tensor& que
   args.output_stride_head = out.stride(1);
 }
 
+// A single-token call of rows whose block-table rows are one row (vLLM's
+// continuation chunk: the request's row expanded), checked, output set.
+DecodeCall continuation_rows_call(const DecodeInputs& in, const Tensor& out) {
+  DecodeCall call = decode_call(in);
+  TQ_REQUIRE(in.block_table.size(0) == 1 || in.block_table.stride(0) == 0, "block_table",
+             "rows are not one row (stride(0) = " + std::to_string(in.block_table.stride(0)) +
+                 "); accepted: one table row for every query row, [1, max_blocks_per_seq] expanded (stride(0) == 0)");
+  set_output(call.args, out, in.query);
+  return call;
+}
+
 // plan_decode reads no tensor memory; a non-null output satisfies its check
 // that an output exists (the same placeholder the launcher uses).
 void* const kPlanningOutput = reinterpret_cast<void*>(std::uintptr_t{1});
@@ -435,6 +446,21 @@ Tensor varlen_decode_cpu(TQ_VARLEN_PARAMS) {
   Tensor out = at::empty(query.sizes(), query.options());
   decode_into_cpu(TQ_VARLEN_INPUTS, out);
   return out;
+}
+
+// The rows as one varlen call where they are one request's consecutive
+// positions (tqdecode/continuation.hpp), else as rows: on the host the route
+// is read here, so only the call that writes the rows runs.
+void continuation_decode_out_cpu(TQ_DECODE_PARAMS, Tensor& out) {
+  translating_errors([&] {
+    const DecodeCall call = continuation_rows_call(TQ_DECODE_INPUTS, out);
+    const int rows = call.args.batch;
+    std::vector<std::int32_t> route(tqdecode::continuation_route_size(rows));
+    tqdecode::continuation_route_host(call.args.seq_lens, rows, tqdecode::continuation_capacity(call.args),
+                                      route.data());
+    const tqdecode::ContinuationCalls calls = tqdecode::continuation_calls(call.args, route.data());
+    tqdecode::decode_cpu(route[rows + 1] > 0 ? calls.chunk : call.args);
+  });
 }
 
 // ---- store -------------------------------------------------------------------
@@ -723,6 +749,28 @@ Tensor continuation_route_cuda(const Tensor& seq_lens, int64_t capacity) {
   });
 }
 
+// The same on the device, without a synchronisation: the route's kernel, the
+// per-row call (every length 0 where the rows are one chunk), then the chunk's
+// varlen call (no token where they are not), in one op so that an eager call
+// pays one dispatch.
+void continuation_decode_out_cuda(TQ_DECODE_PARAMS, Tensor& out) {
+  translating_errors([&] {
+    const c10::cuda::CUDAGuard guard(query.device());
+    const DecodeCall call = continuation_rows_call(TQ_DECODE_INPUTS, out);
+    const int rows = call.args.batch;
+    Tensor route = at::empty({tqdecode::continuation_route_size(rows)}, seq_lens.options());
+    const tqdecode::ContinuationCalls calls = tqdecode::continuation_calls(call.args, route.data_ptr<std::int32_t>());
+    tqdecode::validate_decode_shapes(calls.per_row);
+    tqdecode::validate_decode_shapes(calls.chunk);
+    CUstream_st* const stream = current_stream(query.device());
+    const auto workspace = workspaces().for_device(query.device().index());
+    tqdecode::continuation_route(call.args.seq_lens, rows, tqdecode::continuation_capacity(call.args),
+                                 route.data_ptr<std::int32_t>(), stream);
+    tqdecode::decode(calls.per_row, *workspace, stream);
+    tqdecode::decode(calls.chunk, *workspace, stream);
+  });
+}
+
 void varlen_decode_out_cuda(TQ_VARLEN_PARAMS, Tensor& out) { decode_into_cuda(TQ_VARLEN_INPUTS, out); }
 
 Tensor varlen_decode_cuda(TQ_VARLEN_PARAMS) {
@@ -841,6 +889,7 @@ TORCH_LIBRARY(tqdecode, m) {
       "make_model_constants(str preset, int head_dim, int seed=0, str rotation=\"hadamard\") "
       "-> (Tensor centroids, Tensor Pi, Tensor PiT)");
   m.def("continuation_route(Tensor seq_lens, int capacity) -> Tensor");
+  m.def("continuation_decode_out(" TQ_DECODE_SCHEMA_ARGS ", *, Tensor(a!) out) -> ()");
   m.def("cache_layout(str preset, int head_dim, int block_size, int num_kv_heads, str cache_order=\"blocks\") -> int[]");
   m.def("is_available() -> bool");
   m.def("runs_on_device(int device) -> bool");
@@ -866,6 +915,7 @@ TORCH_LIBRARY_IMPL(tqdecode, CPU, m) {
   m.impl("varlen_decode", &tqdecode_torch::varlen_decode_cpu);
   m.impl("varlen_decode_out", &tqdecode_torch::varlen_decode_out_cpu);
   m.impl("continuation_route", &tqdecode_torch::continuation_route_cpu);
+  m.impl("continuation_decode_out", &tqdecode_torch::continuation_decode_out_cpu);
 }
 
 #if defined(TQDECODE_WITH_CUDA)
@@ -877,6 +927,7 @@ TORCH_LIBRARY_IMPL(tqdecode, CUDA, m) {
   m.impl("varlen_decode", &tqdecode_torch::varlen_decode_cuda);
   m.impl("varlen_decode_out", &tqdecode_torch::varlen_decode_out_cuda);
   m.impl("continuation_route", &tqdecode_torch::continuation_route_cuda);
+  m.impl("continuation_decode_out", &tqdecode_torch::continuation_decode_out_cuda);
 }
 #endif
 

@@ -134,7 +134,7 @@ def errors(got, expected):
 class RecordedOps:
     """The ops tqdecode calls, each call recorded as (name, arguments) in `calls` before it runs."""
 
-    ROUTED = ("decode", "decode_out", "varlen_decode_out", "continuation_route")
+    ROUTED = ("decode", "decode_out", "varlen_decode_out", "continuation_route", "continuation_decode_out")
 
     def __init__(self, ops):
         self._ops = ops
@@ -257,29 +257,23 @@ class TokenSlotsTest(unittest.TestCase):
         self.assertEqual(route.shape[0], rows + 3)
         return int(route[rows + 1]) == rows
 
-    def check_routed(self, recorded, call, chunk):
-        """What the engine function called for rows over one expanded table row: the route, then on the CPU one of
-        the rows' call (their own lengths) and the varlen call, on CUDA both: the rows' call with every length 0 and
-        the varlen call of the rows as the request's last tokens for a chunk, else the rows' own lengths and a varlen
-        call of no tokens."""
-        query, lengths = call[0], call[3].cpu()
-        rows = query.shape[0]
-        calls = recorded.routed()
-        names = [name for name, _ in calls]
-        if query.is_cuda:
-            self.assertEqual(names, ["continuation_route", "decode_out", "varlen_decode_out"])
+    def check_routed(self, recorded, call, kwargs, got, chunk):
+        """Rows over one expanded table row take one op, continuation_decode_out, whose result is, bitwise, the
+        varlen call's of the rows as the request's last tokens where they are one chunk, else the rows' own call's
+        (on CUDA both calls run, the rows' with every length 0 for a chunk, the varlen one with no token
+        otherwise; on the CPU only the one that writes the rows)."""
+        self.assertEqual([name for name, _ in recorded.routed()], ["continuation_decode_out"])
+        query, kv_cache, block_table, lengths = call[:4]
+        if chunk:
+            rows = query.shape[0]
+            Pi, centroids, scale, key_bits, _, value_bits = call[4:10]
+            starts = torch.tensor([0, rows], dtype=torch.int32, device=query.device)
+            expected = tqdecode.varlen_decode_attention(query, kv_cache, block_table[:1], lengths[-1:], starts, Pi,
+                                                        centroids, scale, key_bits, value_bits, max_query_len=rows,
+                                                        cache_order="token_slots", **kwargs)
         else:
-            self.assertEqual(names, ["continuation_route", "varlen_decode_out" if chunk else "decode_out"])
-        by_name = dict(calls)
-        if "decode_out" in by_name:
-            rows_lengths = by_name["decode_out"][3].cpu()
-            self.assertTrue(torch.equal(rows_lengths, torch.zeros_like(lengths) if chunk else lengths))
-        if "varlen_decode_out" in by_name:
-            varlen = by_name["varlen_decode_out"]
-            self.assertEqual(varlen[4].cpu().tolist(), [0, rows] if chunk else [0, 0])  # query_start_loc
-            if chunk:
-                self.assertEqual(varlen[3].cpu().tolist(), [int(lengths[-1])])  # the request's length
-                self.assertEqual(varlen[2].shape[0], 1)  # its table row
+            expected = tqdecode.token_slots_decode_attention(*call[:2], block_table.contiguous(), *call[3:], **kwargs)
+        self.assertTrue(torch.equal(got, expected))
 
     def check_continuation(self, device):
         call, kwargs = self.continuation(device)
@@ -288,7 +282,7 @@ class TokenSlotsTest(unittest.TestCase):
         as_rows = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
         with recording_ops() as recorded:
             got = tqdecode.token_slots_decode_attention(*call, **kwargs)
-        self.check_routed(recorded, call, chunk=True)
+        self.check_routed(recorded, call, kwargs, got, chunk=True)
         cosine, relative = errors(got, as_rows)
         print(f"continuation chunk {device}: one varlen call against rows: cosine {cosine:.8f}, relative L2 {relative:.2e}")
         self.assertGreater(cosine, 0.99999)
@@ -322,9 +316,10 @@ class TokenSlotsTest(unittest.TestCase):
                 self.assertFalse(tqdecode._continuation_candidate(call[0], call[2]))
             expected = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
             with recording_ops() as recorded:
-                self.assertTrue(torch.equal(tqdecode.token_slots_decode_attention(*call, **kwargs), expected))
+                got = tqdecode.token_slots_decode_attention(*call, **kwargs)
+            self.assertTrue(torch.equal(got, expected))
             if rows >= tqdecode.CONTINUATION_MIN_ROWS:
-                self.check_routed(recorded, call, chunk=False)
+                self.check_routed(recorded, call, kwargs, got, chunk=False)
             else:
                 self.assertEqual([name for name, _ in recorded.routed()], ["decode"])
 
@@ -399,8 +394,8 @@ class TokenSlotsTest(unittest.TestCase):
             self.assertLess(relative, 2e-3)
 
     def check_continuation_compiled(self, device):
-        """The engine function over a chunk's rows under torch.compile(fullgraph=True) gives the eager result (on
-        CUDA the route runs in the graph; on the CPU, whose route is read on the host, the rows' call)."""
+        """The engine function over a chunk's rows under torch.compile(fullgraph=True) gives the eager result (the
+        continuation_decode_out op in the graph; on the CPU it reads its route on the host when it runs)."""
         torch._dynamo.reset()
         call, kwargs = self.continuation(device, 12)
         decode = lambda *args: tqdecode.token_slots_decode_attention(*args, **kwargs)  # noqa: E731

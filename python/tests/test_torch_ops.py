@@ -811,6 +811,9 @@ class OpCheckTest(unittest.TestCase):
             (ops.make_model_constants.default, ("turboquant_3bit_nc", 64, 3, "dense"), {}),
             (ops.cache_layout.default, ("turboquant_k8v4", 128, 16, 2), {}),
             (ops.continuation_route.default, (torch.arange(3, 9, dtype=torch.int32, device=c.query.device), 16), {}),
+            # One row (opcheck clones its inputs, so an expanded table would reach the op as distinct rows).
+            (ops.continuation_decode_out.default, (c.query[:1], c.kv_cache, c.block_table[:1], c.seq_lens[:1],
+                                                   *decode_args[4:]), {"out": torch.empty_like(c.query[:1])}),
             (ops.is_available.default, (), {}),
             (ops.runs_on_device.default, (0,), {}),
             (ops.version.default, (), {}),

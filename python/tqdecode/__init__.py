@@ -292,25 +292,22 @@ def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cent
 # vLLM sends a request's continuation chunk of q tokens as q rows with seq_lens
 # s, s + 1, ..., s + q - 1 and the request's block-table row expanded to q
 # rows (stride 0). Rows read the cache once each; one varlen call reads it
-# once for all of them (docs/VLLM.md). The stride marks the candidates; whether
-# the lengths rise by one is decided on the device (the continuation_route
-# op), without a synchronisation, so the route also runs under CUDA-graph
-# capture and torch.compile: the rows' call runs with every length 0 where
-# they are a chunk (zero outputs), then the chunk's varlen call with no token
-# where they are not. From this many rows the route repays its extra
-# launches on long contexts many times over; on short ones (a few thousand
-# positions) it costs more than it saves below a few dozen rows (docs/VLLM.md
-# has the measurements).
+# once for all of them (docs/VLLM.md). The stride marks the candidates, which
+# go to the continuation_decode_out op: whether the lengths rise by one is
+# decided on the device, without a synchronisation, so the route also runs
+# under CUDA-graph capture and torch.compile: the rows' call runs with every
+# length 0 where they are a chunk (zero outputs), then the chunk's varlen call
+# with no token where they are not. From this many rows the route repays its
+# extra launches on long contexts many times over; on short ones (a few
+# thousand positions) it costs more than it saves below a few dozen rows
+# (docs/VLLM.md has the measurements).
 CONTINUATION_MIN_ROWS = 8
 _MAX_QUERY_LEN = 1 << 16  # tqdecode::kMaxQueryLen: the most query tokens a varlen call gives one sequence
 
 
 def _continuation_candidate(query, block_table) -> bool:
     """Whether these rows may be one request's chunk: enough of them over one
-    block-table row repeated with stride 0 (on the CPU, whose route is read on
-    the host, not under torch.compile)."""
-    if not query.is_cuda and torch.compiler.is_compiling():
-        return False
+    block-table row repeated with stride 0."""
     return (CONTINUATION_MIN_ROWS <= query.shape[0] <= _MAX_QUERY_LEN and block_table.dim() == 2
             and block_table.stride(0) == 0)
 
@@ -349,9 +346,9 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
     out = None
     if (isinstance(output_buf, torch.Tensor) and output_buf.dim() == 3 and output_buf.dtype == query.dtype
             and output_buf.device == query.device and output_buf.shape[0] >= batch and output_buf.shape[1] >= heads
-            and output_buf.shape[2] >= head_dim and output_buf.stride(2) == 1
-            and elements_distinct(output_buf[:batch, :heads, :head_dim])):
-        out = output_buf[:batch, :heads, :head_dim]
+            and output_buf.shape[2] >= head_dim and output_buf.stride(2) == 1):
+        rows = output_buf[:batch, :heads, :head_dim]
+        out = rows if elements_distinct(rows) else None
     if not _continuation_candidate(query, block_table):
         if out is None:
             return ops.decode(*args)
@@ -359,18 +356,7 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
         return out
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    # A candidate: the rows' call, or one varlen call of the rows as a sequence's last `batch` tokens (the route).
-    route = ops.continuation_route(args[3].contiguous(), block_table.shape[1] * kv_cache.shape[1])
-    rows_args = (*args[:3], route[:batch], *args[4:])
-    chunk_args = (*args[:2], block_table[:1], route[batch + 2:], route[batch:batch + 2], batch, *args[4:])
-    if not query.is_cuda:  # the route is host memory: one of the two calls
-        if bool(route[batch + 1]):
-            ops.varlen_decode_out(*chunk_args, out=out)
-        else:
-            ops.decode_out(*args, out=out)
-        return out
-    ops.decode_out(*rows_args, out=out)
-    ops.varlen_decode_out(*chunk_args, out=out)
+    ops.continuation_decode_out(*args, out=out)
     return out
 
 

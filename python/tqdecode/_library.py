@@ -42,6 +42,8 @@ def elements_distinct(tensor) -> bool:
     """Whether no two elements share memory: ordered by stride, each dimension
     of several elements steps past the extent of those inside it (the C++
     ops' rule; true of every dense, padded or permuted layout)."""
+    if tensor.is_contiguous():  # the common case, without the Python loop
+        return True
     extent = 1
     for stride, size in sorted((tensor.stride(dim), size) for dim, size in enumerate(tensor.shape) if size > 1):
         if stride < extent:
@@ -175,6 +177,14 @@ def _varlen_decode_out_fake(query, kv_cache, block_table, seq_lens, query_start_
                             scale, mse_bits, value_quant_bits, key_fp8=False, sinks=None, constants_stable=True,
                             cache_order="blocks", norm_correction=False, *, out):
     check_decode(query, kv_cache, block_table, seq_lens, sinks, query_start_loc)
+    check_output(out, query, "out")
+
+
+@torch.library.register_fake("tqdecode::continuation_decode_out")
+def _continuation_decode_out_fake(query, kv_cache, block_table, seq_lens, centroids, PiT, scale, mse_bits,
+                                  value_quant_bits, key_fp8=False, sinks=None, constants_stable=True,
+                                  cache_order="blocks", norm_correction=False, *, out):
+    check_decode(query, kv_cache, block_table, seq_lens, sinks)
     check_output(out, query, "out")
 
 
