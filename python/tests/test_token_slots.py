@@ -366,8 +366,8 @@ class TokenSlotsTest(unittest.TestCase):
             expected = tqdecode.token_slots_decode_attention(*call[:2], call[2].contiguous(), *call[3:], **kwargs)
             with recording_ops() as recorded:
                 got = tqdecode.token_slots_decode_attention(*call, **kwargs)
-            self.check_routed(recorded, call, chunk=False)
             self.assertTrue(torch.equal(got, expected), f"{rows} rows, lengths {lengths[:4].tolist()}...")
+            self.check_routed(recorded, call, kwargs, got, chunk=False)
 
     @requires_cuda
     def test_continuation_route_in_a_cuda_graph(self):
