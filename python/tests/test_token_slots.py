@@ -425,6 +425,16 @@ class TokenSlotsTest(unittest.TestCase):
         call, kwargs = self.continuation("cpu", lengths=torch.arange(191, 231, dtype=torch.int32))
         with self.assertRaisesRegex(ValueError, r"tqdecode: block_table\[18\]\[13\]: -1 is out of range"):
             tqdecode.token_slots_decode_attention(*call, **kwargs)
+        # The continuation op serves rows over one table row only: distinct rows are refused, nothing written.
+        query, kv_cache, table, lengths = call[:4]
+        distinct_rows = table.contiguous()
+        distinct_rows[1:, 0] = 3
+        out = torch.full(query.shape, float("nan"), dtype=query.dtype)
+        args = tqdecode._op_args(query, kv_cache, distinct_rows, lengths, call[4], call[5], call[6], call[7], call[9],
+                                 False, None, None, None, cache_order="token_slots", norm_correction=True)
+        with self.assertRaisesRegex(ValueError, r"tqdecode: block_table: rows are not one row \(stride\(0\) = 14\)"):
+            tqdecode.ops.continuation_decode_out(*args, out=out)
+        self.assertTrue(bool(torch.isnan(out).all()))
         with self.assertRaisesRegex(ValueError, "tqdecode: cache_order"):
             tqdecode.store(case.key, case.value, case.kv_cache, case.slot_mapping, case.Pi, case.centroids,
                            case.preset, cache_order="interleaved")
