@@ -706,9 +706,18 @@ CUstream_st* current_stream(const at::Device& device) {
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
 }
 
+// The CUDA ops run where any tensor argument is on a CUDA device: the query's
+// device is the call's (decode_call checks the others against it).
+at::Device cuda_call_device(const Tensor& query) {
+  TQ_REQUIRE(query.is_cuda(), "query",
+             "is on " + query.device().str() + " while another tensor of the call is on a CUDA device; every tensor "
+             "of the call must be on one device");
+  return query.device();
+}
+
 void decode_into_cuda(const DecodeInputs& in, Tensor& out) {
   translating_errors([&] {
-    const c10::cuda::CUDAGuard guard(in.query.device());
+    const c10::cuda::CUDAGuard guard(cuda_call_device(in.query));
     DecodeCall call = decode_call(in);
     set_output(call.args, out, in.query);
     const auto workspace = workspaces().for_device(in.query.device().index());
@@ -729,7 +738,7 @@ Tensor decode_cuda(TQ_DECODE_PARAMS) {
 
 std::tuple<std::string, std::string> decode_path_cuda(TQ_DECODE_PARAMS) {
   return translating_errors([&] {
-    const c10::cuda::CUDAGuard guard(query.device());
+    const c10::cuda::CUDAGuard guard(cuda_call_device(query));
     DecodeCall call = decode_call(TQ_DECODE_INPUTS);
     call.args.output = kPlanningOutput;
     tqdecode::PathChoice choice = tqdecode::choose_decode_path(call.args);
@@ -755,7 +764,7 @@ Tensor continuation_route_cuda(const Tensor& seq_lens, int64_t capacity) {
 // pays one dispatch.
 void continuation_decode_out_cuda(TQ_DECODE_PARAMS, Tensor& out) {
   translating_errors([&] {
-    const c10::cuda::CUDAGuard guard(query.device());
+    const c10::cuda::CUDAGuard guard(cuda_call_device(query));
     const DecodeCall call = continuation_rows_call(TQ_DECODE_INPUTS, out);
     const int rows = call.args.batch;
     Tensor route = at::empty({tqdecode::continuation_route_size(rows)}, seq_lens.options());

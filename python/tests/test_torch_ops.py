@@ -596,7 +596,7 @@ class CompileTest(unittest.TestCase):
 
 
 class BadArgumentsTest(unittest.TestCase):
-    """Each bad call raises ValueError naming the argument, before any work."""
+    """Each bad call raises ValueError naming the argument, before anything is written."""
 
     def setUp(self):
         self.case = make_case(CONFIGS[0])

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._library import check_decode, check_is_tensor, check_store, elements_distinct, fail, ops, output_rows
+from ._library import check_is_tensor, check_query, check_store, elements_distinct, fail, ops, output_rows
 
 # The compiled library's version (CMakeLists.txt's project(); the package's metadata takes the same).
 __version__: str = ops.version()
@@ -234,10 +234,13 @@ def _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_b
              buf_holder, sinks, keep_constants=True, cache_order="blocks", norm_correction=False,
              query_start_loc=None):
     """The positional arguments of the decode ops (the varlen ops take
-    query_start_loc and max_query_len after seq_lens), after the cheap checks."""
+    query_start_loc and max_query_len after seq_lens). The ops check every
+    argument before they launch anything (ValueError naming it), so only the
+    query, which the constants' derivation reads, is checked here: an eager
+    call pays for each check once."""
+    check_query(query, query_start_loc is not None)
     if sinks is not None and isinstance(sinks, torch.Tensor):
         sinks = sinks.to(torch.float32).contiguous()  # engines may keep sinks in the model dtype
-    check_decode(query, kv_cache, block_table, seq_lens, sinks, query_start_loc)
     centroids, PiT, stable = _model_constants(query, Pi, centroids, PiT, key_fp8, buf_holder, keep_constants)
     return (query, kv_cache, block_table, seq_lens, centroids, PiT, _number(scale, "scale", float),
             _number(mse_bits, "mse_bits", int), _number(value_quant_bits, "value_quant_bits", int), bool(key_fp8),
@@ -277,7 +280,7 @@ def turboquant_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cent
     decode is the same function either way), ``max_seq_len``, ``mid_o_buf``,
     ``lse_buf`` and ``max_num_kv_splits`` (the launcher sizes its split-KV
     partitions and buffers from the shapes, docs/LAUNCHER.md). Arguments are
-    checked before any work: ValueError names the argument.
+    checked before anything is written: ValueError names the argument.
     """
     del key_packed_size, value_packed_size, norm_correction, max_seq_len, mid_o_buf, lse_buf, max_num_kv_splits
     args = _op_args(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, value_quant_bits, key_fp8,
@@ -336,7 +339,7 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
     distinct rows, and ``output_buf[:B, :Hq, :D]`` is returned; otherwise, as
     vLLM's launcher does, a new tensor is. The other engine arguments
     (``key_packed_size``, ``mid_o_buf``, ``lse_buf``, ``max_num_kv_splits``)
-    are accepted and ignored. Arguments are checked before any work:
+    are accepted and ignored. Arguments are checked before anything is written:
     ValueError names the argument.
     """
     del key_packed_size, mid_o_buf, lse_buf, max_num_kv_splits
@@ -347,7 +350,7 @@ def token_slots_decode_attention(query, kv_cache, block_table, seq_lens, Pi, cen
     if (isinstance(output_buf, torch.Tensor) and output_buf.dim() == 3 and output_buf.dtype == query.dtype
             and output_buf.device == query.device and output_buf.shape[0] >= batch and output_buf.shape[1] >= heads
             and output_buf.shape[2] >= head_dim and output_buf.stride(2) == 1):
-        rows = output_buf[:batch, :heads, :head_dim]
+        rows = output_buf if output_buf.shape == query.shape else output_buf[:batch, :heads, :head_dim]
         out = rows if elements_distinct(rows) else None
     if not _continuation_candidate(query, block_table):
         if out is None:

@@ -69,16 +69,21 @@ def _check_batch(tensor, argument, batch, varlen=False):
         fail(argument, f"size {tensor.shape[0]} in dimension 0 does not match the batch size {source} = {batch}")
 
 
+def check_query(query, varlen=False) -> None:
+    """The query's checks: ``[batch, Hq, D]``, or ``[num_tokens, Hq, D]`` for several tokens per sequence."""
+    check_is_tensor(query, "query")
+    rows = "[num_tokens, num_q_heads, head_dim]" if varlen else "[batch, num_q_heads, head_dim]"
+    _check_tensor(query, "query", (torch.bfloat16, torch.float16), 3, rows, query.device)
+    if query.stride(2) != 1:
+        fail("query", f"the head_dim dimension must have stride 1 (strides {list(query.stride())})")
+
+
 def check_decode(query, kv_cache, block_table, seq_lens, sinks, query_start_loc=None) -> None:
     """The decode checks that need no cache layout; with ``query_start_loc``
     those of several query tokens per sequence (query ``[num_tokens, Hq, D]``,
     batch ``query_start_loc.shape[0] - 1``)."""
-    check_is_tensor(query, "query")
+    check_query(query, query_start_loc is not None)
     device = query.device
-    rows = "[num_tokens, num_q_heads, head_dim]" if query_start_loc is not None else "[batch, num_q_heads, head_dim]"
-    _check_tensor(query, "query", (torch.bfloat16, torch.float16), 3, rows, device)
-    if query.stride(2) != 1:
-        fail("query", f"the head_dim dimension must have stride 1 (strides {list(query.stride())})")
     _check_tensor(kv_cache, "kv_cache", (torch.uint8,), 4, "[num_blocks, block_size, num_kv_heads, slot_bytes]", device)
     _check_tensor(block_table, "block_table", (torch.int32,), 2, "[batch, max_blocks_per_seq]", device)
     _check_tensor(seq_lens, "seq_lens", (torch.int32,), 1, "[batch]", device)
@@ -118,7 +123,7 @@ def output_rows(output_buf, query, argument):
     shape = list(output_buf.shape)
     if shape[1:] not in ([heads, head_dim], [heads * head_dim]) or shape[0] < batch:
         fail(argument, f"shape {shape} is not accepted; {accepted}")
-    rows = output_buf[:batch]
+    rows = output_buf if shape[0] == batch else output_buf[:batch]
     if rows.dim() == 2:
         if rows.stride(1) != 1:
             fail(argument, f"the last dimension must be contiguous (stride {rows.stride(1)}); {accepted}")
