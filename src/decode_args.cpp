@@ -98,6 +98,9 @@ void validate_decode_shapes(const DecodeArgs& args, bool output_required) {
   require_non_negative_stride(args.query_stride_batch, "query_stride_batch");
   require_non_negative_stride(args.query_stride_head, "query_stride_head");
   require_non_negative_stride(args.block_table_stride, "block_table_stride");
+  TQ_REQUIRE(
+      !args.block_table_one_row || args.block_table_stride == 0, "block_table_stride",
+      std::to_string(args.block_table_stride) + " with block_table_one_row; accepted: 0 (every sequence reads row 0)");
   require_non_negative_stride(args.output_stride_batch, "output_stride_batch");
   require_non_negative_stride(args.output_stride_head, "output_stride_head");
   TQ_REQUIRE(std::isfinite(args.scale), "scale",

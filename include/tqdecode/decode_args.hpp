@@ -52,7 +52,11 @@ struct DecodeArgs {
 
   const std::int32_t* block_table = nullptr;  ///< [B, max_blocks_per_seq]
   int max_blocks_per_seq = 0;
-  std::int64_t block_table_stride = 0;
+  std::int64_t block_table_stride = 0;  ///< between rows in elements; 0: max_blocks_per_seq
+  /// Every sequence reads row 0 of block_table: the expanded [B, M] view of
+  /// one row (stride 0) that vLLM passes with a continuation chunk's rows,
+  /// read as it is rather than copied. block_table_stride must be 0.
+  bool block_table_one_row = false;
   /// [B]: context lengths, the new tokens included; 0 gives an all-zero
   /// output row (one token per sequence)
   const std::int32_t* seq_lens = nullptr;
@@ -82,7 +86,10 @@ struct DecodeArgs {
   std::int64_t q_stride_h() const { return query_stride_head ? query_stride_head : layout.head_dim; }
   std::int64_t out_stride_b() const { return output_stride_batch ? output_stride_batch : std::int64_t(num_q_heads) * layout.head_dim; }
   std::int64_t out_stride_h() const { return output_stride_head ? output_stride_head : layout.head_dim; }
-  std::int64_t table_stride() const { return block_table_stride ? block_table_stride : max_blocks_per_seq; }
+  /// Elements between the block-table rows of consecutive sequences (0: one row for all).
+  std::int64_t table_stride() const {
+    return block_table_one_row ? 0 : block_table_stride ? block_table_stride : max_blocks_per_seq;
+  }
 };
 
 /// Whether a strided view (`sizes` and element `strides`, one per dimension)

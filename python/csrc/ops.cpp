@@ -238,18 +238,18 @@ struct DecodeInputs {
   int64_t max_query_len = 0;
 };
 
-// The library's arguments of one call, and the tensors they point into where
-// those are copies (alive for the call).
+// The library's arguments of one call, and the query they point into where
+// that is a copy (alive for the call).
 struct DecodeCall {
   tqdecode::DecodeArgs args;
   Tensor query;
-  Tensor block_table;
 };
 
 // `tensor`, or a contiguous copy where rows repeat: a stride of 0 on a
-// dimension of several elements (an expanded view, as vLLM's block table for
-// a continuation chunk), which the library's element strides cannot express
-// (there 0 means contiguous). The last dimension is contiguous already.
+// dimension of several elements (an expanded view), which the library's
+// element strides cannot express (there 0 means contiguous). The last
+// dimension is contiguous already. Block tables are not copied: an expanded
+// table row is DecodeArgs::block_table_one_row.
 Tensor without_repeated_rows(const Tensor& tensor) {
   for (int64_t dim = 0; dim + 1 < tensor.dim(); ++dim) {
     if (tensor.stride(dim) == 0 && tensor.size(dim) > 1) return tensor.contiguous();
@@ -314,7 +314,6 @@ DecodeCall decode_call(const DecodeInputs& in) {
   check_contiguous(in.seq_lens, "seq_lens");
 
   call.query = without_repeated_rows(query);
-  call.block_table = without_repeated_rows(in.block_table);
   args.query = call.query.data_ptr();
   args.query_dtype = query.scalar_type() == at::kBFloat16 ? tqdecode::DType::bf16 : tqdecode::DType::f16;
   args.batch = static_cast<int>(batch);
@@ -329,9 +328,11 @@ DecodeCall decode_call(const DecodeInputs& in) {
   args.layout = layout;
   args.num_blocks = in.kv_cache.size(0);
   args.cache = in.kv_cache.data_ptr<uint8_t>();
-  args.block_table = call.block_table.data_ptr<int32_t>();
-  args.max_blocks_per_seq = static_cast<int>(call.block_table.size(1));
-  args.block_table_stride = call.block_table.stride(0);
+  args.block_table = in.block_table.data_ptr<int32_t>();
+  args.max_blocks_per_seq = static_cast<int>(in.block_table.size(1));
+  // One row expanded over the batch (vLLM's continuation chunks) is read as it is.
+  args.block_table_one_row = batch > 1 && in.block_table.stride(0) == 0;
+  args.block_table_stride = args.block_table_one_row ? 0 : in.block_table.stride(0);
   args.seq_lens = in.seq_lens.data_ptr<int32_t>();
   args.scale = static_cast<float>(in.scale);
   if (!layout.key_fp8()) {  // fp8 keys are neither rotated nor codebook-quantized: both are ignored

@@ -672,8 +672,7 @@ __device__ __forceinline__ void partitions_body(const PartitionParams& p, const 
   float* weights = reinterpret_cast<float*>(smem + C::kWeightOffset) + warp * C::kTileTokens * kHeads;
   unsigned char* stage = smem + C::kStageOffset + token_group * 2 * C::kTileBytes;
 
-  const std::int64_t table_stride = p.block_table_stride ? p.block_table_stride : p.max_blocks_per_seq;
-  const std::int32_t* block_table_row = p.block_table + b * table_stride;
+  const std::int32_t* block_table_row = p.block_table + b * p.block_table_stride;  // resolved: 0 is one row
   // Widest copy that every record address allows (the record size is a
   // multiple of 8); in the token_slots order, every key and value data
   // address (MSE slots put the value data 2 bytes past a multiple of 8).

@@ -66,7 +66,7 @@ struct PartitionParams {
   CacheLayout layout;
   std::int64_t num_blocks;
   const std::int32_t* block_table;
-  std::int64_t block_table_stride;
+  std::int64_t block_table_stride;  ///< elements, resolved (DecodeArgs::table_stride(); 0: one row for all)
   int max_blocks_per_seq;
   const std::int32_t* seq_lens;
   const float* centroids;
@@ -201,7 +201,7 @@ struct DeviceCheckState {
 struct CheckInputsParams {
   const std::int32_t* seq_lens;
   const std::int32_t* block_table;
-  std::int64_t block_table_stride;  ///< elements, resolved (not 0)
+  std::int64_t block_table_stride;  ///< elements, resolved (DecodeArgs::table_stride(); 0: one row for all)
   int max_blocks_per_seq;
   int block_size;
   std::int64_t num_blocks;

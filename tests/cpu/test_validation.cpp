@@ -3,6 +3,8 @@
 // names the argument or element, and nothing written.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -102,6 +104,18 @@ TEST(DecodeValidation, EveryBadInputNamesTheArgumentAndWritesNothing) {
       {"negative block", [](DecodeArgs&, Inputs& in) { in.block_table[1 * 4 + 0] = -1; }, "block_table[1][0]", true},
       {"row stride shifts a junk entry in", [](DecodeArgs& a, Inputs&) { a.block_table_stride = 1; },
        "block_table[1][0]", true},
+      {"one table row with a row stride",
+       [](DecodeArgs& a, Inputs&) {
+         a.block_table_one_row = true;
+         a.block_table_stride = 4;
+       },
+       "block_table_stride", false},
+      {"one table row past row 0's blocks",  // the expanded view's element [1][1] is row 0's junk entry
+       [](DecodeArgs& a, Inputs& in) {
+         a.block_table_one_row = true;
+         in.seq_lens[1] = 17;
+       },
+       "block_table[1][1]", true},
   };
   const Scenario scenario = small_scenario();
   ASSERT_EQ(scenario.max_blocks_per_seq, 4);
@@ -122,6 +136,27 @@ TEST(DecodeValidation, EveryBadInputNamesTheArgumentAndWritesNothing) {
     expect_error_naming(bad.argument, [&] { decode_cpu(args); });
     EXPECT_EQ(inputs.output, std::vector<std::uint16_t>(inputs.output.size(), kSentinel)) << "output was written";
   }
+}
+
+// block_table_one_row: every sequence reads row 0, whatever the other rows hold.
+TEST(DecodeValidation, OneTableRowReadsRowZeroForEverySequence) {
+  const Scenario scenario = small_scenario();
+  ASSERT_LE(scenario.seq_lens[0], 16);
+  const std::vector<std::int32_t> seq_lens = {scenario.seq_lens[0], 1};
+  std::vector<std::int32_t> copied = scenario.block_table, one_row = scenario.block_table;
+  std::copy_n(scenario.block_table.begin(), 4, copied.begin() + 4);
+  std::fill(one_row.begin() + 4, one_row.end(), -1);
+  std::vector<std::uint16_t> expected(2 * 4 * 64, 0x5a5a), output(2 * 4 * 64, 0x5a5a);
+  DecodeArgs args = scenario.host_args(expected.data());
+  args.seq_lens = seq_lens.data();
+  args.block_table = copied.data();
+  decode_cpu(args);
+  args.output = output.data();
+  args.block_table = one_row.data();
+  args.block_table_one_row = true;
+  decode_cpu(args);
+  EXPECT_EQ(output, expected);
+  EXPECT_NE(output[2 * 4 * 64 - 1], 0x5a5a);  // row 1 was written
 }
 
 TEST(DecodeValidation, AcceptsTheEdgesOfTheValidRange) {

@@ -514,6 +514,7 @@ void fuzz_decode(FuzzedDataProvider& in, const CacheLayout& layout, std::int64_t
     args.block_table_stride = small_or_any(in, -1, 8);
     args.output_stride_batch = small_or_any(in, -1, 600);
     args.output_stride_head = small_or_any(in, -1, 300);
+    args.block_table_one_row = strides >= 250;  // refused with a block_table_stride other than 0
   }
 
   // Bound the work before building anything: direct + partitions + rotation.
