@@ -721,10 +721,11 @@ class BadArgumentsTest(unittest.TestCase):
                                           gpu.centroids, gpu.PiT, gpu.scale, 4, 4, False,
                                           out=torch.empty_like(gpu.query))
         # A host query beside CUDA tensors: the CUDA op runs and names the query; the output stays as it was.
+        # (Given an output_buf, the Python function names that first: it checks the buffer against the query.)
         poisoned = torch.full_like(gpu.query, float("nan"))
         self.assert_names("query: is on cpu", query=self.case.query, kv_cache=gpu.kv_cache,
                           block_table=gpu.block_table, seq_lens=gpu.seq_lens, Pi=gpu.Pi, centroids=gpu.centroids,
-                          sinks=gpu.sinks, output_buf=poisoned)
+                          sinks=gpu.sinks)
         with self.assertRaisesRegex(ValueError, "tqdecode: query: is on cpu"):
             torch.ops.tqdecode.decode_out(self.case.query, gpu.kv_cache, gpu.block_table, gpu.seq_lens,
                                           gpu.centroids, gpu.PiT, gpu.scale, 4, 4, False, out=poisoned)
