@@ -26,6 +26,7 @@
 #include "support/device_scenario.hpp"
 #include "support/scenario.hpp"
 #include "tqdecode/decode.hpp"
+#include "tqdecode/error.hpp"
 #include "tqdecode/numeric.hpp"
 #include "tqdecode/reference.hpp"
 
@@ -60,14 +61,17 @@ constexpr std::uint64_t kDifferentialBaseSeed = 0x7d1ff0000ull;  // config i use
 constexpr int kDefaultDifferentialConfigs = 1000;
 constexpr int kMaxTokensPerConfig = 6000;  // bounds the CPU store and reference, which dominate the run time
 constexpr int kMaxQueryHeads = 64;
+// Several query tokens per sequence: the reference's work is the sum over sequences of query tokens x context.
+constexpr std::int64_t kMaxQueryTokenPositions = 4 * kMaxTokensPerConfig;
 
-/// TQDECODE_DIFF_CONFIGS, else the default; 0 when the variable is not a positive integer.
-int differential_config_count() {
-  const char* text = std::getenv("TQDECODE_DIFF_CONFIGS");
-  if (text == nullptr) return kDefaultDifferentialConfigs;
+/// The environment variable `name` as an integer in [lowest, 1000000], else `fallback` where it is unset, and -1
+/// where it is not such an integer.
+int environment_count(const char* name, int lowest, int fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return fallback;
   char* end = nullptr;
   const long count = std::strtol(text, &end, 10);
-  return (*end == '\0' && count > 0 && count <= 1000000) ? static_cast<int>(count) : 0;
+  return (*text != '\0' && *end == '\0' && count >= lowest && count <= 1000000) ? static_cast<int>(count) : -1;
 }
 
 /// One random configuration, entirely determined by `seed`.
@@ -97,37 +101,99 @@ ScenarioConfig random_config(std::uint64_t seed) {
   config.query_dtype = rng.below(2) == 1 ? DType::f16 : DType::bf16;
   config.seed = seed;
   config.keep_unquantized = false;
+  // Half the configurations in vLLM's token_slots order (docs/FORMAT.md
+  // section 4b): either stride order, even padding between slots, and
+  // decode-time norm correction for MSE keys.
+  if (rng.below(2) == 1) {
+    config.order = CacheOrder::token_slots;
+    config.heads_major = rng.below(2) == 1;
+    const std::int64_t slot_paddings[] = {0, 2, 14};
+    config.slot_padding = slot_paddings[rng.below(3)];
+    config.renormalize_keys = config.preset != Preset::turboquant_k8v4 && rng.below(2) == 1;
+  }
+  // Two in five through the varlen entry: per sequence 0, 1, 2-8 (speculative
+  // drafts), 17 or 128 (continuation chunks) query tokens, at most its length;
+  // a quarter of them declare a larger max_query_len, as an engine captures
+  // its graphs with one.
+  if (rng.below(5) < 2) {
+    std::int64_t positions = 0;
+    int longest = 0;
+    for (const int length : config.seq_lens) {
+      const std::uint64_t kind = rng.below(10);
+      const int wanted = kind == 0   ? 0
+                         : kind <= 3 ? 1
+                         : kind <= 7 ? 2 + static_cast<int>(rng.below(7))
+                         : kind == 8 ? 17
+                                     : 128;
+      config.query_lens.push_back(std::min(wanted, length));
+      positions += std::int64_t(config.query_lens.back()) * length;
+      longest = std::max(longest, config.query_lens.back());
+    }
+    for (int cap = 8; positions > kMaxQueryTokenPositions; cap /= 4) {  // 8, then 2 tokens at most
+      positions = 0;
+      longest = 0;
+      for (std::size_t b = 0; b < config.seq_lens.size(); ++b) {
+        config.query_lens[b] = std::min(config.query_lens[b], cap);
+        positions += std::int64_t(config.query_lens[b]) * config.seq_lens[b];
+        longest = std::max(longest, config.query_lens[b]);
+      }
+    }
+    if (longest == 0) {
+      config.query_lens.clear();  // no query token at all: the one-token form
+    } else if (rng.below(4) == 0) {
+      config.max_query_len = longest + 1 + static_cast<int>(rng.below(8));
+    }
+  }
   return config;
 }
 
 std::string describe(const ScenarioConfig& config) {
   std::ostringstream text;
   text << preset_info(config.preset).name << " Hq=" << config.num_q_heads << " Hk=" << config.num_kv_heads
-       << " D=" << config.head_dim << " block_size=" << config.block_size
-       << " padding=" << config.block_stride_padding << " sinks=" << (config.sinks ? "on" : "off")
-       << " dtype=" << (config.query_dtype == DType::f16 ? "fp16" : "bf16") << " seq_lens={";
+       << " D=" << config.head_dim << " block_size=" << config.block_size << " padding=" << config.block_stride_padding
+       << " sinks=" << (config.sinks ? "on" : "off")
+       << " dtype=" << (config.query_dtype == DType::f16 ? "fp16" : "bf16");
+  if (config.order == CacheOrder::token_slots) {
+    text << " token_slots (" << (config.heads_major ? "heads major" : "tokens major")
+         << ", slot padding=" << config.slot_padding << ", norm correction " << (config.renormalize_keys ? "on" : "off")
+         << ")";
+  }
+  text << " seq_lens={";
   for (std::size_t i = 0; i < config.seq_lens.size(); ++i) text << (i ? "," : "") << config.seq_lens[i];
   text << "}";
+  if (!config.query_lens.empty()) {
+    text << " query_lens={";
+    for (std::size_t i = 0; i < config.query_lens.size(); ++i) text << (i ? "," : "") << config.query_lens[i];
+    text << "} max_query_len=" << config.max_query_len;
+  }
   return text.str();
 }
 
 TEST(ReliabilityGpuDifferential, RandomConfigurationsMatchTheCpuReference) {
   TQ_SKIP_WITHOUT_GPU();
-  const int count = differential_config_count();
-  ASSERT_GT(count, 0) << "TQDECODE_DIFF_CONFIGS must be a positive integer";
+  // TQDECODE_DIFF_CONFIGS configurations from index TQDECODE_DIFF_FIRST: a
+  // long campaign runs as several processes over consecutive index ranges.
+  const int count = environment_count("TQDECODE_DIFF_CONFIGS", 1, kDefaultDifferentialConfigs);
+  ASSERT_GT(count, 0) << "TQDECODE_DIFF_CONFIGS must be an integer from 1 to 1000000";
+  const int first = environment_count("TQDECODE_DIFF_FIRST", 0, 0);
+  ASSERT_GE(first, 0) << "TQDECODE_DIFF_FIRST must be an integer from 0 to 1000000";
   DecodeWorkspace workspace(8);
   struct Tally {
     int passed = 0;
     int run = 0;
   };
-  // By kernel: the automatic path's, and the generic path's where it differs
-  // (its tensor-core kernel beside the Hopper kernel).
+  // By kernel, cache order and entry: the automatic path's kernel, the
+  // generic path's kernels where they differ (its tensor-core kernel beside
+  // the Hopper kernel, its scalar kernel), and on the Hopper path with
+  // several query tokens per sequence the other of its two kernels (the row
+  // tiles, the warp-specialized kernel where it serves).
   std::map<std::string, Tally> tallies;
   const auto kernel_name = [](const LaunchPlan& plan) {
-    return plan.path == DecodePath::cuda_generic ? std::string("generic ") + generic_kernel_name(plan.generic_kernel)
-                                                 : std::string(decode_path_name(plan.path));
+    if (plan.path == DecodePath::cuda_generic)
+      return std::string("generic ") + generic_kernel_name(plan.generic_kernel);
+    return std::string(decode_path_name(plan.path)) + (plan.warp_specialized ? " warp-specialized" : "");
   };
-  for (int index = 0; index < count; ++index) {
+  for (int index = first; index < first + count; ++index) {
     const std::uint64_t seed = kDifferentialBaseSeed + static_cast<std::uint64_t>(index);
     const ScenarioConfig config = random_config(seed);
     const auto tally = [&](const std::string& kernel, const std::string& failure) {
@@ -146,15 +212,31 @@ TEST(ReliabilityGpuDifferential, RandomConfigurationsMatchTheCpuReference) {
       DeviceScenario device(scenario);
       const std::vector<float> expected = reference_output(scenario);
       const LaunchPlan automatic = plan_decode(device.args());
-      for (const PathRequest request : {PathRequest::automatic, PathRequest::cuda_generic}) {
-        const LaunchPlan plan = plan_decode(device.args(), request);
-        if (request != PathRequest::automatic && plan.path == automatic.path) break;  // ran already
-        kernel = kernel_name(plan);
+      const std::string form = std::string(config.order == CacheOrder::token_slots ? ", token_slots" : ", blocks") +
+                               (scenario.varlen() ? ", varlen" : "");
+      std::vector<PathRequest> requests = {PathRequest::automatic, PathRequest::cuda_generic,
+                                           PathRequest::cuda_generic_scalar};
+      if (automatic.path == DecodePath::hopper && scenario.varlen()) {
+        requests.push_back(automatic.warp_specialized ? PathRequest::hopper : PathRequest::hopper_warp_specialized);
+      }
+      std::vector<std::string> kernels_run;
+      for (const PathRequest request : requests) {
+        LaunchPlan plan;
+        try {
+          plan = plan_decode(device.args(), request);
+        } catch (const Error&) {
+          if (request == PathRequest::hopper_warp_specialized) continue;  // the kernel does not serve this call
+          throw;
+        }
+        kernel = kernel_name(plan) + form;
+        if (std::find(kernels_run.begin(), kernels_run.end(), kernel) != kernels_run.end()) continue;
+        kernels_run.push_back(kernel);
         device.poison_output();
         decode(device.args(), workspace, nullptr, request);
         const std::vector<float> actual = device.output();
         std::string failure = closeness_failure(actual, expected);
-        if (failure.empty()) failure = test::zero_row_failure(actual, scenario);
+        // A varlen sequence of length 0 has no query rows.
+        if (failure.empty() && !scenario.varlen()) failure = test::zero_row_failure(actual, scenario);
         tally(kernel, failure);
       }
     } catch (const std::exception& error) {
@@ -162,7 +244,7 @@ TEST(ReliabilityGpuDifferential, RandomConfigurationsMatchTheCpuReference) {
     }
   }
   for (const auto& [kernel, tally] : tallies) {
-    std::printf("[ paths    ] %-20s %d of %d configurations passed\n", kernel.c_str(), tally.passed, tally.run);
+    std::printf("[ paths    ] %-48s %d of %d configurations passed\n", kernel.c_str(), tally.passed, tally.run);
   }
 }
 
