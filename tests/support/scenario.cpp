@@ -20,22 +20,11 @@ namespace tqdecode {
 
 namespace {
 
-// Rounds every element through `dtype` and returns the raw elements: what a
-// caller holding tensors of that dtype would pass.
-std::vector<std::uint8_t> to_dtype(std::vector<float>& values, DType dtype) {
-  std::vector<std::uint8_t> data(values.size() * dtype_size(dtype));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    store_from_float(data.data(), dtype, std::int64_t(i), values[i]);
-    values[i] = load_as_float(data.data(), dtype, std::int64_t(i));
-  }
-  return data;
-}
-
 // The query a caller holds: `values` times the configured amplitude, rounded
 // to the query dtype, and its raw elements.
 void set_query(Scenario& s, std::vector<float> values) {
   for (float& value : values) value *= s.config.query_amplitude;
-  const std::vector<std::uint8_t> data = to_dtype(values, s.config.query_dtype);
+  const std::vector<std::uint8_t> data = round_through_dtype(values, s.config.query_dtype);
   s.query = std::move(values);
   s.query_bits.resize(s.query.size());  // 2-byte elements: bf16 or fp16
   if (!data.empty()) std::memcpy(s.query_bits.data(), data.data(), data.size());
@@ -130,6 +119,15 @@ void set_query_tokens(Scenario& s) {
 
 }  // namespace
 
+std::vector<std::uint8_t> round_through_dtype(std::vector<float>& values, DType dtype) {
+  std::vector<std::uint8_t> data(values.size() * dtype_size(dtype));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    store_from_float(data.data(), dtype, std::int64_t(i), values[i]);
+    values[i] = load_as_float(data.data(), dtype, std::int64_t(i));
+  }
+  return data;
+}
+
 CacheLayout scenario_layout(const ScenarioConfig& config) {
   if (config.order == CacheOrder::blocks) {
     CacheLayout layout = make_layout(config.preset, config.head_dim, config.block_size, config.num_kv_heads);
@@ -173,8 +171,8 @@ Scenario make_scenario(const ScenarioConfig& config) {
   s.values = synthetic_values(total, shape, config.seed);
   for (float& value : s.values) value *= config.value_amplitude;
   set_query(s, synthetic_queries(batch, shape, config.seed));  // same seed as the keys: shared outlier channels
-  const std::vector<std::uint8_t> key_data = to_dtype(s.keys, config.kv_dtype);
-  const std::vector<std::uint8_t> value_data = to_dtype(s.values, config.kv_dtype);
+  const std::vector<std::uint8_t> key_data = round_through_dtype(s.keys, config.kv_dtype);
+  const std::vector<std::uint8_t> value_data = round_through_dtype(s.values, config.kv_dtype);
   if (config.sinks) s.sinks = comparable_sinks(s, rng);
   if (!config.query_lens.empty()) set_query_tokens(s);
 

@@ -132,6 +132,11 @@ double relative_l2(const std::vector<float>& actual, const std::vector<float>& e
 /// error relative to the peak, which does not blow up on near-zero elements.
 double peak_relative_error(const std::vector<float>& actual, const std::vector<float>& expected, double floor = 1e-6);
 
+/// Rounds every element of `values` through `dtype` in place and returns the
+/// raw elements: what a caller holding tensors of that dtype passes, and
+/// what an output of that dtype holds.
+std::vector<std::uint8_t> round_through_dtype(std::vector<float>& values, DType dtype);
+
 /// Accuracy of `actual` against `expected`.
 struct ErrorStats {
   double cosine;         ///< cosine_similarity of the flattened tensors
