@@ -116,8 +116,6 @@ ScenarioConfig random_config(std::uint64_t seed) {
   // a quarter of them declare a larger max_query_len, as an engine captures
   // its graphs with one.
   if (rng.below(5) < 2) {
-    std::int64_t positions = 0;
-    int longest = 0;
     for (const int length : config.seq_lens) {
       const std::uint64_t kind = rng.below(10);
       const int wanted = kind == 0   ? 0
@@ -126,18 +124,19 @@ ScenarioConfig random_config(std::uint64_t seed) {
                          : kind == 8 ? 17
                                      : 128;
       config.query_lens.push_back(std::min(wanted, length));
-      positions += std::int64_t(config.query_lens.back()) * length;
-      longest = std::max(longest, config.query_lens.back());
     }
-    for (int cap = 8; positions > kMaxQueryTokenPositions; cap /= 4) {  // 8, then 2 tokens at most
-      positions = 0;
-      longest = 0;
-      for (std::size_t b = 0; b < config.seq_lens.size(); ++b) {
-        config.query_lens[b] = std::min(config.query_lens[b], cap);
-        positions += std::int64_t(config.query_lens[b]) * config.seq_lens[b];
-        longest = std::max(longest, config.query_lens[b]);
-      }
+    const auto positions = [&] {
+      std::int64_t total = 0;
+      for (std::size_t b = 0; b < config.seq_lens.size(); ++b)
+        total += std::int64_t(config.query_lens[b]) * config.seq_lens[b];
+      return total;
+    };
+    // Over the budget, at most 8 query tokens a sequence, then 2 (always within it: 2 x 6000 tokens).
+    for (const int cap : {8, 2}) {
+      if (positions() <= kMaxQueryTokenPositions) break;
+      for (int& query_len : config.query_lens) query_len = std::min(query_len, cap);
     }
+    const int longest = *std::max_element(config.query_lens.begin(), config.query_lens.end());
     if (longest == 0) {
       config.query_lens.clear();  // no query token at all: the one-token form
     } else if (rng.below(4) == 0) {
