@@ -104,6 +104,21 @@ __device__ __forceinline__ std::uint32_t square_f16x2(std::uint32_t x) {
   return result;
 }
 
+// x & mask, which the compiler cannot turn into a shift and a narrower mask:
+// a masked field then shifts into place inside an add (LEA.HI, IMAD).
+__device__ __forceinline__ std::uint32_t and_opaque(std::uint32_t x, std::uint32_t mask) {
+  std::uint32_t result;
+  asm("and.b32 %0, %1, %2;" : "=r"(result) : "r"(x), "r"(mask));
+  return result;
+}
+
+// A 32-bit load at a shared-memory address.
+__device__ __forceinline__ std::uint32_t load_shared_u32(std::uint32_t shared_address) {
+  std::uint32_t value;
+  asm("ld.shared.b32 %0, [%1];\n" : "=r"(value) : "r"(shared_address));
+  return value;
+}
+
 // `x` through a move the compiler cannot see into, so it keeps the value in
 // a register instead of recomputing it from the thread index in the loop.
 __device__ __forceinline__ std::uint32_t opaque(std::uint32_t x) {

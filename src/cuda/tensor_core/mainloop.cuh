@@ -290,18 +290,22 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
         words[j][1] = __byte_perm(first, second, key_high_selector);  // bits 32..47 in 0..15
       }
     }
+    // A pair inside one word: masked where it lies, then shifted into the
+    // add of the lane's table address (LOP3, then LEA.HI or IMAD), so the
+    // shared window's base costs nothing even where ptxas holds it in a
+    // vector register (the two-kv-head CTAs), which then adds it to every
+    // lookup of a pointer. A pair across two words (2 of 16): funnel-shifted
+    // into the row, ORed with the lane's offset.
+    const std::uint32_t lane_table = static_cast<std::uint32_t>(__cvta_generic_to_shared(lut)) + lane_lut;
     const auto lookup = [&](const std::uint32_t (&bits)[kKeyWords], int first_bit) {
       const int word = first_bit >> 5;
-      const int shift = (first_bit & 31) - 7;
-      std::uint32_t x;
-      if (shift < 0) {
-        x = bits[word] << -shift;
-      } else if (word + 1 < kKeyWords) {
-        x = __funnelshift_r(bits[word], bits[word + 1], shift);
-      } else {
-        x = bits[word] >> shift;
+      const int at = first_bit & 31;
+      if (at + 6 > 32) {
+        const std::uint32_t x = __funnelshift_r(bits[word], bits[word + 1], at - 7);
+        return load_shared<std::uint32_t>(lut + ((x & 0x1f80u) | lane_lut));
       }
-      return load_shared<std::uint32_t>(lut + ((x & 0x1f80u) | lane_lut));
+      const std::uint32_t pair = and_opaque(bits[word], 0x3fu << at);
+      return load_shared_u32(lane_table + (at >= 7 ? pair >> (at - 7) : pair << (7 - at)));
     };
 #pragma unroll
     for (int ks = 0; ks < kDimTiles; ++ks) {
