@@ -265,7 +265,7 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
   } else if constexpr (three_bit_keys(Format)) {
     // The lane's 3D/4 key bits: code pair p (dims (D/4)c + 2p, + 1) is
     // bits 6p..6p+5; k-step ks takes pairs 2ks (a0 / a1) and 2ks + 1 (a2 /
-    // a3). A funnel shift brings the pair to bits 7..12, the table's row index.
+    // a3). The pair goes to bits 7..12, the table's row index (lookup below).
     static_assert(KeyWordLoads == Layout::kKeyWordLoads);
     constexpr int kKeyWords = Layout::kKeyWords;
     std::uint32_t words[2][kKeyWords];
