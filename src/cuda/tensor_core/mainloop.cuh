@@ -295,7 +295,8 @@ __device__ __forceinline__ void key_scores(const std::uint8_t* stage, const int 
     // shared window's base costs nothing even where ptxas holds it in a
     // vector register (the two-kv-head CTAs), which then adds it to every
     // lookup of a pointer. A pair across two words (2 of 16): funnel-shifted
-    // into the row, ORed with the lane's offset.
+    // into the row and ORed with the lane's offset from the table pointer,
+    // which the other loops fold into the load as a uniform base.
     const std::uint32_t lane_table = static_cast<std::uint32_t>(__cvta_generic_to_shared(lut)) + lane_lut;
     const auto lookup = [&](const std::uint32_t (&bits)[kKeyWords], int first_bit) {
       const int word = first_bit >> 5;
