@@ -1,7 +1,7 @@
 // tqdecode: command-line tool. `tqdecode demo` encodes a paged cache from
-// built-in synthetic data for every preset, decodes it (on the GPU when one is
-// present, else with the CPU reference) and prints accuracy against exact
-// attention, compression and time.
+// built-in synthetic data for every preset and cache order, decodes it (on the
+// GPU when one is present, else with the CPU reference) and prints accuracy
+// against exact attention, compression and time.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +34,7 @@ struct DemoOptions {
   int head_dim = 128;
   int block_size = 16;
   std::uint64_t seed = 1;
+  std::vector<CacheOrder> orders = {CacheOrder::blocks, CacheOrder::token_slots};
   bool cpu = false;
 };
 
@@ -42,8 +43,9 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  demo    encode a paged TurboQuant cache from built-in synthetic data for each\n"
-    "          preset, decode it, and print accuracy vs exact attention, compression\n"
-    "          and time (GPU when present, else the CPU reference)\n"
+    "          preset and cache order, decode it, and print accuracy vs exact\n"
+    "          attention, compression and time (GPU when present, else the CPU\n"
+    "          reference)\n"
     "  info    print the version, the build, the device and whether the fast Hopper\n"
     "          kernel can run on it\n"
     "\n"
@@ -56,6 +58,9 @@ const char* kUsage =
     "  --head-dim N     64, 128 or 256 [128]\n"
     "  --block-size N   16, 32, 64 or 128 [16]\n"
     "  --seed N         data, rotation and block-table seed [1]\n"
+    "  --order O        blocks (structure-of-arrays blocks), token_slots (the\n"
+    "                   token-interleaved slots vLLM writes on CUDA GPUs; the _nc\n"
+    "                   presets with the engine's norm correction) or both [both]\n"
     "  --cpu            use the CPU reference even when a GPU is present\n"
     "  --help           this text\n";
 
@@ -65,6 +70,13 @@ int parse_int(std::string_view flag, const char* text) {
   TQ_REQUIRE(text[0] != '\0' && *end == '\0' && value >= 0 && value <= (1L << 30), std::string(flag),
           "'" + std::string(text) + "' is not a non-negative integer");
   return static_cast<int>(value);
+}
+
+std::vector<CacheOrder> parse_orders(std::string_view text) {
+  if (text == "blocks") return {CacheOrder::blocks};
+  if (text == "token_slots") return {CacheOrder::token_slots};
+  TQ_REQUIRE(text == "both", "--order", "'" + std::string(text) + "' is not blocks, token_slots or both");
+  return {CacheOrder::blocks, CacheOrder::token_slots};
 }
 
 DemoOptions parse_demo_options(int argc, char** argv) {
@@ -84,6 +96,7 @@ DemoOptions parse_demo_options(int argc, char** argv) {
     else if (flag == "--head-dim") options.head_dim = parse_int(flag, value);
     else if (flag == "--block-size") options.block_size = parse_int(flag, value);
     else if (flag == "--seed") options.seed = static_cast<std::uint64_t>(parse_int(flag, value));
+    else if (flag == "--order") options.orders = parse_orders(value);
     else fail(std::string(flag), "unknown option (see tqdecode --help)");
   }
   TQ_REQUIRE(options.batch >= 1, "--batch", "must be >= 1");
@@ -152,34 +165,40 @@ int run_demo(const DemoOptions& options) {
               options.head_dim, options.block_size, static_cast<unsigned long long>(options.seed),
               gpu ? "GPU" : (options.cpu ? "CPU reference (--cpu)" : "CPU reference (no GPU present)"));
   std::printf("synthetic data: keys with outlier channels and non-zero means, values with non-zero means\n\n");
-  std::printf("%-20s %10s %12s %10s %10s %12s  %s\n", "preset", "bytes/tok", "vs bf16", "cosine", "rel L2",
-              "decode ms", "path");
+  std::printf("%-20s %-12s %10s %10s %10s %10s %12s  %s\n", "preset", "order", "bytes/tok", "vs bf16", "cosine",
+              "rel L2", "decode ms", "path");
   for (Preset preset : kAllPresets) {
-    ScenarioConfig config;
-    config.preset = preset;
-    config.num_kv_heads = options.kv_heads;
-    config.num_q_heads = options.kv_heads * options.group_size;
-    config.head_dim = options.head_dim;
-    config.block_size = options.block_size;
-    config.seq_lens = demo_lengths(options);
-    config.seed = options.seed;
-    std::fprintf(stderr, "  %s: encoding %d sequences...\r", preset_info(preset).name, options.batch);
-    const auto encode_start = std::chrono::steady_clock::now();
-    const Scenario scenario = make_scenario(config);
-    const double encode_ms = milliseconds_since(encode_start);
-    std::fprintf(stderr, "  %s: encoded in %.0f ms, decoding...   \r", preset_info(preset).name, encode_ms);
+    for (CacheOrder order : options.orders) {
+      ScenarioConfig config;
+      config.preset = preset;
+      config.order = order;
+      // vLLM's _nc presets re-normalise the centroid vectors at decode time over the slots it writes.
+      config.renormalize_keys = order == CacheOrder::token_slots && !preset_info(preset).key_fp8;
+      config.num_kv_heads = options.kv_heads;
+      config.num_q_heads = options.kv_heads * options.group_size;
+      config.head_dim = options.head_dim;
+      config.block_size = options.block_size;
+      config.seq_lens = demo_lengths(options);
+      config.seed = options.seed;
+      const char* name = preset_info(preset).name;
+      std::fprintf(stderr, "  %s, %s: encoding %d sequences...\r", name, cache_order_name(order), options.batch);
+      const auto encode_start = std::chrono::steady_clock::now();
+      const Scenario scenario = make_scenario(config);
+      const double encode_ms = milliseconds_since(encode_start);
+      std::fprintf(stderr, "  %s, %s: encoded in %.0f ms, decoding...   \r", name, cache_order_name(order), encode_ms);
 #if defined(TQDECODE_WITH_CUDA)
-    const DemoRow row = gpu ? decode_on_gpu(scenario) : decode_on_cpu(scenario);
+      const DemoRow row = gpu ? decode_on_gpu(scenario) : decode_on_cpu(scenario);
 #else
-    const DemoRow row = decode_on_cpu(scenario);
+      const DemoRow row = decode_on_cpu(scenario);
 #endif
-    const ErrorStats error = compare_outputs(row.output, scenario.exact_output());
-    const int bytes = scenario.layout.bytes_per_token_head();
-    const int bf16_bytes = 4 * options.head_dim;
-    std::fprintf(stderr, "%60s\r", "");
-    std::printf("%-20s %10d %11.2fx %10.5f %10.5f %12.3f  %s\n", preset_info(preset).name, bytes,
-                static_cast<double>(bf16_bytes) / bytes, error.cosine, error.relative_l2, row.milliseconds,
-                row.path.c_str());
+      const ErrorStats error = compare_outputs(row.output, scenario.exact_output());
+      const int bytes = scenario.layout.bytes_per_token_head();
+      const int bf16_bytes = 4 * options.head_dim;
+      std::fprintf(stderr, "%72s\r", "");
+      std::printf("%-20s %-12s %10d %9.2fx %10.5f %10.5f %12.3f  %s\n", name, cache_order_name(order), bytes,
+                  static_cast<double>(bf16_bytes) / bytes, error.cosine, error.relative_l2, row.milliseconds,
+                  row.path.c_str());
+    }
   }
   std::printf("\nbytes/tok: cache bytes per token and kv head (bf16 K+V: %d); cosine and rel L2: output vs exact\n"
               "fp32 attention on the unquantized K/V; decode ms: one decode step%s.\n",
