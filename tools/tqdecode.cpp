@@ -26,6 +26,8 @@ namespace {
 
 using namespace tqdecode;
 
+const std::vector<CacheOrder> kBothOrders = {CacheOrder::blocks, CacheOrder::token_slots};
+
 struct DemoOptions {
   int batch = 4;
   int context = 3000;
@@ -34,7 +36,7 @@ struct DemoOptions {
   int head_dim = 128;
   int block_size = 16;
   std::uint64_t seed = 1;
-  std::vector<CacheOrder> orders = {CacheOrder::blocks, CacheOrder::token_slots};
+  std::vector<CacheOrder> orders = kBothOrders;
   bool cpu = false;
 };
 
@@ -73,10 +75,11 @@ int parse_int(std::string_view flag, const char* text) {
 }
 
 std::vector<CacheOrder> parse_orders(std::string_view text) {
-  if (text == "blocks") return {CacheOrder::blocks};
-  if (text == "token_slots") return {CacheOrder::token_slots};
-  TQ_REQUIRE(text == "both", "--order", "'" + std::string(text) + "' is not blocks, token_slots or both");
-  return {CacheOrder::blocks, CacheOrder::token_slots};
+  if (text == "both") return kBothOrders;
+  for (CacheOrder order : kBothOrders) {
+    if (text == cache_order_name(order)) return {order};
+  }
+  fail("--order", "'" + std::string(text) + "' is not blocks, token_slots or both");
 }
 
 DemoOptions parse_demo_options(int argc, char** argv) {
