@@ -108,9 +108,7 @@ Shape parse_shape(const Json& item, const std::string& where) {
   shape.back_to_back = bool_member(item, "back_to_back", named);
   shape.engine = bool_member(item, "engine", named);
   shape.quick = bool_member(item, "quick", named);
-  const std::string order = string_member(item, "order", named, "blocks");
-  if (order != "blocks" && order != "token_slots") bad_field(named, "order", "must be \"blocks\" or \"token_slots\"");
-  shape.order = order == "token_slots" ? tqdecode::CacheOrder::token_slots : tqdecode::CacheOrder::blocks;
+  shape.order = tqdecode::parse_cache_order(string_member(item, "order", named, "blocks"), named + ".order");
   shape.norm_correction = bool_member(item, "norm_correction", named);
   if (shape.norm_correction && shape.order != tqdecode::CacheOrder::token_slots) {
     bad_field(named, "norm_correction", "needs order \"token_slots\"");

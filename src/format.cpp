@@ -124,6 +124,13 @@ const char* cache_order_name(CacheOrder order) {
   return order == CacheOrder::token_slots ? "token_slots" : "blocks";
 }
 
+CacheOrder parse_cache_order(std::string_view name, std::string_view argument) {
+  for (CacheOrder order : kAllCacheOrders) {
+    if (name == cache_order_name(order)) return order;
+  }
+  fail(argument, "'" + std::string(name) + "' is not a cache order; accepted: blocks, token_slots");
+}
+
 void validate_layout(const CacheLayout& layout) {
   validate_geometry(layout);
   TQ_REQUIRE(layout.order == CacheOrder::blocks || layout.order == CacheOrder::token_slots, "order",

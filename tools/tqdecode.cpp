@@ -26,8 +26,6 @@ namespace {
 
 using namespace tqdecode;
 
-const std::vector<CacheOrder> kBothOrders = {CacheOrder::blocks, CacheOrder::token_slots};
-
 struct DemoOptions {
   int batch = 4;
   int context = 3000;
@@ -36,7 +34,7 @@ struct DemoOptions {
   int head_dim = 128;
   int block_size = 16;
   std::uint64_t seed = 1;
-  std::vector<CacheOrder> orders = kBothOrders;
+  std::vector<CacheOrder> orders{kAllCacheOrders.begin(), kAllCacheOrders.end()};
   bool cpu = false;
 };
 
@@ -75,8 +73,8 @@ int parse_int(std::string_view flag, const char* text) {
 }
 
 std::vector<CacheOrder> parse_orders(std::string_view text) {
-  if (text == "both") return kBothOrders;
-  for (CacheOrder order : kBothOrders) {
+  if (text == "both") return {kAllCacheOrders.begin(), kAllCacheOrders.end()};
+  for (CacheOrder order : kAllCacheOrders) {
     if (text == cache_order_name(order)) return {order};
   }
   fail("--order", "'" + std::string(text) + "' is not blocks, token_slots or both");

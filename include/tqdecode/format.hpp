@@ -68,8 +68,13 @@ enum class CacheOrder : std::uint8_t {
   token_slots,
 };
 
+inline constexpr std::array<CacheOrder, 2> kAllCacheOrders = {CacheOrder::blocks, CacheOrder::token_slots};
+
 /// Name of a cache order as users write it ("blocks", "token_slots").
 const char* cache_order_name(CacheOrder order);
+
+/// Parses a cache order's name; throws Error naming `argument` with the accepted names.
+CacheOrder parse_cache_order(std::string_view name, std::string_view argument = "order");
 
 /// Byte layout of one cache block (docs/FORMAT.md sections 4 and 4b).
 /// Offsets are 64-bit; a cache may exceed 4 GiB. The accessors key_offset,

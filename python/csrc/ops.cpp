@@ -133,12 +133,6 @@ void check_codebook(const Tensor& centroids, const tqdecode::CacheLayout& layout
   check_size(centroids, "centroids", 0, int64_t{1} << layout.info().key_bits, "2^mse_bits");
 }
 
-tqdecode::CacheOrder parse_cache_order(std::string_view name) {
-  if (name == "blocks") return tqdecode::CacheOrder::blocks;
-  if (name == "token_slots") return tqdecode::CacheOrder::token_slots;
-  fail("cache_order", "'" + std::string(name) + "' is not a cache order; accepted: blocks, token_slots");
-}
-
 // A stride the library refused is the cache tensor's: names kv_cache, with
 // the library's reason; any other refusal as it is.
 [[noreturn]] void refuse_cache_strides(const Tensor& kv_cache, const tqdecode::Error& reason) {
@@ -273,8 +267,8 @@ DecodeCall decode_call(const DecodeInputs& in) {
   const tqdecode::Preset preset = tqdecode::preset_from_parameters(
       int_argument(in.mse_bits, "mse_bits"), int_argument(in.value_quant_bits, "value_quant_bits"), in.key_fp8);
   const int head_dim = int_argument(query.size(2), "query");
-  const tqdecode::CacheLayout layout =
-      cache_layout_of(in.kv_cache, preset, head_dim, parse_cache_order(in.cache_order), in.norm_correction);
+  const tqdecode::CacheLayout layout = cache_layout_of(
+      in.kv_cache, preset, head_dim, tqdecode::parse_cache_order(in.cache_order, "cache_order"), in.norm_correction);
   TQ_REQUIRE(query.size(1) >= 1 && query.size(1) % layout.num_kv_heads == 0, "query",
              "num_q_heads query.shape[1] = " + std::to_string(query.size(1)) +
                  " is not a positive multiple of num_kv_heads kv_cache.shape[2] = " +
@@ -487,7 +481,8 @@ tqdecode::StoreArgs store_args(const Tensor& key, const Tensor& value, const Ten
   const int head_dim = static_cast<int>(key.size(2));
   // The store of the token_slots order writes the raw key norm whatever the
   // decode-time norm correction (docs/FORMAT.md section 4b).
-  const tqdecode::CacheLayout layout = cache_layout_of(kv_cache, preset, head_dim, parse_cache_order(cache_order), false);
+  const tqdecode::CacheLayout layout =
+      cache_layout_of(kv_cache, preset, head_dim, tqdecode::parse_cache_order(cache_order, "cache_order"), false);
   check_size(key, "key", 1, layout.num_kv_heads, "num_kv_heads kv_cache.shape[2]");
   check_device(slot_mapping, "slot_mapping", device);
   check_dtype(slot_mapping, "slot_mapping", at::kLong);
@@ -555,7 +550,7 @@ std::vector<int64_t> cache_layout(std::string_view preset, int64_t head_dim, int
   return translating_errors([&] {
     const tqdecode::Preset parsed = tqdecode::parse_preset(preset, "preset");
     const tqdecode::CacheLayout layout =
-        parse_cache_order(cache_order) == tqdecode::CacheOrder::token_slots
+        tqdecode::parse_cache_order(cache_order, "cache_order") == tqdecode::CacheOrder::token_slots
             ? tqdecode::make_token_slots_layout(parsed, int_argument(head_dim, "head_dim"),
                                                 int_argument(block_size, "block_size"),
                                                 int_argument(num_kv_heads, "num_kv_heads"), false)

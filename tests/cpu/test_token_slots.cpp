@@ -109,6 +109,9 @@ TEST(TokenSlotsLayout, AnyStrideOrderPaddedPagesAnd64BitOffsets) {
   EXPECT_EQ(blocks.field_offset(5, 3, 2), 16746);
   EXPECT_STREQ(cache_order_name(CacheOrder::token_slots), "token_slots");
   EXPECT_STREQ(cache_order_name(CacheOrder::blocks), "blocks");
+  for (CacheOrder order : kAllCacheOrders) EXPECT_EQ(parse_cache_order(cache_order_name(order)), order);
+  expect_error_naming("layout.order", [] { parse_cache_order("slots", "layout.order"); });
+  expect_error_naming("order", [] { parse_cache_order("Blocks"); });
 }
 
 struct BadLayout {
