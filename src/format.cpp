@@ -8,13 +8,19 @@ namespace tqdecode {
 
 namespace {
 
-std::string preset_names() {
+// "a, b, c": the names of every item, for the accepted values of an error.
+template <typename Item, std::size_t N, typename NameOf>
+std::string joined_names(const std::array<Item, N>& items, NameOf name_of) {
   std::string names;
-  for (Preset preset : kAllPresets) {
+  for (Item item : items) {
     if (!names.empty()) names += ", ";
-    names += preset_info(preset).name;
+    names += name_of(item);
   }
   return names;
+}
+
+std::string preset_names() {
+  return joined_names(kAllPresets, [](Preset preset) { return preset_info(preset).name; });
 }
 
 template <std::size_t N>
@@ -128,7 +134,8 @@ CacheOrder parse_cache_order(std::string_view name, std::string_view argument) {
   for (CacheOrder order : kAllCacheOrders) {
     if (name == cache_order_name(order)) return order;
   }
-  fail(argument, "'" + std::string(name) + "' is not a cache order; accepted: blocks, token_slots");
+  fail(argument, "'" + std::string(name) + "' is not a cache order; accepted: " +
+                     joined_names(kAllCacheOrders, cache_order_name));
 }
 
 void validate_layout(const CacheLayout& layout) {
