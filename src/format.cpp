@@ -140,9 +140,11 @@ CacheOrder parse_cache_order(std::string_view name, std::string_view argument) {
 
 void validate_layout(const CacheLayout& layout) {
   validate_geometry(layout);
-  TQ_REQUIRE(layout.order == CacheOrder::blocks || layout.order == CacheOrder::token_slots, "order",
+  const bool known_order =
+      std::find(kAllCacheOrders.begin(), kAllCacheOrders.end(), layout.order) != kAllCacheOrders.end();
+  TQ_REQUIRE(known_order, "order",
              "value " + std::to_string(static_cast<int>(layout.order)) +
-                 " is not a cache order; accepted: blocks, token_slots");
+                 " is not a cache order; accepted: " + joined_names(kAllCacheOrders, cache_order_name));
   if (layout.token_slots()) {
     validate_token_slots(layout);
     return;
