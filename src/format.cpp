@@ -19,6 +19,15 @@ std::string joined_names(const std::array<Item, N>& items, NameOf name_of) {
   return names;
 }
 
+// 'name' for an error message; the quoted string comes first so that the
+// message grows by appends (GCC 12 warns, -Wrestrict, on "literal" + string&&).
+std::string quoted(std::string_view name) {
+  std::string text(1, '\'');
+  text += name;
+  text += '\'';
+  return text;
+}
+
 std::string preset_names() {
   return joined_names(kAllPresets, [](Preset preset) { return preset_info(preset).name; });
 }
@@ -34,7 +43,7 @@ Preset parse_preset(std::string_view name, std::string_view argument) {
   for (Preset preset : kAllPresets) {
     if (name == preset_info(preset).name) return preset;
   }
-  fail(argument, "'" + std::string(name) + "' is not a preset; accepted: " + preset_names());
+  fail(argument, quoted(name) + " is not a preset; accepted: " + preset_names());
 }
 
 Preset preset_from_parameters(int mse_bits, int value_bits, bool key_fp8) {
@@ -43,9 +52,10 @@ Preset preset_from_parameters(int mse_bits, int value_bits, bool key_fp8) {
     const bool same_keys = key_fp8 ? info.key_fp8 : (!info.key_fp8 && info.key_bits == mse_bits);
     if (same_keys && info.value_bits == value_bits) return preset;
   }
+  const std::string parameters =
+      std::to_string(mse_bits) + ", " + std::to_string(value_bits) + ", " + (key_fp8 ? "true" : "false");
   fail("mse_bits/value_quant_bits/key_fp8",
-       "(" + std::to_string(mse_bits) + ", " + std::to_string(value_bits) + ", " + (key_fp8 ? "true" : "false") +
-           ") names no preset; accepted: (4, 4, false), (3, 4, false), (3, 3, false), (any, 4, true)");
+       "(" + parameters + ") names no preset; accepted: (4, 4, false), (3, 4, false), (3, 3, false), (any, 4, true)");
 }
 
 namespace {
@@ -134,8 +144,7 @@ CacheOrder parse_cache_order(std::string_view name, std::string_view argument) {
   for (CacheOrder order : kAllCacheOrders) {
     if (name == cache_order_name(order)) return order;
   }
-  fail(argument, "'" + std::string(name) + "' is not a cache order; accepted: " +
-                     joined_names(kAllCacheOrders, cache_order_name));
+  fail(argument, quoted(name) + " is not a cache order; accepted: " + joined_names(kAllCacheOrders, cache_order_name));
 }
 
 void validate_layout(const CacheLayout& layout) {
