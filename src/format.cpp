@@ -32,8 +32,8 @@ std::string preset_names() {
   return joined_names(kAllPresets, [](Preset preset) { return preset_info(preset).name; });
 }
 
-template <std::size_t N>
-bool contains(const std::array<int, N>& values, int value) {
+template <typename Value, std::size_t N>
+bool contains(const std::array<Value, N>& values, Value value) {
   return std::find(values.begin(), values.end(), value) != values.end();
 }
 
@@ -63,9 +63,7 @@ namespace {
 // Everything but the stride; natural_block_bytes() is only meaningful (and
 // free of integer overflow) once these pass.
 void validate_geometry(const CacheLayout& layout) {
-  bool known_preset = false;
-  for (Preset preset : kAllPresets) known_preset |= preset == layout.preset;
-  TQ_REQUIRE(known_preset, "preset", "unknown preset value; accepted: " + preset_names());
+  TQ_REQUIRE(contains(kAllPresets, layout.preset), "preset", "unknown preset value; accepted: " + preset_names());
   TQ_REQUIRE(contains(kHeadDims, layout.head_dim), "head_dim",
           std::to_string(layout.head_dim) + " is not supported; accepted: " + accepted_list(kHeadDims));
   TQ_REQUIRE(contains(kBlockSizes, layout.block_size), "block_size",
@@ -149,9 +147,7 @@ CacheOrder parse_cache_order(std::string_view name, std::string_view argument) {
 
 void validate_layout(const CacheLayout& layout) {
   validate_geometry(layout);
-  const bool known_order =
-      std::find(kAllCacheOrders.begin(), kAllCacheOrders.end(), layout.order) != kAllCacheOrders.end();
-  TQ_REQUIRE(known_order, "order",
+  TQ_REQUIRE(contains(kAllCacheOrders, layout.order), "order",
              "value " + std::to_string(static_cast<int>(layout.order)) +
                  " is not a cache order; accepted: " + joined_names(kAllCacheOrders, cache_order_name));
   if (layout.token_slots()) {
