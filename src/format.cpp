@@ -32,6 +32,8 @@ std::string preset_names() {
   return joined_names(kAllPresets, [](Preset preset) { return preset_info(preset).name; });
 }
 
+std::string cache_order_names() { return joined_names(kAllCacheOrders, cache_order_name); }
+
 template <typename Value, std::size_t N>
 bool contains(const std::array<Value, N>& values, Value value) {
   return std::find(values.begin(), values.end(), value) != values.end();
@@ -142,14 +144,14 @@ CacheOrder parse_cache_order(std::string_view name, std::string_view argument) {
   for (CacheOrder order : kAllCacheOrders) {
     if (name == cache_order_name(order)) return order;
   }
-  fail(argument, quoted(name) + " is not a cache order; accepted: " + joined_names(kAllCacheOrders, cache_order_name));
+  fail(argument, quoted(name) + " is not a cache order; accepted: " + cache_order_names());
 }
 
 void validate_layout(const CacheLayout& layout) {
   validate_geometry(layout);
   TQ_REQUIRE(contains(kAllCacheOrders, layout.order), "order",
              "value " + std::to_string(static_cast<int>(layout.order)) +
-                 " is not a cache order; accepted: " + joined_names(kAllCacheOrders, cache_order_name));
+                 " is not a cache order; accepted: " + cache_order_names());
   if (layout.token_slots()) {
     validate_token_slots(layout);
     return;
